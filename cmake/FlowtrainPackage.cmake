@@ -1,0 +1,21 @@
+# Installs the libraries, headers and CLI, and exports flowtrain::graph and flowtrain::stages so
+# that find_package(flowtrain) works in a user's own project.
+include(CMakePackageConfigHelpers)
+install(TARGETS flowtrain_graph flowtrain_stages flowtrain_warnings
+  EXPORT flowtrainTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain)
+install(DIRECTORY graph stages DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain
+  FILES_MATCHING PATTERN "*.hpp")
+install(EXPORT flowtrainTargets NAMESPACE flowtrain::
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/flowtrainConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfig.cmake
+  ${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)

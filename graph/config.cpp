@@ -1,0 +1,472 @@
+#include "graph/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "graph/error.hpp"
+
+namespace flowtrain {
+
+namespace {
+
+const std::vector<std::string> kTopKeys = {"threads", "metrics", "stages"};
+const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace"};
+const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
+                                             "queue_capacity", "ordered"};
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'quality'?)" when a candidate is close, else a list of what is allowed.
+std::string suggestion(const std::string& given, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  std::size_t best_distance = 0;
+  for (const std::string& c : candidates) {
+    const std::size_t d = edit_distance(given, c);
+    if (!best || d < best_distance) {
+      best = &c;
+      best_distance = d;
+    }
+  }
+  if (best && best_distance <= std::max<std::size_t>(2, given.size() / 3)) {
+    return " (did you mean '" + *best + "'?)";
+  }
+  std::string list;
+  for (const std::string& c : candidates) list += (list.empty() ? "" : ", ") + c;
+  return candidates.empty() ? "" : " (known: " + list + ")";
+}
+
+// Turns YAML nodes into "file:line" (or the override that set them) for messages.
+class Locator {
+ public:
+  explicit Locator(std::string origin) : origin_(std::move(origin)) {}
+
+  void add_override(const YAML::Node& node, std::string text) {
+    overrides_.emplace_back(node, std::move(text));
+  }
+
+  std::string at(const YAML::Node& node) const {
+    for (const auto& [n, text] : overrides_) {
+      if (n.is(node)) return "override '" + text + "'";
+    }
+    if (node.Mark().is_null()) return origin_;
+    return origin_ + ":" + std::to_string(node.Mark().line + 1);
+  }
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& message) const {
+    throw Error(at(node) + ": " + message);
+  }
+
+ private:
+  std::string origin_;
+  std::vector<std::pair<YAML::Node, std::string>> overrides_;
+};
+
+// Rejects keys of `map` that are not in `allowed`, naming the key's own line.
+void check_keys(const YAML::Node& map,
+                const std::vector<std::string>& allowed,
+                const std::string& context,
+                const Locator& loc) {
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const std::string key = it->first.as<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      loc.fail(it->first, context + "unknown key '" + key + "'" + suggestion(key, allowed));
+    }
+  }
+}
+
+std::string stage_label(const std::string& name, const std::string& type) {
+  return "stage '" + name + "' (" + type + "): ";
+}
+
+template <class T>
+bool scalar_as(const YAML::Node& node, T& out) {
+  if (!node.IsScalar()) return false;
+  try {
+    out = node.as<T>();
+    return true;
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
+
+std::string scalar_text(const YAML::Node& node) {
+  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a map";
+  return "nothing";
+}
+
+std::int64_t positive_int(const YAML::Node& node, const std::string& what, const Locator& loc) {
+  std::int64_t v = 0;
+  if (!scalar_as(node, v) || v < 1) {
+    loc.fail(node, what + " must be a whole number >= 1, got " + scalar_text(node));
+  }
+  return v;
+}
+
+// Reads `concurrency`: serial, unlimited, or N >= 1.
+std::size_t parse_concurrency(const YAML::Node& node, const std::string& ctx, const Locator& loc) {
+  if (node.IsScalar() && node.Scalar() == "serial") return kSerial;
+  if (node.IsScalar() && node.Scalar() == "unlimited") return kUnlimited;
+  std::int64_t v = 0;
+  if (!scalar_as(node, v) || v < 1) {
+    loc.fail(node, ctx + "concurrency must be 'serial', 'unlimited' or a whole number >= 1, got " +
+                       scalar_text(node));
+  }
+  return static_cast<std::size_t>(v);
+}
+
+ParamValue parse_param(const ParamSpec& spec,
+                       const YAML::Node& node,
+                       const std::string& ctx,
+                       const std::filesystem::path& base_dir,
+                       const Locator& loc) {
+  const std::string where = ctx + "param '" + spec.name + "' ";
+  auto wrong = [&]() {
+    loc.fail(node, where + "must be " + (spec.type == ParamType::kInt ? "an " : "a ") +
+                       to_string(spec.type) + ", got " + scalar_text(node));
+  };
+  auto check_min = [&](double v) {
+    if (spec.min && v < *spec.min) {
+      std::ostringstream os;
+      os << where << "must be >= " << *spec.min << ", got " << node.Scalar();
+      loc.fail(node, os.str());
+    }
+  };
+  switch (spec.type) {
+    case ParamType::kInt: {
+      std::int64_t v = 0;
+      if (!scalar_as(node, v)) wrong();
+      check_min(static_cast<double>(v));
+      return v;
+    }
+    case ParamType::kFloat: {
+      double v = 0;
+      if (!scalar_as(node, v)) wrong();
+      check_min(v);
+      return v;
+    }
+    case ParamType::kBool: {
+      bool v = false;
+      if (!scalar_as(node, v)) wrong();
+      return v;
+    }
+    case ParamType::kString: {
+      if (!node.IsScalar()) wrong();
+      return node.Scalar();
+    }
+    case ParamType::kPath: {
+      if (!node.IsScalar()) wrong();
+      std::filesystem::path p = node.Scalar();
+      if (p.empty()) return std::string();
+      if (p.is_relative() && !base_dir.empty()) p = base_dir / p;
+      std::error_code ec;
+      if (!std::filesystem::exists(p, ec)) {
+        loc.fail(node, where + "names '" + p.string() + "', which does not exist");
+      }
+      return p.lexically_normal().string();
+    }
+    case ParamType::kFloatList: {
+      if (!node.IsSequence()) wrong();
+      std::vector<double> out;
+      for (const YAML::Node& item : node) {
+        double v = 0;
+        if (!scalar_as(item, v)) wrong();
+        out.push_back(v);
+      }
+      return out;
+    }
+  }
+  throw Error(where + "has an unknown type");
+}
+
+// Finds the stage entry an override's `stages.<name>` names (by name, else by type).
+YAML::Node find_stage(YAML::Node stages, const std::string& name, const std::string& text) {
+  std::string known;
+  if (stages.IsSequence()) {
+    for (YAML::Node entry : stages) {
+      if (!entry.IsMap()) continue;
+      const std::string entry_name = entry["name"] ? entry["name"].as<std::string>()
+                                     : entry["type"] ? entry["type"].as<std::string>()
+                                                     : "";
+      if (entry_name == name) return entry;
+      known += (known.empty() ? "" : ", ") + entry_name;
+    }
+  }
+  throw Error("override '" + text + "': no stage named '" + name + "' (stages: " + known + ")");
+}
+
+void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw Error("override '" + text + "': expected key.path=value, e.g. stages.decode.concurrency=2");
+  }
+  std::vector<std::string> keys;
+  std::stringstream path(text.substr(0, eq));
+  for (std::string key; std::getline(path, key, '.');) {
+    if (key.empty()) throw Error("override '" + text + "': empty key in the path");
+    keys.push_back(key);
+  }
+  YAML::Node value;
+  try {
+    value.reset(YAML::Load(text.substr(eq + 1)));
+  } catch (const YAML::Exception& e) {
+    throw Error("override '" + text + "': value is not valid YAML: " + e.msg);
+  }
+  if (!value.IsDefined() || value.IsNull()) value.reset(YAML::Node(std::string()));
+
+  // yaml-cpp's Node::operator= assigns content; reset() rebinds the handle.
+  YAML::Node node = root;
+  for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
+    if (keys[i] == "stages" && i + 2 < keys.size()) {
+      node.reset(find_stage(node["stages"], keys[i + 1], text));
+      ++i;
+      continue;
+    }
+    YAML::Node child = node[keys[i]];
+    if (!child.IsDefined() || child.IsNull()) {
+      node[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      child.reset(node[keys[i]]);
+    }
+    if (!child.IsMap()) {
+      throw Error("override '" + text + "': '" + keys[i] + "' is not a map of keys");
+    }
+    node.reset(child);
+  }
+  node[keys.back()] = value;
+  loc.add_override(node[keys.back()], text);
+}
+
+PipelineConfig validate(const YAML::Node& root,
+                        const std::string& origin,
+                        const std::filesystem::path& base_dir,
+                        const Locator& loc,
+                        const Registry& registry) {
+  if (!root.IsMap()) loc.fail(root, "a pipeline config must be a map with a 'stages' list");
+  check_keys(root, kTopKeys, "", loc);
+
+  PipelineConfig config;
+  config.origin = origin;
+  if (const YAML::Node threads = root["threads"]) {
+    config.run.threads = static_cast<std::size_t>(positive_int(threads, "threads", loc));
+  }
+  if (const YAML::Node metrics = root["metrics"]) {
+    if (!metrics.IsMap()) loc.fail(metrics, "metrics must be a map");
+    check_keys(metrics, kMetricsKeys, "metrics: ", loc);
+    if (const YAML::Node ms = metrics["sample_ms"]) {
+      if (!scalar_as(ms, config.run.sample_interval_ms) || config.run.sample_interval_ms <= 0) {
+        loc.fail(ms, "metrics.sample_ms must be a number > 0, got " + scalar_text(ms));
+      }
+    }
+    if (const YAML::Node trace = metrics["trace"]) {
+      if (!trace.IsScalar()) loc.fail(trace, "metrics.trace must be a file path");
+      config.run.trace_path = trace.Scalar();
+    }
+  }
+
+  const YAML::Node stages = root["stages"];
+  if (!stages) loc.fail(root, "missing key 'stages' (the list of stages to run)");
+  if (!stages.IsSequence() || stages.size() < 2) {
+    loc.fail(stages, "'stages' must be a list of at least a source and a sink");
+  }
+
+  std::vector<std::string> type_names;
+  for (const StageInfo* info : registry.all()) type_names.push_back(info->type);
+
+  const StageInfo* prev_info = nullptr;
+  for (const YAML::Node& entry : stages) {
+    if (!entry.IsMap()) loc.fail(entry, "each stage must be a map with at least a 'type'");
+    const YAML::Node type_node = entry["type"];
+    if (!type_node || !type_node.IsScalar()) loc.fail(entry, "stage without a 'type'");
+    const std::string type = type_node.Scalar();
+    const StageInfo* info = registry.find(type);
+    if (!info) {
+      loc.fail(type_node, "unknown stage type '" + type + "'" + suggestion(type, type_names) +
+                              "; `flowtrain stages` lists them");
+    }
+    StageConfig stage;
+    stage.type = type;
+    stage.name = entry["name"] ? entry["name"].as<std::string>() : type;
+    stage.location = loc.at(entry);
+    const std::string ctx = stage_label(stage.name, type);
+    check_keys(entry, kStageKeys, ctx, loc);
+    for (const StageConfig& other : config.stages) {
+      if (other.name == stage.name) {
+        loc.fail(entry, ctx + "a stage named '" + stage.name + "' already exists at " +
+                            other.location + "; give one a different 'name'");
+      }
+    }
+    if (const YAML::Node c = entry["concurrency"]) {
+      stage.options.concurrency = parse_concurrency(c, ctx, loc);
+    }
+    if (const YAML::Node q = entry["queue_capacity"]) {
+      stage.options.queue_capacity =
+          static_cast<std::size_t>(positive_int(q, ctx + "queue_capacity", loc));
+    }
+    if (const YAML::Node o = entry["ordered"]) {
+      if (!scalar_as(o, stage.options.ordered)) {
+        loc.fail(o, ctx + "ordered must be true or false, got " + scalar_text(o));
+      }
+    }
+
+    stage.params = Params::defaults(info->doc.params);
+    if (const YAML::Node params = entry["params"]) {
+      if (!params.IsMap()) loc.fail(params, ctx + "params must be a map of name: value");
+      std::vector<std::string> declared;
+      for (const ParamSpec& spec : info->doc.params) declared.push_back(spec.name);
+      for (auto it = params.begin(); it != params.end(); ++it) {
+        const std::string key = it->first.as<std::string>();
+        const ParamSpec* spec = info->find_param(key);
+        if (!spec) {
+          loc.fail(it->first, ctx + "unknown param '" + key + "'" + suggestion(key, declared));
+        }
+        stage.params.set(key, parse_param(*spec, it->second, ctx, base_dir, loc));
+      }
+    }
+
+    if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
+      loc.fail(entry, ctx + problem);
+    }
+    if (!prev_info && info->shape.kind != StageShape::Kind::kSource) {
+      loc.fail(entry, ctx + "the first stage must be a source, not a " +
+                          to_string(info->shape.kind));
+    }
+    if (prev_info) {
+      const StageConfig& prev = config.stages.back();
+      if (std::string problem = link_problem(prev.name, prev_info->shape, prev.options,
+                                             stage.name, info->shape, stage.options);
+          !problem.empty()) {
+        loc.fail(entry, problem);
+      }
+    }
+    config.stages.push_back(std::move(stage));
+    prev_info = info;
+  }
+  if (prev_info->shape.kind != StageShape::Kind::kSink) {
+    loc.fail(stages, "the last stage '" + config.stages.back().name +
+                         "' must be a sink, not a " + to_string(prev_info->shape.kind));
+  }
+  return config;
+}
+
+PipelineConfig parse(const std::string& text,
+                     const std::string& origin,
+                     const std::filesystem::path& base_dir,
+                     const std::vector<std::string>& overrides,
+                     const Registry& registry) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsDefined() || root.IsNull()) throw Error(origin + ": the config is empty");
+  Locator loc(origin);
+  for (const std::string& text_override : overrides) {
+    if (!root.IsMap()) break;  // validate() reports it
+    apply_override(root, text_override, loc);
+  }
+  try {
+    return validate(root, origin, base_dir, loc, registry);
+  } catch (const YAML::Exception& e) {
+    throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+}
+
+}  // namespace
+
+PipelineConfig load_pipeline_config(const std::string& path,
+                                    const std::vector<std::string>& overrides,
+                                    const Registry& registry) {
+  std::ifstream in(path);
+  if (!in) {
+    throw Error("cannot read config '" + path + "': " +
+                (std::filesystem::exists(path) ? "permission denied" : "no such file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  // Relative paths inside a config are relative to the config file's folder.
+  return parse(text.str(), path, std::filesystem::path(path).parent_path(), overrides, registry);
+}
+
+PipelineConfig parse_pipeline_config(const std::string& text,
+                                     const std::string& origin,
+                                     const std::vector<std::string>& overrides,
+                                     const Registry& registry) {
+  return parse(text, origin, {}, overrides, registry);
+}
+
+std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Registry& registry) {
+  auto pipeline = std::make_unique<Pipeline>();
+  for (const StageConfig& stage : config.stages) {
+    const StageInfo* info = registry.find(stage.type);
+    if (!info) throw Error(stage.location + ": unknown stage type '" + stage.type + "'");
+    std::unique_ptr<Stage> built;
+    try {
+      built = info->make(stage.params);
+    } catch (const std::exception& e) {
+      throw Error(stage.location + ": " + stage_label(stage.name, stage.type) + e.what());
+    }
+    pipeline->add(stage.name, std::move(built), stage.options);
+  }
+  return pipeline;
+}
+
+std::string stages_markdown(const Registry& registry) {
+  std::string out;
+  for (const StageInfo* info : registry.all()) {
+    out += "### `" + info->type + "`\n\n" + info->doc.summary + "\n\n";
+    out += std::string("Kind: ") + to_string(info->shape.kind);
+    if (!info->shape.input.is_none()) out += "; takes `" + info->shape.input.name() + "`";
+    if (!info->shape.output.is_none()) out += "; emits `" + info->shape.output.name() + "`";
+    out += ".\n\n";
+    if (info->doc.params.empty()) {
+      out += "No parameters.\n\n";
+      continue;
+    }
+    out += "| param | type | default | meaning |\n|---|---|---|---|\n";
+    for (const ParamSpec& p : info->doc.params) {
+      out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " +
+             p.doc + " |\n";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string stages_text(const Registry& registry) {
+  std::string out;
+  for (const StageInfo* info : registry.all()) {
+    out += info->type + "  (" + to_string(info->shape.kind);
+    if (!info->shape.input.is_none()) out += ", takes " + info->shape.input.name();
+    if (!info->shape.output.is_none()) out += ", emits " + info->shape.output.name();
+    out += ")\n    " + info->doc.summary + "\n";
+    for (const ParamSpec& p : info->doc.params) {
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "    %-16s %-10s %-12s ", p.name.c_str(), to_string(p.type),
+                    p.default_text().c_str());
+      out += buf + p.doc + "\n";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace flowtrain

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/params.hpp"
+#include "graph/pipeline.hpp"
+#include "graph/registry.hpp"
+
+namespace flowtrain {
+
+/// One validated entry of a pipeline config's `stages:` list.
+struct StageConfig {
+  std::string type;
+  std::string name;
+  StageOptions options;
+  Params params;
+  std::string location;  // "demo.yaml:12", for messages about this stage
+};
+
+/// A pipeline config, fully validated against the registry: building it cannot fail on
+/// anything the config says.
+///
+///   threads: 2                 # TBB threads for the graph (default: all hardware threads)
+///   metrics: {sample_ms: 2, trace: run.trace.json}
+///   stages:
+///     - {type: sequence, name: numbers, params: {count: 100000}}
+///     - {type: spin, concurrency: 2, queue_capacity: 8, params: {microseconds: 20}}
+///     - {type: discard}
+struct PipelineConfig {
+  std::string origin;  // file path, or a label for configs given as text
+  RunOptions run;
+  std::vector<StageConfig> stages;
+};
+
+/// Reads and validates a pipeline config file. `overrides` are `key.path=value` strings applied
+/// first (`threads=1`, `stages.work.concurrency=4`, `stages.work.params.microseconds=5`).
+/// Throws Error with one line naming the file, line, stage and key of the first problem.
+PipelineConfig load_pipeline_config(const std::string& path,
+                                    const std::vector<std::string>& overrides = {},
+                                    const Registry& registry = Registry::global());
+
+/// The same for config text; `origin` names it in messages.
+PipelineConfig parse_pipeline_config(const std::string& text,
+                                     const std::string& origin,
+                                     const std::vector<std::string>& overrides = {},
+                                     const Registry& registry = Registry::global());
+
+/// Constructs the stages of a validated config. Errors thrown by a stage's constructor (a file
+/// it cannot open, say) come back as Error prefixed with the stage's location and name.
+std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
+                                         const Registry& registry = Registry::global());
+
+/// Markdown reference of every registered stage and its parameters (docs/config.md embeds it).
+std::string stages_markdown(const Registry& registry = Registry::global());
+
+/// Plain-text listing of every registered stage, for `flowtrain stages`.
+std::string stages_text(const Registry& registry = Registry::global());
+
+}  // namespace flowtrain

@@ -1,0 +1,109 @@
+#include "graph/metrics.hpp"
+
+#include <algorithm>
+
+namespace flowtrain::detail {
+
+void StageCounters::record_drop(std::uint64_t seq, std::string reason) {
+  std::lock_guard lock(drops_mutex);
+  ++dropped;
+  if (drops.size() < StageReport::kMaxDropRecords) drops.push_back({seq, std::move(reason)});
+}
+
+void SeriesBuilder::add(double time_s, double value) {
+  pending_.time_s += time_s;
+  pending_.occupancy += value;
+  if (++pending_count_ < stride_) return;
+  points_.push_back({pending_.time_s / pending_count_, pending_.occupancy / pending_count_});
+  pending_ = {};
+  pending_count_ = 0;
+  if (points_.size() < 2 * kMaxPoints) return;
+  for (std::size_t i = 0; i < kMaxPoints; ++i) {
+    const QueueSample& a = points_[2 * i];
+    const QueueSample& b = points_[2 * i + 1];
+    points_[i] = {(a.time_s + b.time_s) / 2, (a.occupancy + b.occupancy) / 2};
+  }
+  points_.resize(kMaxPoints);
+  stride_ *= 2;
+}
+
+std::vector<QueueSample> SeriesBuilder::take() { return std::move(points_); }
+
+Sampler::Sampler(const std::vector<std::unique_ptr<StageCounters>>& counters,
+                 std::vector<StageGeometry> geometry,
+                 double interval_ms,
+                 Clock::time_point start)
+    : counters_(counters),
+      geometry_(std::move(geometry)),
+      interval_(std::max<std::int64_t>(100, static_cast<std::int64_t>(interval_ms * 1000))),
+      start_(start),
+      acc_(geometry_.size()),
+      thread_([this] { loop(); }) {}
+
+Sampler::~Sampler() { stop(); }
+
+void Sampler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Sampler::loop() {
+  std::unique_lock lock(mutex_);
+  while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) sample_once();
+}
+
+void Sampler::sample_once() {
+  const double t = std::chrono::duration<double>(Clock::now() - start_).count();
+  const std::size_t n = geometry_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const StageGeometry& geo = geometry_[i];
+    const StageCounters& c = *counters_[i];
+    const auto active = static_cast<std::size_t>(c.active.load(std::memory_order_relaxed));
+    const std::size_t free_slots = geo.workers > active ? geo.workers - active : 0;
+
+    // Items waiting in front of stage i, and items in front of stage i+1 (its output queue).
+    auto occupancy = [&](std::size_t stage) -> double {
+      const auto emitted = counters_[stage - 1]->emitted.load(std::memory_order_relaxed);
+      const auto started = counters_[stage]->started.load(std::memory_order_relaxed);
+      const double n = emitted > started ? static_cast<double>(emitted - started) : 0.0;
+      // A source whose queue is full holds one produced item outside the queue; it counts in
+      // `emitted` but is not in the queue.
+      return stage == 1 ? std::min(n, static_cast<double>(geometry_[0].out_capacity)) : n;
+    };
+    const double waiting = geo.has_input ? occupancy(i) : 1.0;  // a source always has "input"
+    if (geo.has_input) {
+      acc_[i].queue_sum += waiting;
+      acc_[i].queue_max = std::max(acc_[i].queue_max, waiting);
+      acc_[i].series.add(t, waiting);
+    }
+    if (free_slots == 0) continue;
+    if (waiting == 0) {
+      acc_[i].starved_slots += static_cast<double>(free_slots);
+    } else if (geo.out_capacity > 0 &&
+               occupancy(i + 1) + static_cast<double>(active) >= geo.out_capacity) {
+      acc_[i].blocked_slots += static_cast<double>(free_slots);
+    }
+  }
+  ++samples_;
+}
+
+void Sampler::fill(std::vector<StageReport>& stages) {
+  for (std::size_t i = 0; i < stages.size() && i < acc_.size(); ++i) {
+    StageReport& s = stages[i];
+    const Accumulated& a = acc_[i];
+    if (samples_ > 0) {
+      const double slot_samples = static_cast<double>(samples_ * geometry_[i].workers);
+      s.starved_fraction = a.starved_slots / slot_samples;
+      s.blocked_fraction = a.blocked_slots / slot_samples;
+      s.queue_mean = a.queue_sum / static_cast<double>(samples_);
+    }
+    s.queue_max = a.queue_max;
+    s.queue_series = acc_[i].series.take();
+  }
+}
+
+}  // namespace flowtrain::detail

@@ -1,0 +1,87 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace flowtrain {
+
+/// A parameter value as given in a config. Ints are int64, floats double.
+using ParamValue = std::variant<std::int64_t, double, bool, std::string, std::vector<double>>;
+
+enum class ParamType {
+  kInt,
+  kFloat,
+  kBool,
+  kString,
+  kPath,       // a string naming a file or folder that must exist (empty = not given)
+  kFloatList,  // [0.485, 0.456, 0.406]
+};
+
+const char* to_string(ParamType type);
+
+/// One declared parameter of a stage: the single source for validation, `flowtrain stages`
+/// and docs/config.md.
+struct ParamSpec {
+  std::string name;
+  ParamType type = ParamType::kInt;
+  ParamValue default_value;
+  std::string doc;
+  std::optional<double> min = std::nullopt;  // inclusive lower bound for numbers
+
+  /// The default as a config would spell it ("0.5", "true", "[1, 2]", "\"\"").
+  std::string default_text() const;
+};
+
+/// Helpers to declare parameters tersely:
+///   {int_param("count", 1000, "items to produce", 0), path_param("root", "image folder")}
+ParamSpec int_param(std::string name,
+                    std::int64_t default_value,
+                    std::string doc,
+                    std::optional<double> min = std::nullopt);
+ParamSpec float_param(std::string name,
+                      double default_value,
+                      std::string doc,
+                      std::optional<double> min = std::nullopt);
+ParamSpec bool_param(std::string name, bool default_value, std::string doc);
+ParamSpec string_param(std::string name, std::string default_value, std::string doc);
+ParamSpec path_param(std::string name, std::string doc);
+ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc);
+
+/// The validated parameters handed to a stage's constructor: every declared name has a value of
+/// its declared type (the default where the config gave none).
+class Params {
+ public:
+  Params() = default;
+  explicit Params(std::map<std::string, ParamValue> values) : values_(std::move(values)) {}
+
+  /// Typed read; throws Error if the stage asks for a name it did not declare or the wrong type
+  /// (a programming error in the stage, not a user error).
+  template <class T>
+  T get(const std::string& name) const {
+    const ParamValue& v = at(name);
+    if (const T* p = std::get_if<T>(&v)) return *p;
+    throw_type_error(name);
+  }
+
+  std::int64_t get_int(const std::string& name) const { return get<std::int64_t>(name); }
+  double get_float(const std::string& name) const { return get<double>(name); }
+  bool get_bool(const std::string& name) const { return get<bool>(name); }
+  std::string get_string(const std::string& name) const { return get<std::string>(name); }
+
+  void set(const std::string& name, ParamValue value) { values_[name] = std::move(value); }
+  const std::map<std::string, ParamValue>& values() const { return values_; }
+
+  /// The declared defaults, for building a stage from C++ without a config.
+  static Params defaults(const std::vector<ParamSpec>& specs);
+
+ private:
+  const ParamValue& at(const std::string& name) const;
+  [[noreturn]] void throw_type_error(const std::string& name) const;
+  std::map<std::string, ParamValue> values_;
+};
+
+}  // namespace flowtrain

@@ -1,0 +1,102 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/report.hpp"
+#include "graph/stage.hpp"
+
+namespace flowtrain {
+
+/// How one stage runs inside a pipeline.
+struct StageOptions {
+  /// Invocations that may run at once: kSerial (1), N, or kUnlimited (0).
+  std::size_t concurrency = kSerial;
+  /// Output slots of the previous stage towards this one: items being produced for this stage
+  /// plus items waiting for it never exceed this. Must be >= the previous stage's concurrency.
+  std::size_t queue_capacity = 8;
+  /// Deliver items to this stage in sequence order (forced on for stages that require it).
+  bool ordered = false;
+};
+
+/// How a pipeline runs.
+struct RunOptions {
+  std::size_t threads = 0;       // TBB threads for the graph (0: one per hardware thread)
+  double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
+  std::string trace_path;         // write a Chrome trace-event JSON here when not empty
+};
+
+/// Returns a one-line problem if `next` cannot follow `prev`, else an empty string.
+/// Shared by Pipeline::add and config validation so both give the same message.
+std::string link_problem(const std::string& prev_name,
+                         const StageShape& prev,
+                         const StageOptions& prev_options,
+                         const std::string& next_name,
+                         const StageShape& next,
+                         const StageOptions& next_options);
+
+/// Returns a one-line problem with `options` for a stage of this shape, else an empty string.
+std::string options_problem(const StageShape& shape, const StageOptions& options);
+
+/// A linear chain of stages run as a oneTBB flow graph with bounded queues:
+///
+///   source -> [queue] -> stage -> [queue] -> ... -> sink
+///
+///   Pipeline p;
+///   p.add("numbers", std::make_unique<Count>());
+///   p.add("square", std::make_unique<Square>(), {.concurrency = 4, .queue_capacity = 16});
+///   p.add("print", std::make_unique<Print>(), {.ordered = true});
+///   RunReport report = p.run({.threads = 2});
+///   std::cout << format_report(report);
+///
+/// An exception in any stage cancels the graph and is rethrown from run() as a StageError naming
+/// the stage and the item.
+class Pipeline {
+ public:
+  Pipeline();
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  /// Appends a stage; throws Error if it cannot follow the previous one (item types, kinds,
+  /// concurrency above the stage's maximum or above this stage's queue capacity).
+  Pipeline& add(std::string name, std::unique_ptr<Stage> stage, StageOptions options = {});
+
+  /// Runs the graph to completion (sources exhausted or stopped, every item drained).
+  /// A pipeline runs once.
+  RunReport run(const RunOptions& options = {});
+
+  /// Asks the sources to stop; items already produced are finished. Async-signal-safe, may be
+  /// called from any thread or a signal handler, before or during run().
+  void request_stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
+
+  std::size_t size() const { return nodes_.size(); }
+
+ private:
+  struct Node {
+    std::string name;
+    std::unique_ptr<Stage> stage;
+    StageShape shape;
+    StageOptions options;
+  };
+  class Runtime;
+
+  std::vector<Node> nodes_;
+  std::atomic<bool> stop_{false};
+  bool ran_ = false;
+};
+
+/// Stops `pipeline` on SIGINT and SIGTERM while in scope; a second signal ends the process the
+/// default way. Restores the previous handlers on destruction. One at a time per process.
+class StopOnSignal {
+ public:
+  explicit StopOnSignal(Pipeline& pipeline);
+  ~StopOnSignal();
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+};
+
+}  // namespace flowtrain

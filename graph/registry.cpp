@@ -1,0 +1,51 @@
+#include "graph/registry.hpp"
+
+#include "graph/error.hpp"
+
+namespace flowtrain {
+
+const char* to_string(StageShape::Kind kind) {
+  switch (kind) {
+    case StageShape::Kind::kSource:
+      return "source";
+    case StageShape::Kind::kMap:
+      return "map";
+    case StageShape::Kind::kFlatMap:
+      return "flat map";
+    case StageShape::Kind::kSink:
+      return "sink";
+  }
+  return "?";
+}
+
+const ParamSpec* StageInfo::find_param(const std::string& name) const {
+  for (const ParamSpec& spec : doc.params) {
+    if (spec.name == name) return &spec;
+  }
+  return nullptr;
+}
+
+Registry& Registry::global() {
+  static Registry registry;
+  return registry;
+}
+
+void Registry::add(StageInfo info) {
+  std::string type = info.type;
+  if (!entries_.emplace(type, std::move(info)).second) {
+    throw Error("stage type '" + type + "' is registered twice");
+  }
+}
+
+const StageInfo* Registry::find(const std::string& type) const {
+  auto it = entries_.find(type);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+std::vector<const StageInfo*> Registry::all() const {
+  std::vector<const StageInfo*> out;
+  for (const auto& [type, info] : entries_) out.push_back(&info);
+  return out;
+}
+
+}  // namespace flowtrain

@@ -1,0 +1,69 @@
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/params.hpp"
+#include "graph/stage.hpp"
+
+namespace flowtrain {
+
+/// What a stage says about itself: a one-line doc and its parameters.
+struct StageDoc {
+  std::string summary;
+  std::vector<ParamSpec> params;
+};
+
+/// A registered stage type: everything needed to validate a config entry and to build it.
+struct StageInfo {
+  std::string type;
+  StageDoc doc;
+  StageShape shape;
+  std::function<std::unique_ptr<Stage>(const Params&)> make;
+
+  const ParamSpec* find_param(const std::string& name) const;
+};
+
+/// Stage types by name, filled by FLOWTRAIN_REGISTER_STAGE at load time.
+class Registry {
+ public:
+  static Registry& global();
+
+  /// Throws Error if `type` is already registered.
+  void add(StageInfo info);
+  /// nullptr if unknown.
+  const StageInfo* find(const std::string& type) const;
+  /// All entries, sorted by type name.
+  std::vector<const StageInfo*> all() const;
+
+ private:
+  std::map<std::string, StageInfo> entries_;
+};
+
+namespace detail {
+template <class S>
+struct Registrar {
+  explicit Registrar(const char* type) {
+    Registry::global().add(StageInfo{type, S::describe(), S::static_shape(), [](const Params& p) {
+                                       return std::unique_ptr<Stage>(new S(p));
+                                     }});
+  }
+};
+}  // namespace detail
+
+}  // namespace flowtrain
+
+#define FLOWTRAIN_CONCAT_INNER(a, b) a##b
+#define FLOWTRAIN_CONCAT(a, b) FLOWTRAIN_CONCAT_INNER(a, b)
+
+/// Makes a stage class available to configs under `type`. The class needs
+/// `static StageDoc describe()` and a constructor taking `const Params&`:
+///
+///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };
+///   FLOWTRAIN_REGISTER_STAGE("spin", SpinStage);
+#define FLOWTRAIN_REGISTER_STAGE(type, Class)                     \
+  static const ::flowtrain::detail::Registrar<Class> FLOWTRAIN_CONCAT( \
+      flowtrain_registrar_, __COUNTER__)(type)

@@ -1,0 +1,113 @@
+#include "graph/report.hpp"
+
+#include <cstdio>
+#include <string>
+
+namespace flowtrain {
+
+namespace {
+// Below this busy fraction no stage is called a bottleneck.
+constexpr double kSaturated = 0.5;
+
+std::string percent(double fraction) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.0f%%", fraction * 100);
+  return buf;
+}
+
+std::string workers_text(const StageReport& s) {
+  return std::to_string(s.workers) + (s.workers == 1 ? " worker" : " workers");
+}
+}  // namespace
+
+std::optional<std::size_t> RunReport::bottleneck() const {
+  std::optional<std::size_t> best;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].busy_s <= 0) continue;
+    if (!best || stages[i].busy_fraction > stages[*best].busy_fraction) best = i;
+  }
+  return best;
+}
+
+std::string RunReport::verdict() const {
+  const std::optional<std::size_t> b = bottleneck();
+  if (!b) return "no stage did any work";
+  const StageReport& s = stages[*b];
+  std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
+                     " of its " + workers_text(s);
+  if (s.busy_fraction < kSaturated) {
+    return "no stage is saturated; the busiest is '" + s.name + "' at " +
+           percent(s.busy_fraction) + " of its " + workers_text(s) +
+           " (the run is short, or bound by something outside the stages)";
+  }
+  // Name the costliest stage downstream, which waits on it, to show what the bottleneck costs.
+  const StageReport* waiter = nullptr;
+  for (std::size_t i = *b + 1; i < stages.size(); ++i) {
+    if (!waiter || stages[i].busy_s > waiter->busy_s) waiter = &stages[i];
+  }
+  if (waiter && waiter->starved_fraction >= 0.05) {
+    line += ", while '" + waiter->name + "' waits for input " + percent(waiter->starved_fraction) +
+            " of the time";
+  }
+  if (s.kind == StageShape::Kind::kSource || s.kind == StageShape::Kind::kFlatMap) {
+    line += "; it runs serially: make it cheaper, or split its work into a parallel stage after it";
+  } else if (s.concurrency != kUnlimited && s.workers < s.concurrency &&
+             *b + 1 < stages.size() && s.workers == stages[*b + 1].queue_capacity) {
+    line += "; raise stages." + stages[*b + 1].name + ".queue_capacity (now " +
+            std::to_string(stages[*b + 1].queue_capacity) + ") so it can use more workers";
+  } else if (s.workers < threads) {
+    line += "; raise stages." + s.name + ".concurrency (now " + std::to_string(s.workers) + ")";
+  } else {
+    line += "; it already uses all " + std::to_string(threads) +
+            " threads: make it cheaper or give the run more cores";
+  }
+  return line;
+}
+
+std::string format_report(const RunReport& r) {
+  std::string out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-16s %-8s %7s %9s %9s %6s %5s %8s %8s %10s %15s\n", "stage",
+                "kind", "workers", "in", "out", "drop", "busy", "starved", "blocked", "items/s",
+                "queue avg/max/cap");
+  out += buf;
+  for (const StageReport& s : r.stages) {
+    const std::uint64_t items = s.kind == StageShape::Kind::kSource ? s.items_out : s.items_in;
+    const double rate = r.wall_s > 0 ? static_cast<double>(items) / r.wall_s : 0;
+    std::string queue = "-";
+    if (s.kind != StageShape::Kind::kSource) {
+      std::snprintf(buf, sizeof buf, "%.1f/%.0f/%zu", s.queue_mean, s.queue_max,
+                    s.queue_capacity);
+      queue = buf;
+    }
+    std::snprintf(buf, sizeof buf, "%-16s %-8s %7zu %9s %9s %6llu %5s %8s %8s %10.0f %15s\n",
+                  s.name.c_str(), to_string(s.kind), s.workers,
+                  s.kind == StageShape::Kind::kSource ? "-" : std::to_string(s.items_in).c_str(),
+                  s.kind == StageShape::Kind::kSink ? "-" : std::to_string(s.items_out).c_str(),
+                  static_cast<unsigned long long>(s.dropped), percent(s.busy_fraction).c_str(),
+                  s.kind == StageShape::Kind::kSource ? "-" : percent(s.starved_fraction).c_str(),
+                  s.kind == StageShape::Kind::kSink ? "-" : percent(s.blocked_fraction).c_str(),
+                  rate, queue.c_str());
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "wall %.2f s on %zu threads%s\n", r.wall_s, r.threads,
+                r.stopped ? "; stopped early on request (SIGINT): the counts above are what "
+                            "was completed"
+                          : "");
+  out += buf;
+  for (const StageReport& s : r.stages) {
+    if (s.dropped == 0) continue;
+    out += "dropped by '" + s.name + "': " + std::to_string(s.dropped) + " item(s)\n";
+    for (const DropRecord& d : s.drops) {
+      out += "  item " + std::to_string(d.seq) + ": " + d.reason + "\n";
+    }
+    if (s.dropped > s.drops.size()) {
+      out += "  ... and " + std::to_string(s.dropped - s.drops.size()) + " more\n";
+    }
+  }
+  out += "verdict: " + r.verdict() + "\n";
+  if (!r.trace_path.empty()) out += "trace: " + r.trace_path + " (open in ui.perfetto.dev)\n";
+  return out;
+}
+
+}  // namespace flowtrain

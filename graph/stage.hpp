@@ -1,0 +1,206 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "graph/item_type.hpp"
+
+namespace flowtrain {
+
+/// Concurrency values: how many invocations of a stage may run at once.
+inline constexpr std::size_t kSerial = 1;
+inline constexpr std::size_t kUnlimited = 0;
+
+/// An item as it travels on an edge: its sequence number and a shared handle to its value.
+/// TBB's flow graph copies messages between nodes; copying an Item copies a pointer, never the
+/// value. A null `value` is a tombstone: the item was dropped upstream, and it still flows so
+/// that ordered stages downstream see no gap in the sequence.
+struct Item {
+  std::uint64_t seq = 0;
+  std::shared_ptr<void> value;
+};
+
+/// What a stage knows about the item it is processing, and how it drops one.
+class ItemContext {
+ public:
+  explicit ItemContext(std::uint64_t seq) : seq_(seq) {}
+
+  /// Sequence number of the item: its position in the source's output (or, after a FlatMap,
+  /// in that stage's output). Unique per stage and independent of concurrency settings.
+  std::uint64_t seq() const { return seq_; }
+
+  /// Drops the current item: it is counted and listed with `reason` in the run report.
+  ///   if (bytes.empty()) return ctx.drop("empty file " + path);
+  std::nullopt_t drop(std::string reason) {
+    drop_reason_ = std::move(reason);
+    return std::nullopt;
+  }
+  const std::optional<std::string>& drop_reason() const { return drop_reason_; }
+
+ private:
+  std::uint64_t seq_;
+  std::optional<std::string> drop_reason_;
+};
+
+/// Receives the outputs of a FlatMap; the runtime numbers them in the order they are emitted.
+class EmitSink {
+ public:
+  virtual void emit(std::shared_ptr<void> value) = 0;
+
+ protected:
+  ~EmitSink() = default;
+};
+
+/// Typed handle a FlatMap emits through:  `out.emit(Batch{...});`
+template <class Out>
+class Emitter {
+ public:
+  explicit Emitter(EmitSink& sink) : sink_(sink) {}
+  void emit(Out value) { sink_.emit(std::make_shared<Out>(std::move(value))); }
+
+ private:
+  EmitSink& sink_;
+};
+
+/// The static shape of a stage, known before it is constructed (a registry entry has one too),
+/// so configs are validated without building anything.
+struct StageShape {
+  enum class Kind { kSource, kMap, kFlatMap, kSink };
+
+  Kind kind = Kind::kMap;
+  ItemType input;   // none for a source
+  ItemType output;  // none for a sink
+  /// Largest allowed concurrency: kSerial for sources and flat maps, else kUnlimited.
+  std::size_t max_concurrency = kUnlimited;
+};
+
+const char* to_string(StageShape::Kind kind);
+
+namespace detail {
+struct StageAccess;
+}
+
+/// Base of every stage. Derive from one of the typed bases below, never from this directly.
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  virtual StageShape shape() const = 0;
+  /// True if the stage needs its input in sequence order whatever the concurrency upstream
+  /// (a batcher, for deterministic batches). The pipeline then delivers it in order.
+  virtual bool requires_order() const { return false; }
+
+ private:
+  friend struct detail::StageAccess;
+  // Type-erased entry points, implemented by the typed bases. `value` holds the input type the
+  // shape declares; the runtime checked that before the run.
+  virtual std::shared_ptr<void> next_erased() { return nullptr; }
+  virtual std::shared_ptr<void> map_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {
+    return nullptr;
+  }
+  virtual void flat_map_erased(std::shared_ptr<void>& /*value*/, EmitSink&) {}
+  virtual void finish_erased(EmitSink&) {}
+  virtual void consume_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {}
+};
+
+/// Produces items until exhausted (returns std::nullopt) or the run is stopped. Serial.
+///
+///   class Count final : public Source<int> {
+///     std::optional<int> next() override { return i_ < 10 ? std::optional(i_++) : std::nullopt; }
+///     int i_ = 0;
+///   };
+template <class Out>
+class Source : public Stage {
+ public:
+  using output_type = Out;
+  static StageShape static_shape() {
+    return {StageShape::Kind::kSource, {}, ItemType::of<Out>(), kSerial};
+  }
+  StageShape shape() const override { return static_shape(); }
+
+ protected:
+  virtual std::optional<Out> next() = 0;
+
+ private:
+  std::shared_ptr<void> next_erased() final {
+    std::optional<Out> out = next();
+    return out ? std::make_shared<Out>(std::move(*out)) : nullptr;
+  }
+};
+
+/// One item in, at most one out. Any concurrency; `process` must then be thread-safe.
+/// Return std::nullopt (best through `ctx.drop(reason)`) to drop the item.
+template <class In, class Out>
+class Map : public Stage {
+ public:
+  using input_type = In;
+  using output_type = Out;
+  static StageShape static_shape() {
+    return {StageShape::Kind::kMap, ItemType::of<In>(), ItemType::of<Out>(), kUnlimited};
+  }
+  StageShape shape() const override { return static_shape(); }
+
+ protected:
+  virtual std::optional<Out> process(In&& in, ItemContext& ctx) = 0;
+
+ private:
+  std::shared_ptr<void> map_erased(std::shared_ptr<void>& value, ItemContext& ctx) final {
+    std::optional<Out> out = process(std::move(*static_cast<In*>(value.get())), ctx);
+    return out ? std::make_shared<Out>(std::move(*out)) : nullptr;
+  }
+};
+
+/// Any number of items out per item in (batching, splitting), plus a final `finish` once the
+/// input is exhausted. Serial; outputs get fresh sequence numbers in the order emitted.
+template <class In, class Out>
+class FlatMap : public Stage {
+ public:
+  using input_type = In;
+  using output_type = Out;
+  static StageShape static_shape() {
+    return {StageShape::Kind::kFlatMap, ItemType::of<In>(), ItemType::of<Out>(), kSerial};
+  }
+  StageShape shape() const override { return static_shape(); }
+
+ protected:
+  virtual void process(In&& in, Emitter<Out>& out) = 0;
+  virtual void finish(Emitter<Out>& /*out*/) {}
+
+ private:
+  void flat_map_erased(std::shared_ptr<void>& value, EmitSink& sink) final {
+    Emitter<Out> out(sink);
+    process(std::move(*static_cast<In*>(value.get())), out);
+  }
+  void finish_erased(EmitSink& sink) final {
+    Emitter<Out> out(sink);
+    finish(out);
+  }
+};
+
+/// Consumes items: the end of a pipeline. Any concurrency. `Sink<Anything>` takes every type.
+template <class In>
+class Sink : public Stage {
+ public:
+  using input_type = In;
+  static StageShape static_shape() {
+    return {StageShape::Kind::kSink, ItemType::of<In>(), {}, kUnlimited};
+  }
+  StageShape shape() const override { return static_shape(); }
+
+ protected:
+  virtual void consume(In&& in, ItemContext& ctx) = 0;
+
+ private:
+  void consume_erased(std::shared_ptr<void>& value, ItemContext& ctx) final {
+    if constexpr (std::is_same_v<In, Anything>) {
+      consume(Anything{}, ctx);
+    } else {
+      consume(std::move(*static_cast<In*>(value.get())), ctx);
+    }
+  }
+};
+
+}  // namespace flowtrain

@@ -1,0 +1,70 @@
+#include "graph/trace.hpp"
+
+#include <cstdio>
+#include <fstream>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::detail {
+
+void TraceRecorder::span(std::uint32_t stage,
+                         std::uint64_t seq,
+                         Clock::time_point begin,
+                         Clock::time_point end) {
+  using std::chrono::nanoseconds;
+  spans_.local().push_back({stage, seq,
+                            std::chrono::duration_cast<nanoseconds>(begin - start_).count(),
+                            std::chrono::duration_cast<nanoseconds>(end - start_).count()});
+}
+
+namespace {
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+void TraceRecorder::write(const std::string& path, const RunReport& report) const {
+  std::ofstream out(path);
+  if (!out) throw Error("cannot write trace file '" + path + "'");
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  const char* sep = "";
+  int tid = 0;
+  for (const std::vector<Span>& spans : spans_) {
+    ++tid;
+    out << sep << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" << tid
+        << ",\"args\":{\"name\":\"worker " << tid << "\"}}";
+    sep = ",\n";
+    for (const Span& s : spans) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.3f,\"dur\":%.3f", s.begin_ns / 1e3,
+                    (s.end_ns - s.begin_ns) / 1e3);
+      out << sep << "{\"name\":\"" << json_escape(report.stages[s.stage].name)
+          << "\",\"cat\":\"stage\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << buf
+          << ",\"args\":{\"item\":" << s.seq << "}}";
+    }
+  }
+  for (const StageReport& stage : report.stages) {
+    for (const QueueSample& q : stage.queue_series) {
+      out << sep << "{\"name\":\"queue " << json_escape(stage.name)
+          << "\",\"ph\":\"C\",\"pid\":1,\"ts\":" << q.time_s * 1e6 << ",\"args\":{\"items\":"
+          << q.occupancy << "}}";
+    }
+  }
+  out << "\n]}\n";
+  if (!out.flush()) throw Error("cannot write trace file '" + path + "'");
+}
+
+}  // namespace flowtrain::detail

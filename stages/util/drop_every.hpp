@@ -1,0 +1,24 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "graph/registry.hpp"
+
+namespace flowtrain::stages {
+
+/// Drops every item whose sequence number is a multiple of `every` (0: none), with a reason:
+/// shows and tests how dropped items are counted and reported.
+class DropEveryStage final : public Map<std::uint64_t, std::uint64_t> {
+ public:
+  explicit DropEveryStage(const Params& params);
+  static StageDoc describe();
+
+ protected:
+  std::optional<std::uint64_t> process(std::uint64_t&& value, ItemContext& ctx) override;
+
+ private:
+  std::uint64_t every_;
+};
+
+}  // namespace flowtrain::stages
