@@ -7,3 +7,15 @@ function(flowtrain_add_test_binary name)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   doctest_discover_tests(${name} PROPERTIES TIMEOUT 120)
 endfunction()
+
+# flowtrain_add_cli_test(NAME COMMAND cmd args... EXIT_CODE n MATCHES regex [ONE_LINE]):
+# runs a program as a user would and checks its exit code and combined output.
+function(flowtrain_add_cli_test name)
+  cmake_parse_arguments(ARG "ONE_LINE" "EXIT_CODE;MATCHES" "COMMAND" ${ARGN})
+  string(REPLACE ";" "|" _cmd "${ARG_COMMAND}")
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} "-DCMD=${_cmd}" "-DEXIT_CODE=${ARG_EXIT_CODE}"
+            "-DMATCHES=${ARG_MATCHES}" "-DONE_LINE=${ARG_ONE_LINE}"
+            -P ${PROJECT_SOURCE_DIR}/cmake/RunCliTest.cmake)
+  set_tests_properties(${name} PROPERTIES TIMEOUT 120)
+endfunction()

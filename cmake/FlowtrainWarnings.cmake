@@ -2,7 +2,7 @@
 add_library(flowtrain_warnings INTERFACE)
 target_compile_options(flowtrain_warnings INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
-  -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough
+  -Woverloaded-virtual -Wimplicit-fallthrough
   # Options structs are meant to be filled with designated initializers, partly.
   -Wno-missing-field-initializers
   $<$<BOOL:${FLOWTRAIN_WARNINGS_AS_ERRORS}>:-Werror>)

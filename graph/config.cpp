@@ -73,6 +73,14 @@ class Locator {
     throw Error(at(node) + ": " + message);
   }
 
+  // For a problem with a map key: the override that set its value, else the key's own line.
+  [[noreturn]] void fail_key(const YAML::const_iterator& it, const std::string& message) const {
+    for (const auto& [n, text] : overrides_) {
+      if (n.is(it->second)) fail(it->second, message);
+    }
+    fail(it->first, message);
+  }
+
  private:
   std::string origin_;
   std::vector<std::pair<YAML::Node, std::string>> overrides_;
@@ -86,7 +94,7 @@ void check_keys(const YAML::Node& map,
   for (auto it = map.begin(); it != map.end(); ++it) {
     const std::string key = it->first.as<std::string>();
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      loc.fail(it->first, context + "unknown key '" + key + "'" + suggestion(key, allowed));
+      loc.fail_key(it, context + "unknown key '" + key + "'" + suggestion(key, allowed));
     }
   }
 }
@@ -335,7 +343,7 @@ PipelineConfig validate(const YAML::Node& root,
         const std::string key = it->first.as<std::string>();
         const ParamSpec* spec = info->find_param(key);
         if (!spec) {
-          loc.fail(it->first, ctx + "unknown param '" + key + "'" + suggestion(key, declared));
+          loc.fail_key(it, ctx + "unknown param '" + key + "'" + suggestion(key, declared));
         }
         stage.params.set(key, parse_param(*spec, it->second, ctx, base_dir, loc));
       }

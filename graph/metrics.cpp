@@ -69,10 +69,10 @@ void Sampler::sample_once() {
     auto occupancy = [&](std::size_t stage) -> double {
       const auto emitted = counters_[stage - 1]->emitted.load(std::memory_order_relaxed);
       const auto started = counters_[stage]->started.load(std::memory_order_relaxed);
-      const double n = emitted > started ? static_cast<double>(emitted - started) : 0.0;
+      const double queued = emitted > started ? static_cast<double>(emitted - started) : 0.0;
       // A source whose queue is full holds one produced item outside the queue; it counts in
       // `emitted` but is not in the queue.
-      return stage == 1 ? std::min(n, static_cast<double>(geometry_[0].out_capacity)) : n;
+      return stage == 1 ? std::min(queued, static_cast<double>(geometry_[0].out_capacity)) : queued;
     };
     const double waiting = geo.has_input ? occupancy(i) : 1.0;  // a source always has "input"
     if (geo.has_input) {

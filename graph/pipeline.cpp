@@ -1,6 +1,7 @@
 #include "graph/pipeline.hpp"
 
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 
@@ -152,6 +153,9 @@ class Pipeline::Runtime {
 
   RunReport run(const std::string& trace_path) {
     std::exception_ptr error;
+    // TBB sizes its worker pool to the hardware; the control lets `threads` above that (or
+    // below it) take effect for the arena of this run.
+    tbb::global_control workers(tbb::global_control::max_allowed_parallelism, threads_);
     tbb::task_arena arena(static_cast<int>(threads_));
     arena.execute([&] {
       Graph graph(*this);

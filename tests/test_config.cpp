@@ -1,0 +1,197 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "graph/config.hpp"
+#include "graph/error.hpp"
+
+using namespace flowtrain;
+
+namespace {
+
+// A source with a path parameter, registered in a test-local registry (so the global one, which
+// docs/config.md mirrors, holds only built-in stages).
+class LinesSource final : public Source<std::string> {
+ public:
+  explicit LinesSource(const Params& params) : path_(params.get_string("path")) {}
+  static StageDoc describe() { return {"lines of a file", {path_param("path", "the file")}}; }
+
+ protected:
+  std::optional<std::string> next() override { return std::nullopt; }
+
+ private:
+  std::string path_;
+};
+
+const Registry& test_registry() {
+  static const Registry registry = [] {
+    Registry r = Registry::global();
+    r.add({"lines", LinesSource::describe(), LinesSource::static_shape(),
+           [](const Params& p) { return std::unique_ptr<Stage>(new LinesSource(p)); }});
+    return r;
+  }();
+  return registry;
+}
+
+const char* kGood = R"(threads: 2
+stages:
+  - type: sequence
+    name: numbers
+    params: {count: 100}
+  - type: spin
+    name: work
+    concurrency: 2
+    params:
+      rounds: 10
+  - type: batch
+    params: {size: 8}
+  - type: discard
+)";
+
+// Parses `text` and returns the error message ("" if it parsed).
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_pipeline_config(text, "cfg.yaml", overrides, test_registry());
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find('\n') == std::string::npos);  // always one line
+    return e.what();
+  }
+  return "";
+}
+
+std::string replace(std::string text, const std::string& from, const std::string& to) {
+  const auto pos = text.find(from);
+  REQUIRE(pos != std::string::npos);
+  return text.replace(pos, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("Config.Valid.ParsesEverything") {
+  const PipelineConfig c = parse_pipeline_config(kGood, "cfg.yaml", {}, test_registry());
+  CHECK(c.run.threads == 2);
+  REQUIRE(c.stages.size() == 4);
+  CHECK(c.stages[0].name == "numbers");
+  CHECK(c.stages[0].params.get_int("count") == 100);
+  CHECK(c.stages[0].params.get_int("start") == 0);  // default filled in
+  CHECK(c.stages[1].options.concurrency == 2);
+  CHECK(c.stages[1].options.queue_capacity == 8);
+  CHECK(c.stages[2].name == "batch");  // name defaults to the type
+  CHECK(c.stages[1].location == "cfg.yaml:6");
+  auto pipeline = build_pipeline(c, test_registry());
+  CHECK(pipeline->size() == 4);
+  const RunReport r = pipeline->run(c.run);
+  CHECK(r.stages[3].items_in == 13);  // 12 batches of 8 and one of 4
+}
+
+TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
+  SUBCASE("unknown stage type") {
+    CHECK(error_of(replace(kGood, "type: spin", "type: spni")) ==
+          "cfg.yaml:6: unknown stage type 'spni' (did you mean 'spin'?); `flowtrain stages` "
+          "lists them");
+  }
+  SUBCASE("misspelled stage key") {
+    CHECK(error_of(replace(kGood, "concurrency: 2", "concurency: 2")) ==
+          "cfg.yaml:8: stage 'work' (spin): unknown key 'concurency' (did you mean "
+          "'concurrency'?)");
+  }
+  SUBCASE("unknown param") {
+    CHECK(error_of(replace(kGood, "rounds: 10", "rouds: 10")) ==
+          "cfg.yaml:10: stage 'work' (spin): unknown param 'rouds' (did you mean 'rounds'?)");
+  }
+  SUBCASE("mistyped param") {
+    CHECK(error_of(replace(kGood, "rounds: 10", "rounds: fast")) ==
+          "cfg.yaml:10: stage 'work' (spin): param 'rounds' must be an int, got 'fast'");
+    CHECK(error_of(replace(kGood, "rounds: 10", "rounds: 2.5")) ==
+          "cfg.yaml:10: stage 'work' (spin): param 'rounds' must be an int, got '2.5'");
+  }
+  SUBCASE("param below its minimum") {
+    CHECK(error_of(replace(kGood, "{size: 8}", "{size: 0}")) ==
+          "cfg.yaml:12: stage 'batch' (batch): param 'size' must be >= 1, got 0");
+  }
+  SUBCASE("concurrency below 1") {
+    CHECK(error_of(replace(kGood, "concurrency: 2", "concurrency: 0")) ==
+          "cfg.yaml:8: stage 'work' (spin): concurrency must be 'serial', 'unlimited' or a whole "
+          "number >= 1, got '0'");
+  }
+  SUBCASE("concurrency on a serial stage") {
+    CHECK(error_of(replace(kGood, "params: {size: 8}", "concurrency: 2\n    params: {size: 8}")) ==
+          "cfg.yaml:11: stage 'batch' (batch): concurrency 2 is not allowed: a flat map runs "
+          "serially");
+  }
+  SUBCASE("item type mismatch") {
+    const std::string text = replace(kGood, "  - type: discard\n", "  - type: spin\n    name: again\n  - type: discard\n");
+    CHECK(error_of(text) ==
+          "cfg.yaml:13: item type mismatch: 'again' takes unsigned long, but 'batch' emits "
+          "std::vector<unsigned long>");
+  }
+  SUBCASE("queue smaller than the producer's concurrency") {
+    CHECK(error_of(replace(kGood, "params: {size: 8}", "queue_capacity: 1\n    params: {size: 8}"))
+              .find("cfg.yaml:11: queue_capacity 1 of 'batch' is below the concurrency 2 of "
+                    "'work'") == 0);
+  }
+  SUBCASE("missing file") {
+    const std::string text = "stages:\n  - type: lines\n    params: {path: /no/such/file.txt}\n"
+                             "  - type: discard\n";
+    CHECK(error_of(text) ==
+          "cfg.yaml:3: stage 'lines' (lines): param 'path' names '/no/such/file.txt', which does "
+          "not exist");
+    CHECK_THROWS_WITH_AS(load_pipeline_config("/no/such/config.yaml"),
+                         "cannot read config '/no/such/config.yaml': no such file", Error);
+  }
+  SUBCASE("unknown top-level key") {
+    CHECK(error_of(replace(kGood, "threads: 2", "thread: 2")) ==
+          "cfg.yaml:1: unknown key 'thread' (did you mean 'threads'?)");
+  }
+  SUBCASE("duplicate stage names") {
+    CHECK(error_of(replace(kGood, "name: work", "name: numbers")) ==
+          "cfg.yaml:6: stage 'numbers' (spin): a stage named 'numbers' already exists at "
+          "cfg.yaml:3; give one a different 'name'");
+  }
+  SUBCASE("source not first, sink not last") {
+    CHECK(error_of("stages:\n  - type: spin\n  - type: discard\n") ==
+          "cfg.yaml:2: stage 'spin' (spin): the first stage must be a source, not a map");
+    CHECK(error_of("stages:\n  - type: sequence\n  - type: spin\n") ==
+          "cfg.yaml:2: the last stage 'spin' must be a sink, not a map");
+  }
+  SUBCASE("YAML syntax") {
+    CHECK(error_of("stages:\n  - type: [sequence\n").rfind("cfg.yaml:3: YAML syntax error", 0) == 0);
+  }
+}
+
+TEST_CASE("Config.Overrides.ApplyAndReport") {
+  const PipelineConfig c = parse_pipeline_config(
+      kGood, "cfg.yaml",
+      {"threads=1", "stages.work.concurrency=unlimited", "stages.numbers.params.count=7",
+       "metrics.trace=out.json"},
+      test_registry());
+  CHECK(c.run.threads == 1);
+  CHECK(c.stages[1].options.concurrency == kUnlimited);
+  CHECK(c.stages[0].params.get_int("count") == 7);
+  CHECK(c.run.trace_path == "out.json");
+
+  CHECK(error_of(kGood, {"stages.wrk.concurrency=2"}) ==
+        "override 'stages.wrk.concurrency=2': no stage named 'wrk' (stages: numbers, work, batch, "
+        "discard)");
+  CHECK(error_of(kGood, {"stages.work.concurrency=0"}) ==
+        "override 'stages.work.concurrency=0': stage 'work' (spin): concurrency must be 'serial', "
+        "'unlimited' or a whole number >= 1, got '0'");
+  CHECK(error_of(kGood, {"stages.work.params.rouds=3"}) ==
+        "override 'stages.work.params.rouds=3': stage 'work' (spin): unknown param 'rouds' (did "
+        "you mean 'rounds'?)");
+  CHECK(error_of(kGood, {"threads"}) ==
+        "override 'threads': expected key.path=value, e.g. stages.decode.concurrency=2");
+}
+
+TEST_CASE("Config.Paths.RelativeToTheConfigFile") {
+  const auto dir = std::filesystem::temp_directory_path() / "flowtrain_config_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "data.txt") << "x\n";
+  std::ofstream(dir / "pipeline.yaml")
+      << "stages:\n  - type: lines\n    params: {path: data.txt}\n  - type: discard\n";
+  const PipelineConfig c =
+      load_pipeline_config((dir / "pipeline.yaml").string(), {}, test_registry());
+  CHECK(c.stages[0].params.get_string("path") == (dir / "data.txt").string());
+  std::filesystem::remove_all(dir);
+}
