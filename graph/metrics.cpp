@@ -32,11 +32,17 @@ std::vector<QueueSample> SeriesBuilder::take() { return std::move(points_); }
 Sampler::Sampler(const std::vector<std::unique_ptr<StageCounters>>& counters,
                  std::vector<StageGeometry> geometry,
                  double interval_ms,
-                 Clock::time_point start)
+                 Clock::time_point start,
+                 ProgressFn on_progress,
+                 double progress_interval_s)
     : counters_(counters),
       geometry_(std::move(geometry)),
       interval_(std::max<std::int64_t>(100, static_cast<std::int64_t>(interval_ms * 1000))),
       start_(start),
+      on_progress_(std::move(on_progress)),
+      progress_interval_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(progress_interval_s))),
+      next_progress_(start + progress_interval_),
       acc_(geometry_.size()),
       thread_([this] { loop(); }) {}
 
@@ -53,7 +59,19 @@ void Sampler::stop() {
 
 void Sampler::loop() {
   std::unique_lock lock(mutex_);
-  while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) sample_once();
+  while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
+    sample_once();
+    if (on_progress_ && Clock::now() >= next_progress_) report_progress();
+  }
+}
+
+void Sampler::report_progress() {
+  next_progress_ += progress_interval_;
+  Progress p;
+  p.elapsed_s = std::chrono::duration<double>(Clock::now() - start_).count();
+  p.produced = counters_.front()->items_out.load(std::memory_order_relaxed);
+  p.completed = counters_.back()->items_in.load(std::memory_order_relaxed);
+  on_progress_(p);
 }
 
 void Sampler::sample_once() {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,10 +74,13 @@ struct StageGeometry {
 /// (input waiting but the output queue full).
 class Sampler {
  public:
+  using ProgressFn = std::function<void(const Progress&)>;
   Sampler(const std::vector<std::unique_ptr<StageCounters>>& counters,
           std::vector<StageGeometry> geometry,
           double interval_ms,
-          Clock::time_point start);
+          Clock::time_point start,
+          ProgressFn on_progress = {},
+          double progress_interval_s = 1);
   ~Sampler();
   void stop();
   /// Fills starved/blocked fractions and queue statistics of `stages` (call after stop()).
@@ -85,11 +89,15 @@ class Sampler {
  private:
   void loop();
   void sample_once();
+  void report_progress();
 
   const std::vector<std::unique_ptr<StageCounters>>& counters_;
   std::vector<StageGeometry> geometry_;
   std::chrono::microseconds interval_;
   Clock::time_point start_;
+  ProgressFn on_progress_;
+  Clock::duration progress_interval_;
+  Clock::time_point next_progress_;
 
   struct Accumulated {
     double starved_slots = 0;

@@ -148,7 +148,8 @@ class Pipeline::Runtime {
       counters_.push_back(std::make_unique<detail::StageCounters>());
     }
     if (!options.trace_path.empty()) trace_.emplace(start_);
-    sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_);
+    sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_,
+                     options.on_progress, options.progress_interval_s);
   }
 
   RunReport run(const std::string& trace_path) {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct RunOptions {
   std::size_t threads = 0;       // TBB threads for the graph (0: one per hardware thread)
   double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
   std::string trace_path;         // write a Chrome trace-event JSON here when not empty
+  /// Called every `progress_interval_s` from a background thread while the run lasts.
+  std::function<void(const Progress&)> on_progress;
+  double progress_interval_s = 1;
 };
 
 /// Returns a one-line problem if `next` cannot follow `prev`, else an empty string.

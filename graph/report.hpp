@@ -22,6 +22,13 @@ struct QueueSample {
   double occupancy = 0;
 };
 
+/// A snapshot of a running pipeline, for progress lines.
+struct Progress {
+  double elapsed_s = 0;
+  std::uint64_t produced = 0;   // items the source emitted
+  std::uint64_t completed = 0;  // items the sink consumed
+};
+
 /// What one stage did during a run.
 struct StageReport {
   std::string name;

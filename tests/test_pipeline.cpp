@@ -358,3 +358,22 @@ TEST_CASE("Pipeline.Add.RejectsBadLinks") {
     CHECK_THROWS_AS(p.run(), Error);
   }
 }
+
+TEST_CASE("Pipeline.Progress.ReportedWhileRunning" * doctest::timeout(60)) {
+  std::vector<Progress> seen;  // called from one background thread only
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(400));
+  p.add("work", identity_map(1000), {.concurrency = 2});
+  p.add("sink", null_sink());
+  RunOptions options{.threads = 2};
+  options.progress_interval_s = 0.02;
+  options.on_progress = [&](const Progress& pr) { seen.push_back(pr); };
+  p.run(options);
+  REQUIRE(seen.size() >= 3);
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    CHECK(seen[i].elapsed_s > seen[i - 1].elapsed_s);
+    CHECK(seen[i].completed >= seen[i - 1].completed);
+    CHECK(seen[i].completed <= seen[i].produced);
+  }
+  CHECK(seen.back().completed > 0);
+}

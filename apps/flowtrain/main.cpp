@@ -5,6 +5,8 @@
 //   flowtrain stages [--markdown]               every registered stage with its parameters
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -13,8 +15,22 @@
 
 namespace {
 
+// A live line on a terminal; a plain line every 10 s when stderr is a file or pipe.
+void show_progress(const flowtrain::Progress& p, bool terminal) {
+  const double rate = p.elapsed_s > 0 ? static_cast<double>(p.completed) / p.elapsed_s : 0;
+  std::fprintf(stderr, "%s%8.1f s  produced %llu  completed %llu  %.0f items/s%s",
+               terminal ? "\r" : "", p.elapsed_s, static_cast<unsigned long long>(p.produced),
+               static_cast<unsigned long long>(p.completed), rate, terminal ? "\x1b[K" : "\n");
+  std::fflush(stderr);
+}
+
 int run(const std::string& path, const std::vector<std::string>& overrides) {
-  const flowtrain::PipelineConfig config = flowtrain::load_pipeline_config(path, overrides);
+  flowtrain::PipelineConfig config = flowtrain::load_pipeline_config(path, overrides);
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  config.run.progress_interval_s = terminal ? 0.5 : 10;
+  config.run.on_progress = [terminal](const flowtrain::Progress& p) {
+    show_progress(p, terminal);
+  };
   std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
   std::cout << "running " << path << ": " << config.stages.size() << " stages" << std::endl;
   flowtrain::RunReport report;
@@ -22,6 +38,7 @@ int run(const std::string& path, const std::vector<std::string>& overrides) {
     flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
     report = pipeline->run(config.run);
   }
+  if (terminal && report.wall_s >= config.run.progress_interval_s) std::fprintf(stderr, "\n");
   std::cout << flowtrain::format_report(report) << std::flush;
   return report.stopped ? 130 : 0;
 }
