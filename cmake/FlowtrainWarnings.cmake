@@ -1,5 +1,6 @@
 # flowtrain_warnings: an INTERFACE target every project target links for its warning flags.
 add_library(flowtrain_warnings INTERFACE)
+set_target_properties(flowtrain_warnings PROPERTIES EXPORT_NAME warnings)
 target_compile_options(flowtrain_warnings INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
   -Woverloaded-virtual -Wimplicit-fallthrough
