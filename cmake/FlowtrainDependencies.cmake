@@ -7,3 +7,16 @@ if(FLOWTRAIN_BUILD_TESTS)
   find_package(doctest REQUIRED)
   include(doctest)  # doctest_discover_tests
 endif()
+
+# The image data path (stages/data): libjpeg-turbo, OpenCV (core, imgproc, imgcodecs) and
+# LibTorch (batch tensors). Debian ships OpenCV's CMake package only with the full
+# libopencv-dev (~60 more packages); the three modules we use are found directly instead.
+find_package(libjpeg-turbo REQUIRED)
+find_package(Torch REQUIRED)
+find_path(FLOWTRAIN_OPENCV_INCLUDE opencv2/core.hpp PATH_SUFFIXES opencv4 REQUIRED)
+add_library(flowtrain_opencv INTERFACE)
+target_include_directories(flowtrain_opencv SYSTEM INTERFACE ${FLOWTRAIN_OPENCV_INCLUDE})
+foreach(module core imgproc imgcodecs)
+  find_library(FLOWTRAIN_OPENCV_${module} opencv_${module} REQUIRED)
+  target_link_libraries(flowtrain_opencv INTERFACE ${FLOWTRAIN_OPENCV_${module}})
+endforeach()

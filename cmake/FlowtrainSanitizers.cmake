@@ -7,6 +7,15 @@ if(FLOWTRAIN_SANITIZE STREQUAL "address")
                      -fno-sanitize-recover=all)
 elseif(FLOWTRAIN_SANITIZE STREQUAL "thread")
   set(_flowtrain_san -fsanitize=thread -fno-omit-frame-pointer)
+  # TSan only sees synchronization in instrumented code: against an uninstrumented libtbb (the
+  # system's) it misses the task scheduler's happens-before edges and reports hundreds of false
+  # races. `make sanitize-thread` builds an instrumented one (scripts/build-tsan-tbb) and sets TBB_DIR.
+  if(TBB_DIR MATCHES "^/usr/")
+    message(WARNING "FLOWTRAIN_SANITIZE=thread with the system oneTBB (${TBB_DIR}), which is not "
+                    "built with ThreadSanitizer: expect false race reports from its scheduler. "
+                    "Use `make sanitize-thread`, or -DTBB_DIR=<prefix>/lib/cmake/TBB of a oneTBB "
+                    "built by scripts/build-tsan-tbb.")
+  endif()
 elseif(NOT FLOWTRAIN_SANITIZE STREQUAL "")
   message(FATAL_ERROR "FLOWTRAIN_SANITIZE must be empty, 'address' or 'thread', not '${FLOWTRAIN_SANITIZE}'")
 endif()

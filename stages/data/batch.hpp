@@ -1,0 +1,37 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stages/data/sample.hpp"
+
+namespace flowtrain::data {
+
+/// What identifies the exact view of one sample in a batch (a teacher-output cache key).
+struct ViewKey {
+  std::uint64_t index = 0;
+  std::uint32_t epoch = 0;
+  AugmentParams augment;
+
+  bool operator==(const ViewKey&) const = default;
+};
+
+/// A collated batch. `images` lives in a buffer leased from the collate stage's bounded pool;
+/// the lease returns it when the last copy of the batch is destroyed.
+struct Batch {
+  std::uint64_t number = 0;   // batch number in the run, in order
+  at::Tensor images;          // [N, C, H, W] float32, normalized
+  at::Tensor labels;          // [N] int64
+  at::Tensor targets;         // [N, T] float32 (T = 0 without numeric targets)
+  std::vector<ViewKey> views; // one per row
+  std::vector<std::string> paths;
+  std::shared_ptr<void> lease;
+
+  std::int64_t size() const { return images.defined() ? images.size(0) : 0; }
+};
+
+}  // namespace flowtrain::data

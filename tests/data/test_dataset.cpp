@@ -1,0 +1,1 @@
+// placeholder: filled in by the data-path work (issue 3)
