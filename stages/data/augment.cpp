@@ -1,1 +1,179 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include "stages/data/augment.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+#include <random>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::data {
+
+namespace {
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void check_range(const std::vector<double>& range, const char* name, double lo) {
+  if (range.size() != 2 || range[0] <= lo || range[0] > range[1]) {
+    throw Error(std::string("augment: param '") + name +
+                "' must be [min, max] with " + std::to_string(lo) + " < min <= max");
+  }
+}
+
+AugmentPolicy::Mode parse_mode(const std::string& mode) {
+  if (mode == "train") return AugmentPolicy::Mode::kTrain;
+  if (mode == "eval") return AugmentPolicy::Mode::kEval;
+  throw Error("augment: param 'mode' must be 'train' or 'eval', got '" + mode + "'");
+}
+
+}  // namespace
+
+AugmentPolicy::AugmentPolicy(Options options) : o_(std::move(options)) {
+  check_range(o_.scale, "scale", 0);
+  check_range(o_.ratio, "ratio", 0);
+  if (o_.scale[1] > 1) throw Error("augment: param 'scale' max must be <= 1");
+  if (o_.eval_crop <= 0 || o_.eval_crop > 1) {
+    throw Error("augment: param 'eval_crop' must be in (0, 1]");
+  }
+}
+
+AugmentParams AugmentPolicy::draw(std::uint64_t index, std::uint32_t epoch, double aspect) const {
+  AugmentParams p;
+  if (o_.mode == Mode::kEval) {
+    // Resize the short side to size / eval_crop, then take the centre size x size square.
+    const double side = o_.eval_crop;  // fraction of the short side
+    p.crop_w = static_cast<float>(aspect >= 1 ? side / aspect : side);
+    p.crop_h = static_cast<float>(aspect >= 1 ? side : side * aspect);
+    p.crop_x = (1 - p.crop_w) / 2;
+    p.crop_y = (1 - p.crop_h) / 2;
+    return p;
+  }
+  std::mt19937_64 rng(splitmix(o_.seed ^ splitmix(epoch ^ splitmix(index))));
+  std::uniform_real_distribution<double> unit(0, 1);
+  auto uniform = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
+
+  // RandomResizedCrop (as torchvision), in fractions of the image: an area share and an aspect
+  // ratio, retried up to 10 times until the crop fits, else the largest centred crop.
+  bool found = false;
+  for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+    const double area = uniform(o_.scale[0], o_.scale[1]);
+    const double r = std::exp(uniform(std::log(o_.ratio[0]), std::log(o_.ratio[1])));
+    const double w = std::sqrt(area * r / aspect);
+    const double h = std::sqrt(area * aspect / r);
+    if (w <= 1 && h <= 1) {
+      p.crop_w = static_cast<float>(w);
+      p.crop_h = static_cast<float>(h);
+      p.crop_x = static_cast<float>(uniform(0, 1 - w));
+      p.crop_y = static_cast<float>(uniform(0, 1 - h));
+      found = true;
+    }
+  }
+  if (!found) {
+    const double r = std::clamp(aspect, o_.ratio[0], o_.ratio[1]);
+    p.crop_w = static_cast<float>(std::min(1.0, r / aspect));
+    p.crop_h = static_cast<float>(std::min(1.0, aspect / r));
+    p.crop_x = (1 - p.crop_w) / 2;
+    p.crop_y = (1 - p.crop_h) / 2;
+  }
+  p.flip = unit(rng) < o_.flip;
+  auto jitter = [&](double strength) {
+    return strength > 0 ? static_cast<float>(uniform(std::max(0.0, 1 - strength), 1 + strength))
+                        : 1.0f;
+  };
+  p.brightness = jitter(o_.brightness);
+  p.contrast = jitter(o_.contrast);
+  p.saturation = jitter(o_.saturation);
+  return p;
+}
+
+void apply_augment(const Image& in, const AugmentParams& p, int size, Image& out) {
+  if (in.channels != 3) throw Error("augment expects RGB images (3 channels)");
+  const cv::Mat src(in.height, in.width, CV_8UC3, const_cast<std::uint8_t*>(in.pixels.data()));
+  // Pixel rectangle of the crop, at least one pixel, inside the image.
+  const int x = std::clamp(static_cast<int>(std::lround(p.crop_x * in.width)), 0, in.width - 1);
+  const int y = std::clamp(static_cast<int>(std::lround(p.crop_y * in.height)), 0, in.height - 1);
+  const int w = std::clamp(static_cast<int>(std::lround(p.crop_w * in.width)), 1, in.width - x);
+  const int h = std::clamp(static_cast<int>(std::lround(p.crop_h * in.height)), 1, in.height - y);
+
+  out.width = out.height = size;
+  out.channels = 3;
+  out.pixels.resize(static_cast<std::size_t>(size) * size * 3);
+  cv::Mat dst(size, size, CV_8UC3, out.pixels.data());
+  const bool shrinking = w > size || h > size;
+  cv::resize(src(cv::Rect(x, y, w, h)), dst, dst.size(), 0, 0,
+             shrinking ? cv::INTER_AREA : cv::INTER_LINEAR);
+  if (p.flip) cv::flip(dst, dst, 1);
+
+  if (p.brightness != 1 || p.contrast != 1) {
+    // contrast blends with the mean grey level of the brightened image: one linear map.
+    const cv::Scalar mean = cv::mean(dst);
+    const double grey = (0.299 * mean[0] + 0.587 * mean[1] + 0.114 * mean[2]) * p.brightness;
+    dst.convertTo(dst, -1, p.contrast * p.brightness, (1 - p.contrast) * grey);
+  }
+  if (p.saturation != 1) {
+    const float s = p.saturation;
+    for (std::size_t i = 0; i < out.pixels.size(); i += 3) {
+      std::uint8_t* px = &out.pixels[i];
+      const float grey = 0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2];
+      for (int c = 0; c < 3; ++c) {
+        px[c] = cv::saturate_cast<std::uint8_t>(s * px[c] + (1 - s) * grey);
+      }
+    }
+  }
+}
+
+namespace {
+AugmentPolicy::Options options_from(const Params& params) {
+  AugmentPolicy::Options o;
+  o.mode = parse_mode(params.get_string("mode"));
+  o.scale = params.get<std::vector<double>>("scale");
+  o.ratio = params.get<std::vector<double>>("ratio");
+  o.flip = params.get_float("flip");
+  o.brightness = params.get_float("brightness");
+  o.contrast = params.get_float("contrast");
+  o.saturation = params.get_float("saturation");
+  o.eval_crop = params.get_float("eval_crop");
+  o.seed = static_cast<std::uint64_t>(params.get_int("seed"));
+  return o;
+}
+}  // namespace
+
+AugmentStage::AugmentStage(const Params& params)
+    : policy_(options_from(params)), size_(static_cast<int>(params.get_int("size"))) {}
+
+StageDoc AugmentStage::describe() {
+  return {"Random resized crop, flip and colour jitter (train), or resize + centre crop (eval); "
+          "parameters derive from (seed, epoch, sample index) only.",
+          {string_param("mode", "train", "train: random views; eval: deterministic centre crop"),
+           int_param("size", 224, "output side in pixels (square)", 1),
+           float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
+           float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
+           float_param("flip", 0.5, "train: probability of a horizontal flip", 0),
+           float_param("brightness", 0, "train: brightness jitter strength (0: off)", 0),
+           float_param("contrast", 0, "train: contrast jitter strength (0: off)", 0),
+           float_param("saturation", 0, "train: saturation jitter strength (0: off)", 0),
+           float_param("eval_crop", 0.875, "eval: centre crop share of the short side", 0),
+           int_param("seed", 0, "seed of the per-sample random parameters", 0)}};
+}
+
+std::optional<Sample> AugmentStage::process(Sample&& sample, ItemContext& /*ctx*/) {
+  if (sample.image.empty()) {
+    throw Error(sample.path + ": no decoded image; put jpeg_decode before augment");
+  }
+  const double aspect = static_cast<double>(sample.image.width) / sample.image.height;
+  sample.augment = policy_.draw(sample.index, sample.epoch, aspect);
+  Image view;
+  apply_augment(sample.image, sample.augment, size_, view);
+  sample.image = std::move(view);
+  return std::move(sample);
+}
+
+FLOWTRAIN_REGISTER_STAGE("augment", AugmentStage);
+
+}  // namespace flowtrain::data

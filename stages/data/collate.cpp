@@ -1,1 +1,203 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include "stages/data/collate.hpp"
+
+#include <ATen/ops/empty.h>
+
+#include <chrono>
+
+#include "graph/error.hpp"
+
+#if FLOWTRAIN_WITH_CUDA
+#include <ATen/Context.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace flowtrain::data {
+
+std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, bool pinned) {
+  return std::shared_ptr<BatchPool>(new BatchPool(capacity, pinned));
+}
+
+std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,
+                                                       std::int64_t channels,
+                                                       std::int64_t height,
+                                                       std::int64_t width,
+                                                       std::int64_t targets,
+                                                       double timeout_s) {
+  std::unique_ptr<Buffers> buffers;
+  {
+    std::unique_lock lock(mutex_);
+    if (free_.empty() && stats_.allocated >= capacity_) {
+      const auto timeout = std::chrono::duration<double>(timeout_s);
+      if (!freed_.wait_for(lock, timeout, [this] { return !free_.empty(); })) {
+        throw Error("collate: all " + std::to_string(capacity_) + " batch buffers stayed in use for " +
+                    std::to_string(static_cast<int>(timeout_s)) +
+                    " s; a later stage keeps batches, or pool_size is below the batches in flight "
+                    "(next queue_capacity + its concurrency + 1)");
+      }
+    }
+    if (!free_.empty()) {
+      buffers = std::move(free_.back());
+      free_.pop_back();
+    } else {
+      ++stats_.allocated;
+    }
+    stats_.peak_in_use = std::max(stats_.peak_in_use, ++in_use_);
+  }
+  if (!buffers) {
+    // Outside the lock: first-touch of fresh memory is slow on these machines.
+    const auto options = at::TensorOptions().pinned_memory(pinned_);
+    buffers = std::make_unique<Buffers>();
+    buffers->images = at::empty({batch, channels, height, width}, options.dtype(at::kFloat));
+    buffers->labels = at::empty({batch}, options.dtype(at::kLong));
+    buffers->targets = at::empty({batch, targets}, options.dtype(at::kFloat));
+  }
+  auto self = shared_from_this();
+  return std::shared_ptr<Buffers>(buffers.release(),
+                                  [self](Buffers* b) { self->release(b); });
+}
+
+void BatchPool::release(Buffers* buffers) {
+  {
+    std::lock_guard lock(mutex_);
+    free_.emplace_back(buffers);
+    --in_use_;
+  }
+  freed_.notify_one();
+}
+
+BatchPool::Stats BatchPool::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+namespace {
+bool wants_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
+}  // namespace
+
+CollateStage::CollateStage(const Params& params)
+    : batch_size_(params.get_int("batch_size")),
+      drop_last_(params.get_bool("drop_last")),
+      wait_timeout_s_(params.get_float("wait_timeout_s")),
+      device_(params.get_string("device")) {
+  const auto mean = params.get<std::vector<double>>("mean");
+  const auto std = params.get<std::vector<double>>("std");
+  if (mean.size() != 3 || std.size() != 3) {
+    throw Error("collate: params 'mean' and 'std' need 3 values (R, G, B)");
+  }
+  for (int c = 0; c < 3; ++c) {
+    if (std[c] <= 0) throw Error("collate: param 'std' values must be > 0");
+    scale_[c] = static_cast<float>(1.0 / (255.0 * std[c]));
+    bias_[c] = static_cast<float>(-mean[c] / std[c]);
+  }
+  if (device_ != "cpu" && !wants_cuda(device_)) {
+    throw Error("collate: param 'device' must be 'cpu' or 'cuda[:N]', got '" + device_ + "'");
+  }
+#if FLOWTRAIN_WITH_CUDA
+  if (wants_cuda(device_) && !at::hasCUDA()) {
+    throw Error("collate: device '" + device_ + "' requested but no CUDA device is available");
+  }
+#else
+  if (wants_cuda(device_)) {
+    throw Error("collate: device '" + device_ +
+                "' requested but this LibTorch was built without CUDA; use device: cpu");
+  }
+#endif
+  pool_ = BatchPool::create(static_cast<std::size_t>(params.get_int("pool_size")),
+                            wants_cuda(device_));
+}
+
+StageDoc CollateStage::describe() {
+  return {"Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
+          {int_param("batch_size", 64, "samples per batch", 1),
+           bool_param("drop_last", false, "drop the last batch if it is smaller"),
+           float_list_param("mean", {0.485, 0.456, 0.406}, "per-channel mean (of pixel / 255)"),
+           float_list_param("std", {0.229, 0.224, 0.225}, "per-channel std (of pixel / 255)"),
+           int_param("pool_size", 4,
+                     "batch buffers at most; >= next queue_capacity + its concurrency + 1 never "
+                     "waits",
+                     1),
+           float_param("wait_timeout_s", 60, "how long to wait for a free buffer before failing", 0),
+           string_param("device", "cpu", "cpu, or cuda[:N] (pinned buffers, async copy)")}};
+}
+
+void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
+  const Image& img = sample.image;
+  if (img.channels != 3 || img.empty()) {
+    throw Error(sample.path + ": collate needs decoded RGB images (put jpeg_decode and augment "
+                              "before it)");
+  }
+  if (targets_ < 0) {
+    height_ = img.height;
+    width_ = img.width;
+    targets_ = static_cast<std::int64_t>(sample.targets.size());
+  }
+  if (img.height != height_ || img.width != width_ ||
+      static_cast<std::int64_t>(sample.targets.size()) != targets_) {
+    throw Error(sample.path + ": sample is " + std::to_string(img.width) + "x" +
+                std::to_string(img.height) + " with " + std::to_string(sample.targets.size()) +
+                " targets, but the batch is " + std::to_string(width_) + "x" +
+                std::to_string(height_) + " with " + std::to_string(targets_) +
+                "; give augment a fixed size");
+  }
+  if (!buffers_) {
+    buffers_ = pool_->acquire(batch_size_, 3, height_, width_, targets_, wait_timeout_s_);
+    views_.clear();
+    paths_.clear();
+  }
+
+  // (pixel / 255 - mean) / std, HWC -> CHW, straight into row `filled_` of the batch.
+  const std::int64_t plane = height_ * width_;
+  float* dst = buffers_->images.data_ptr<float>() + filled_ * 3 * plane;
+  const std::uint8_t* src = img.pixels.data();
+  for (int c = 0; c < 3; ++c) {
+    float* out_plane = dst + c * plane;
+    const float s = scale_[c], b = bias_[c];
+    for (std::int64_t p = 0; p < plane; ++p) out_plane[p] = static_cast<float>(src[3 * p + c]) * s + b;
+  }
+  buffers_->labels.data_ptr<std::int64_t>()[filled_] = sample.label;
+  std::copy(sample.targets.begin(), sample.targets.end(),
+            buffers_->targets.data_ptr<float>() + filled_ * targets_);
+  views_.push_back({sample.index, sample.epoch, sample.augment});
+  paths_.push_back(std::move(sample.path));
+  if (++filled_ == batch_size_) emit(out);
+}
+
+void CollateStage::finish(Emitter<Batch>& out) {
+  if (filled_ > 0 && !drop_last_) emit(out);
+  buffers_.reset();
+  filled_ = 0;
+}
+
+void CollateStage::emit(Emitter<Batch>& out) {
+  Batch batch;
+  batch.number = next_number_++;
+  batch.images = buffers_->images.narrow(0, 0, filled_);
+  batch.labels = buffers_->labels.narrow(0, 0, filled_);
+  batch.targets = buffers_->targets.narrow(0, 0, filled_);
+  batch.views = std::move(views_);
+  batch.paths = std::move(paths_);
+#if FLOWTRAIN_WITH_CUDA
+  if (wants_cuda(device_)) {
+    // Copy on a side stream so it overlaps the model's work on the default stream; this thread
+    // waits for the copy, then the pinned buffer goes back to the pool at once.
+    const at::Device device(device_);
+    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
+    c10::cuda::CUDAStreamGuard guard(stream);
+    batch.images = batch.images.to(device, /*non_blocking=*/true);
+    batch.labels = batch.labels.to(device, /*non_blocking=*/true);
+    batch.targets = batch.targets.to(device, /*non_blocking=*/true);
+    stream.synchronize();
+    buffers_.reset();
+  }
+#endif
+  batch.lease = std::move(buffers_);
+  filled_ = 0;
+  views_ = {};
+  paths_ = {};
+  out.emit(std::move(batch));
+}
+
+FLOWTRAIN_REGISTER_STAGE("collate", CollateStage);
+
+}  // namespace flowtrain::data

@@ -1,1 +1,237 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include <doctest/doctest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+#include "stages/data/augment.hpp"
+#include "stages/data/collate.hpp"
+#include "tests/test_stages.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::data;
+
+namespace {
+
+// A deterministic RGB image whose content depends on (index, x, y).
+Image make_image(std::uint64_t index, int width, int height) {
+  Image img{width, height, 3, std::vector<std::uint8_t>(static_cast<std::size_t>(width) * height * 3)};
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      std::uint8_t* px = &img.pixels[(static_cast<std::size_t>(y) * width + x) * 3];
+      px[0] = static_cast<std::uint8_t>(x * 255 / std::max(1, width - 1));
+      px[1] = static_cast<std::uint8_t>(y * 255 / std::max(1, height - 1));
+      px[2] = static_cast<std::uint8_t>((index * 37 + x * y) % 256);
+    }
+  }
+  return img;
+}
+
+// Emits decoded-looking samples of varying sizes, as jpeg_decode would.
+class ImageSource final : public Source<Sample> {
+ public:
+  ImageSource(std::uint64_t count, int targets = 1) : count_(count), targets_(targets) {}
+
+ protected:
+  std::optional<Sample> next() override {
+    if (i_ == count_) return std::nullopt;
+    Sample s;
+    s.index = i_;
+    s.path = "img" + std::to_string(i_);
+    s.label = static_cast<std::int64_t>(i_ % 5);
+    s.targets.assign(static_cast<std::size_t>(targets_), static_cast<float>(i_) * 0.5f);
+    s.image = make_image(i_, 40 + static_cast<int>(i_ % 7) * 10, 30 + static_cast<int>(i_ % 3) * 20);
+    ++i_;
+    return s;
+  }
+
+ private:
+  std::uint64_t count_;
+  int targets_;
+  std::uint64_t i_ = 0;
+};
+
+Params augment_params(const std::string& mode, int size) {
+  Params p = Params::defaults(AugmentStage::describe().params);
+  p.set("mode", mode);
+  p.set("size", std::int64_t{size});
+  p.set("brightness", 0.4);
+  p.set("contrast", 0.4);
+  p.set("saturation", 0.4);
+  p.set("seed", std::int64_t{7});
+  return p;
+}
+
+Params collate_params(std::int64_t batch, std::int64_t pool) {
+  Params p = Params::defaults(CollateStage::describe().params);
+  p.set("batch_size", batch);
+  p.set("pool_size", pool);
+  return p;
+}
+
+struct Collected {
+  std::vector<at::Tensor> images, labels, targets;
+  std::vector<std::vector<ViewKey>> views;
+};
+
+// source -> augment (concurrency) -> collate -> sink that keeps copies of the batches.
+Collected run_data_path(std::size_t augment_concurrency, std::uint64_t count, std::int64_t batch) {
+  Collected got;
+  Pipeline p;
+  p.add("source", std::make_unique<ImageSource>(count));
+  p.add("augment", std::make_unique<AugmentStage>(augment_params("train", 24)),
+        {.concurrency = augment_concurrency});
+  p.add("collate", std::make_unique<CollateStage>(collate_params(batch, 3)));
+  p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
+    got.images.push_back(b.images.clone());
+    got.labels.push_back(b.labels.clone());
+    got.targets.push_back(b.targets.clone());
+    got.views.push_back(b.views);
+  }));
+  p.run({.threads = 4});
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("Data.Augment.ParamsDependOnlyOnSeedEpochIndex") {
+  AugmentPolicy::Options o;
+  o.brightness = o.contrast = o.saturation = 0.3;
+  o.seed = 3;
+  const AugmentPolicy policy(o);
+  const AugmentParams a = policy.draw(10, 0, 1.5);
+  CHECK(policy.draw(10, 0, 1.5) == a);
+  CHECK_FALSE(policy.draw(10, 1, 1.5) == a);  // a new epoch, a new view
+  CHECK_FALSE(policy.draw(11, 0, 1.5) == a);
+  o.seed = 4;
+  CHECK_FALSE(AugmentPolicy(o).draw(10, 0, 1.5) == a);
+  for (std::uint64_t i = 0; i < 500; ++i) {
+    const AugmentParams p = policy.draw(i, 2, 0.6 + 0.01 * static_cast<double>(i % 200));
+    REQUIRE(p.crop_x >= 0);
+    REQUIRE(p.crop_y >= 0);
+    REQUIRE(p.crop_x + p.crop_w <= 1.0001f);
+    REQUIRE(p.crop_y + p.crop_h <= 1.0001f);
+    REQUIRE(p.brightness >= 0.7f - 1e-6f);
+    REQUIRE(p.brightness <= 1.3f + 1e-6f);
+  }
+}
+
+TEST_CASE("Data.Augment.EvalIsTheCentreCrop") {
+  AugmentPolicy::Options o;
+  o.mode = AugmentPolicy::Mode::kEval;
+  const AugmentParams p = AugmentPolicy(o).draw(0, 0, 2.0);  // twice as wide as high
+  CHECK(p.crop_h == doctest::Approx(0.875));
+  CHECK(p.crop_w == doctest::Approx(0.4375));
+  CHECK(p.crop_x == doctest::Approx(0.28125));
+  CHECK(p.crop_y == doctest::Approx(0.0625));
+  CHECK_FALSE(p.flip);
+  CHECK(p.brightness == 1.0f);
+}
+
+TEST_CASE("Data.Augment.CropResizeFlipPixels") {
+  const Image in = make_image(0, 64, 32);
+  AugmentParams p;  // the whole image
+  p.flip = true;
+  Image out;
+  apply_augment(in, p, 32, out);
+  REQUIRE(out.width == 32);
+  REQUIRE(out.pixels.size() == 32u * 32u * 3u);
+  // Red grows with x in the input; flipped, it falls with x in the output.
+  CHECK(out.pixels[0] > out.pixels[31 * 3]);
+  // Left half of the image, not flipped: the red of the output spans the input's first half.
+  AugmentParams left;
+  left.crop_w = 0.5f;
+  apply_augment(in, left, 32, out);
+  CHECK(out.pixels[31 * 3] <= 130);
+  CHECK(out.pixels[31 * 3] >= 115);
+}
+
+TEST_CASE("Data.Collate.NormalisesIntoNchw" * doctest::timeout(60)) {
+  Collected got;
+  Pipeline p;
+  p.add("source", std::make_unique<ImageSource>(10, 2));
+  p.add("augment", std::make_unique<AugmentStage>(augment_params("eval", 8)));
+  p.add("collate", std::make_unique<CollateStage>(collate_params(4, 2)));
+  std::vector<Image> views;
+  p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
+    got.images.push_back(b.images.clone());
+    got.labels.push_back(b.labels.clone());
+    got.targets.push_back(b.targets.clone());
+  }));
+  p.run({.threads = 2});
+
+  REQUIRE(got.images.size() == 3);  // 4 + 4 + 2
+  CHECK(got.images[2].size(0) == 2);
+  CHECK(got.images[0].sizes() == at::IntArrayRef({4, 3, 8, 8}));
+  CHECK(got.labels[1][1].item<std::int64_t>() == 5 % 5);
+  CHECK(got.targets[2][1][1].item<float>() == doctest::Approx(4.5));  // sample 9, 2 targets
+
+  // Recompute sample 5's eval view and its normalisation by hand.
+  const Image src = make_image(5, 40 + 5 * 10, 30 + 2 * 20);
+  AugmentPolicy::Options o;
+  o.mode = AugmentPolicy::Mode::kEval;
+  Image view;
+  apply_augment(src, AugmentPolicy(o).draw(5, 0, 90.0 / 70.0), 8, view);
+  const double mean[3] = {0.485, 0.456, 0.406}, stdev[3] = {0.229, 0.224, 0.225};
+  const at::Tensor row = got.images[1][1];  // sample 5
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < 8; y += 3) {
+      for (int x = 0; x < 8; x += 3) {
+        const double expected = (view.pixels[(y * 8 + x) * 3 + c] / 255.0 - mean[c]) / stdev[c];
+        REQUIRE(row[c][y][x].item<float>() == doctest::Approx(expected).epsilon(1e-5));
+      }
+    }
+  }
+}
+
+TEST_CASE("Data.Collate.BatchesBitIdenticalForConcurrency1And4" * doctest::timeout(120)) {
+  const Collected serial = run_data_path(1, 70, 16);
+  const Collected parallel = run_data_path(4, 70, 16);
+  REQUIRE(serial.images.size() == 5);
+  REQUIRE(parallel.images.size() == serial.images.size());
+  for (std::size_t b = 0; b < serial.images.size(); ++b) {
+    CAPTURE(b);
+    CHECK(at::equal(serial.images[b], parallel.images[b]));
+    CHECK(at::equal(serial.labels[b], parallel.labels[b]));
+    CHECK(serial.views[b] == parallel.views[b]);
+  }
+  // Sample order is preserved: batch 1 holds samples 16..31.
+  CHECK(serial.views[1].front().index == 16);
+  CHECK(serial.views[1].back().index == 31);
+}
+
+TEST_CASE("Data.Collate.InFlightBatchesNeverExceedThePool" * doctest::timeout(120)) {
+  auto collate = std::make_unique<CollateStage>(collate_params(4, 2));
+  CollateStage& stage = *collate;
+  std::atomic<std::int64_t> alive{0}, peak{0};
+  Pipeline p;
+  p.add("source", std::make_unique<ImageSource>(80));
+  p.add("augment", std::make_unique<AugmentStage>(augment_params("train", 16)), {.concurrency = 2});
+  p.add("collate", std::move(collate));
+  // The sink's queue could hold 4 batches: more than the pool, so collate must wait for
+  // buffers to come back rather than allocate.
+  p.add("slow_sink",
+        std::make_unique<testing::ProbeSink<Batch>>([&](Batch&&, ItemContext&) {
+          testing::raise_max(peak, alive.fetch_add(1) + 1);
+          testing::sleep_us(3000);
+          alive.fetch_sub(1);
+        }),
+        {.queue_capacity = 4});
+  const RunReport r = p.run({.threads = 2});
+  CHECK(r.stages[3].items_in == 20);
+  CHECK(stage.pool_stats().allocated == 2);
+  CHECK(stage.pool_stats().peak_in_use <= 2);
+}
+
+TEST_CASE("Data.Collate.RejectsCudaWithoutCuda") {
+  Params p = collate_params(4, 2);
+  p.set("device", std::string("cuda:0"));
+  if (!at::hasCUDA()) {
+    CHECK_THROWS_WITH_AS(CollateStage{p}, doctest::Contains("requested but"), Error);
+  }
+  p.set("device", std::string("tpu"));
+  CHECK_THROWS_WITH_AS(CollateStage{p},
+                       "collate: param 'device' must be 'cpu' or 'cuda[:N]', got 'tpu'", Error);
+}
