@@ -1,1 +1,43 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include "stages/data/csv_source.hpp"
+
+namespace flowtrain::data {
+
+namespace {
+
+CsvManifest load(const Params& params, const SourceOptions& options) {
+  CsvManifest manifest = read_csv_manifest(required_path(params, "manifest"));
+  manifest.entries.resize(options.limited(manifest.entries.size()));
+  return manifest;
+}
+
+}  // namespace
+
+CsvManifestSource::CsvManifestSource(const Params& params)
+    : CsvManifestSource(params, read_source_options(params)) {}
+
+CsvManifestSource::CsvManifestSource(const Params& params, const SourceOptions& options)
+    : manifest_(load(params, options)), cursor_(manifest_.entries.size(), options) {}
+
+StageDoc CsvManifestSource::describe() {
+  return {
+      "Reads a CSV manifest (header path,label[,numeric targets...]; relative paths from the "
+      "CSV's folder) and emits its rows for decode, per epoch in this rank's shuffled order.",
+      source_param_specs(path_param("manifest", "CSV file with a path,label,... header"))};
+}
+
+std::optional<Sample> CsvManifestSource::next() {
+  const std::optional<EpochCursor::Position> at = cursor_.next();
+  if (!at) return std::nullopt;
+  const DatasetEntry& entry = manifest_.entries[at->index];
+  Sample sample;
+  sample.index = at->index;
+  sample.epoch = at->epoch;
+  sample.path = entry.path;
+  sample.label = entry.label;
+  sample.targets = entry.targets;
+  return sample;
+}
+
+FLOWTRAIN_REGISTER_STAGE("csv_manifest", CsvManifestSource);
+
+}  // namespace flowtrain::data

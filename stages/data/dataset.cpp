@@ -1,1 +1,342 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include "stages/data/dataset.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <set>
+#include <string_view>
+#include <system_error>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) {
+    return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  });
+  return s;
+}
+
+bool hidden(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return !name.empty() && name[0] == '.';
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+// The sorted names of the entries of `dir` that pass `keep`; throws Error on a listing failure.
+template <class Keep>
+std::vector<std::string> list_sorted(const fs::path& dir, Keep keep) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (!hidden(it->path()) && keep(*it)) names.push_back(it->path().filename().string());
+  }
+  if (ec) throw Error(dir.string() + ": cannot list folder (" + ec.message() + ")");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+ImageFolder scan_image_folder(const std::string& root, const std::vector<std::string>& extensions) {
+  const fs::path dir(root);
+  std::error_code ec;
+  const fs::file_status status = fs::status(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw Error(root + ": cannot access (" + ec.message() + ")");
+  }
+  if (!fs::exists(status)) throw Error(root + ": no such folder");
+  if (!fs::is_directory(status)) throw Error(root + ": not a folder");
+
+  std::set<std::string> wanted;
+  for (const std::string& ext : extensions) {
+    wanted.insert(lower(ext.empty() || ext[0] == '.' ? ext : "." + ext));
+  }
+
+  ImageFolder folder;
+  folder.classes = list_sorted(dir, [](const fs::directory_entry& e) {
+    std::error_code ignored;
+    return e.is_directory(ignored);
+  });
+  if (folder.classes.empty()) {
+    throw Error(root + ": no class folders (expected " + root + "/<class>/<image>)");
+  }
+  for (std::size_t label = 0; label < folder.classes.size(); ++label) {
+    const fs::path class_dir = dir / folder.classes[label];
+    const std::vector<std::string> files =
+        list_sorted(class_dir, [&](const fs::directory_entry& e) {
+          std::error_code ignored;
+          return e.is_regular_file(ignored) &&
+                 (wanted.empty() || wanted.count(lower(e.path().extension().string())) > 0);
+        });
+    for (const std::string& file : files) {
+      folder.entries.push_back({(class_dir / file).string(), static_cast<std::int64_t>(label), {}});
+    }
+  }
+  if (folder.entries.empty()) {
+    throw Error(root + ": no images with extension " +
+                join(std::vector<std::string>(wanted.begin(), wanted.end()), ", ") + " in its " +
+                std::to_string(folder.classes.size()) + " class folders");
+  }
+  return folder;
+}
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Splits one CSV line into fields: quoted fields are kept verbatim ("" is a quote), unquoted ones
+// trimmed. Returns an empty string, or what is wrong with the line.
+std::string split_csv(std::string_view line, std::vector<std::string>& fields) {
+  fields.clear();
+  std::size_t i = 0;
+  while (true) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    std::string field;
+    if (i < line.size() && line[i] == '"') {
+      ++i;
+      while (true) {
+        if (i >= line.size()) {
+          return "column " + std::to_string(fields.size() + 1) +
+                 ": unterminated quote (a field cannot span lines)";
+        }
+        if (line[i] == '"') {
+          if (i + 1 < line.size() && line[i + 1] == '"') {
+            field += '"';
+            i += 2;
+            continue;
+          }
+          ++i;
+          break;
+        }
+        field += line[i++];
+      }
+      while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+      if (i < line.size() && line[i] != ',') {
+        return "column " + std::to_string(fields.size() + 1) + ": text after a closing quote";
+      }
+    } else {
+      const std::size_t end = std::min(line.find(',', i), line.size());
+      field = std::string(trim(line.substr(i, end - i)));
+      i = end;
+    }
+    fields.push_back(std::move(field));
+    if (i >= line.size()) return {};
+    ++i;  // the comma
+  }
+}
+
+}  // namespace
+
+CsvManifest read_csv_manifest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    throw Error(path + ": cannot open (" +
+                (fs::exists(path, ec) ? "permission denied" : "no such file") + ")");
+  }
+  const fs::path base = fs::path(path).parent_path();
+  auto fail = [&](std::size_t line_no, const std::string& what) -> Error {
+    return Error(path + ":" + std::to_string(line_no) + ": " + what);
+  };
+
+  CsvManifest manifest;
+  std::vector<std::string> fields;
+  std::string line;
+  std::size_t line_no = 0;
+  bool have_header = false;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line_no == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
+    if (trim(line).empty()) continue;
+    if (const std::string problem = split_csv(line, fields); !problem.empty()) {
+      throw fail(line_no, problem);
+    }
+
+    if (!have_header) {
+      if (fields.size() < 2 || fields[0] != "path" || fields[1] != "label") {
+        throw fail(line_no, "header must start with 'path,label', got '" + line + "'");
+      }
+      std::set<std::string> seen;
+      for (std::size_t c = 2; c < fields.size(); ++c) {
+        if (fields[c].empty()) {
+          throw fail(line_no, "header column " + std::to_string(c + 1) + " has no name");
+        }
+        if (!seen.insert(fields[c]).second || fields[c] == "path" || fields[c] == "label") {
+          throw fail(line_no, "header column '" + fields[c] + "' appears twice");
+        }
+        manifest.target_names.push_back(fields[c]);
+      }
+      have_header = true;
+      continue;
+    }
+
+    const std::size_t columns = 2 + manifest.target_names.size();
+    if (fields.size() != columns) {
+      throw fail(line_no, std::to_string(fields.size()) + " columns, expected " +
+                              std::to_string(columns) + " (path,label" +
+                              (manifest.target_names.empty() ? "" : ",") +
+                              join(manifest.target_names, ",") + ")");
+    }
+    DatasetEntry entry;
+    if (fields[0].empty()) throw fail(line_no, "column 'path': empty");
+    const fs::path p(fields[0]);
+    entry.path = p.is_absolute() ? fields[0] : (base / p).lexically_normal().string();
+
+    const std::string& label = fields[1];
+    if (!label.empty()) {
+      const char* end = label.data() + label.size();
+      const auto [ptr, ec] = std::from_chars(label.data(), end, entry.label);
+      if (ec != std::errc() || ptr != end || entry.label < -1) {
+        throw fail(line_no, "column 'label': '" + label +
+                                "' is not a class id (an integer >= 0; -1 or empty for none)");
+      }
+    }
+    entry.targets.reserve(manifest.target_names.size());
+    for (std::size_t t = 0; t < manifest.target_names.size(); ++t) {
+      const std::string& text = fields[2 + t];
+      const char* end = text.data() + text.size();
+      float value = 0;
+      const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+      if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value)) {
+        throw fail(line_no, "column '" + manifest.target_names[t] + "': '" + text +
+                                "' is not a finite number");
+      }
+      entry.targets.push_back(value);
+    }
+    manifest.entries.push_back(std::move(entry));
+  }
+  if (in.bad()) throw Error(path + ": read failed");
+  if (!have_header) {
+    throw Error(path + ": empty; expected a header row 'path,label[,target...]'");
+  }
+  if (manifest.entries.empty()) throw Error(path + ": no rows after the header");
+  return manifest;
+}
+
+Uneven parse_uneven(const std::string& text) {
+  if (text == "pad") return Uneven::kPad;
+  if (text == "drop") return Uneven::kDrop;
+  throw Error("param 'uneven' must be 'pad' or 'drop', got '" + text + "'");
+}
+
+EpochOrder::EpochOrder(std::size_t size, Options options) : size_(size), options_(options) {
+  if (options_.world_size < 1) throw Error("world_size must be at least 1");
+  if (options_.rank >= options_.world_size) {
+    throw Error("rank " + std::to_string(options_.rank) + " must be below world_size " +
+                std::to_string(options_.world_size));
+  }
+  const std::size_t w = options_.world_size;
+  per_rank_ = options_.uneven == Uneven::kPad ? (size_ + w - 1) / w : size_ / w;
+}
+
+std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch) const {
+  std::vector<std::uint64_t> out;
+  if (per_rank_ == 0) return out;
+  out.reserve(per_rank_);
+  const std::size_t w = options_.world_size;
+  const std::size_t r = options_.rank;
+  if (!options_.shuffle) {
+    for (std::size_t k = 0; k < per_rank_; ++k) out.push_back((r + k * w) % size_);
+    return out;
+  }
+  std::vector<std::uint64_t> perm(size_);
+  for (std::size_t i = 0; i < size_; ++i) perm[i] = i;
+  std::mt19937_64 rng(options_.seed + epoch);
+  // Fisher-Yates with an unbiased bounded draw by rejection: std::uniform_int_distribution
+  // differs between standard libraries, and the order must not.
+  for (std::size_t i = size_ - 1; i > 0; --i) {
+    const std::uint64_t range = i + 1;
+    const std::uint64_t threshold = (0 - range) % range;  // 2^64 mod range
+    std::uint64_t x = rng();
+    while (x < threshold) x = rng();
+    std::swap(perm[i], perm[x % range]);
+  }
+  // Position p of the padded order is perm[p % size]: padding repeats from the start.
+  for (std::size_t k = 0; k < per_rank_; ++k) out.push_back(perm[(r + k * w) % size_]);
+  return out;
+}
+
+std::size_t SourceOptions::limited(std::size_t size) const {
+  return limit > 0 ? std::min(limit, size) : size;
+}
+
+std::vector<ParamSpec> source_param_specs(ParamSpec location) {
+  return {std::move(location),
+          int_param("epochs", 1, "passes over the dataset", 1),
+          int_param("seed", 0, "shuffle seed; the order depends on (seed, epoch) only", 0),
+          bool_param("shuffle", true, "shuffle the order each epoch"),
+          int_param("rank", 0, "this process's rank in data-parallel training", 0),
+          int_param("world_size", 1, "number of data-parallel ranks", 1),
+          string_param("uneven", "pad",
+                       "dataset not divisible by world_size: pad (repeat samples so every rank "
+                       "gets ceil(n/world_size)) or drop (floor(n/world_size) each)"),
+          int_param("limit", 0, "use only the first N entries of the dataset (0: all)", 0)};
+}
+
+SourceOptions read_source_options(const Params& params) {
+  // Configs check the declared minimums; stages built from C++ get the same checks here.
+  auto read = [&](const std::string& name, std::int64_t min, std::int64_t max) {
+    const std::int64_t v = params.get_int(name);
+    if (v < min || v > max) {
+      throw Error("param '" + name + "' must be in [" + std::to_string(min) + ", " +
+                  std::to_string(max) + "], got " + std::to_string(v));
+    }
+    return v;
+  };
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  SourceOptions o;
+  o.epochs =
+      static_cast<std::uint32_t>(read("epochs", 1, std::numeric_limits<std::uint32_t>::max()));
+  o.limit = static_cast<std::size_t>(read("limit", 0, kMax));
+  o.order.seed = static_cast<std::uint64_t>(read("seed", 0, kMax));
+  o.order.shuffle = params.get_bool("shuffle");
+  o.order.rank = static_cast<std::size_t>(read("rank", 0, kMax));
+  o.order.world_size = static_cast<std::size_t>(read("world_size", 1, kMax));
+  o.order.uneven = parse_uneven(params.get_string("uneven"));
+  if (o.order.rank >= o.order.world_size) {
+    throw Error("param 'rank' (" + std::to_string(o.order.rank) + ") must be below world_size (" +
+                std::to_string(o.order.world_size) + ")");
+  }
+  return o;
+}
+
+std::string required_path(const Params& params, const std::string& name) {
+  std::string path = params.get_string(name);
+  if (path.empty()) throw Error("param '" + name + "' is required");
+  return path;
+}
+
+EpochCursor::EpochCursor(std::size_t size, const SourceOptions& options)
+    : order_(size, options.order), epochs_(options.epochs) {}
+
+std::optional<EpochCursor::Position> EpochCursor::next() {
+  while (pos_ == indices_.size()) {
+    if (next_epoch_ >= epochs_ || order_.per_rank() == 0) return std::nullopt;
+    indices_ = order_.indices(next_epoch_++);
+    pos_ = 0;
+  }
+  return Position{indices_[pos_++], next_epoch_ - 1};
+}
+
+}  // namespace flowtrain::data

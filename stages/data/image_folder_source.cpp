@@ -1,1 +1,62 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include "stages/data/image_folder_source.hpp"
+
+#include <string_view>
+
+namespace flowtrain::data {
+
+namespace {
+
+std::vector<std::string> split_extensions(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    std::string_view ext = std::string_view(text).substr(begin, end - begin);
+    while (!ext.empty() && ext.front() == ' ') ext.remove_prefix(1);
+    while (!ext.empty() && ext.back() == ' ') ext.remove_suffix(1);
+    if (!ext.empty()) out.emplace_back(ext);
+    begin = end + 1;
+  }
+  return out;
+}
+
+ImageFolder load(const Params& params, const SourceOptions& options) {
+  ImageFolder folder = scan_image_folder(required_path(params, "root"),
+                                         split_extensions(params.get_string("extensions")));
+  folder.entries.resize(options.limited(folder.entries.size()));
+  return folder;
+}
+
+}  // namespace
+
+ImageFolderSource::ImageFolderSource(const Params& params)
+    : ImageFolderSource(params, read_source_options(params)) {}
+
+ImageFolderSource::ImageFolderSource(const Params& params, const SourceOptions& options)
+    : folder_(load(params, options)), cursor_(folder_.entries.size(), options) {}
+
+StageDoc ImageFolderSource::describe() {
+  StageDoc doc{
+      "Lists a root/<class>/<image> folder (labels: class folders in sorted order) and "
+      "emits its files' paths for decode, per epoch in this rank's shuffled order.",
+      source_param_specs(path_param("root", "folder with one subfolder per class"))};
+  doc.params.push_back(string_param("extensions", "jpg,jpeg",
+                                    "comma-separated file extensions to take (case-insensitive)"));
+  return doc;
+}
+
+std::optional<Sample> ImageFolderSource::next() {
+  const std::optional<EpochCursor::Position> at = cursor_.next();
+  if (!at) return std::nullopt;
+  const DatasetEntry& entry = folder_.entries[at->index];
+  Sample sample;
+  sample.index = at->index;
+  sample.epoch = at->epoch;
+  sample.path = entry.path;
+  sample.label = entry.label;
+  return sample;
+}
+
+FLOWTRAIN_REGISTER_STAGE("image_folder", ImageFolderSource);
+
+}  // namespace flowtrain::data

@@ -1,1 +1,351 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include "stages/data/shard.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::data {
+
+// The format is little-endian IEEE; this build writes and maps it as is.
+static_assert(std::endian::native == std::endian::little, "shards assume a little-endian host");
+static_assert(std::numeric_limits<float>::is_iec559, "shards store IEEE 754 floats");
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+template <class T>
+T load(const std::uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------- ShardWriter
+
+ShardWriter::ShardWriter(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  if (file_ == nullptr) throw Error(tmp_path_ + ": cannot create (" + errno_text() + ")");
+  const std::uint32_t version = kShardVersion;
+  const std::uint64_t reserved = 0;
+  write(kShardMagic, sizeof kShardMagic);
+  write(&version, sizeof version);
+  write(&reserved, sizeof reserved);
+}
+
+ShardWriter::~ShardWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(tmp_path_.c_str());
+  }
+}
+
+void ShardWriter::write(const void* data, std::size_t size) {
+  if (size > 0 && std::fwrite(data, 1, size, file_) != size) {
+    throw Error(tmp_path_ + ": write failed (" + errno_text() + ")");
+  }
+  offset_ += size;
+}
+
+void ShardWriter::add(std::span<const std::uint8_t> bytes,
+                      std::int64_t label,
+                      std::span<const float> targets,
+                      std::string_view source_path) {
+  if (file_ == nullptr) throw Error(path_ + ": add after finish");
+  if (labels_.empty()) {
+    target_count_ = targets.size();
+  } else if (targets.size() != target_count_) {
+    throw Error(path_ + ": record " + std::to_string(labels_.size()) + " (" +
+                std::string(source_path) + ") has " + std::to_string(targets.size()) +
+                " targets, the first record had " + std::to_string(target_count_));
+  }
+  offsets_.push_back(offset_);
+  sizes_.push_back(bytes.size());
+  write(bytes.data(), bytes.size());
+  labels_.push_back(label);
+  targets_.insert(targets_.end(), targets.begin(), targets.end());
+  paths_.append(source_path);
+  path_ends_.push_back(paths_.size());
+}
+
+void ShardWriter::finish() {
+  if (file_ == nullptr) throw Error(path_ + ": finish called twice");
+  // The index starts 8-aligned so its tables are aligned in the mapping.
+  static constexpr std::uint8_t kZeros[8] = {};
+  write(kZeros, (8 - offset_ % 8) % 8);
+  const std::uint64_t index_offset = offset_;
+
+  const std::uint64_t count = labels_.size();
+  const std::uint32_t target_count = static_cast<std::uint32_t>(target_count_);
+  const std::uint32_t reserved = 0;
+  write(&count, sizeof count);
+  write(&target_count, sizeof target_count);
+  write(&reserved, sizeof reserved);
+  std::uint64_t path_begin = 0;
+  for (std::size_t i = 0; i < labels_.size(); ++i) {
+    const std::uint64_t entry[5] = {offsets_[i], sizes_[i], static_cast<std::uint64_t>(labels_[i]),
+                                    path_begin, path_ends_[i] - path_begin};
+    static_assert(sizeof entry == kShardRecordEntrySize);
+    write(entry, sizeof entry);
+    path_begin = path_ends_[i];
+  }
+  write(targets_.data(), targets_.size() * sizeof(float));
+  write(paths_.data(), paths_.size());
+
+  const std::uint64_t index_size = offset_ - index_offset;
+  const std::uint32_t version = kShardVersion;
+  write(&index_offset, sizeof index_offset);
+  write(&index_size, sizeof index_size);
+  write(&version, sizeof version);
+  write(kShardMagic, sizeof kShardMagic);
+
+  const bool flushed = std::fflush(file_) == 0;
+  const int flush_errno = errno;
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!flushed || !closed) {
+    if (!flushed) errno = flush_errno;
+    const std::string reason = errno_text();
+    std::remove(tmp_path_.c_str());
+    throw Error(tmp_path_ + ": write failed (" + reason + ")");
+  }
+  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    const std::string reason = errno_text();
+    std::remove(tmp_path_.c_str());
+    throw Error(path_ + ": cannot move " + tmp_path_ + " into place (" + reason + ")");
+  }
+}
+
+// ---------------------------------------------------------------------------------- ShardReader
+
+ShardReader::ShardReader(std::string path, Access access) : path_(std::move(path)) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path_ + ": cannot open (" + errno_text() + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path_ + ": not a regular file");
+  }
+  file_size_ = static_cast<std::size_t>(st.st_size);
+  if (file_size_ == 0) {
+    ::close(fd);
+    throw Error(path_ + ": empty file, not a flowtrain shard");
+  }
+  void* map = ::mmap(nullptr, file_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    errno = map_errno;
+    throw Error(path_ + ": cannot map (" + errno_text() + ")");
+  }
+  data_ = static_cast<const std::uint8_t*>(map);
+  if (access == Access::kSequential) ::madvise(map, file_size_, MADV_SEQUENTIAL);
+
+  // From here on, fail() unmaps: the destructor does not run for a throwing constructor.
+  const std::string n_bytes = std::to_string(file_size_) + " bytes";
+  if (file_size_ < sizeof kShardMagic || std::memcmp(data_, kShardMagic, 4) != 0) {
+    fail("not a flowtrain shard (no 'FTPK' magic at the start)");
+  }
+  if (file_size_ < kShardHeaderSize + kShardFooterSize) {
+    fail("truncated: " + n_bytes + ", too small for the header and footer");
+  }
+  if (const auto v = load<std::uint32_t>(data_ + 4); v != kShardVersion) {
+    fail("shard format version " + std::to_string(v) + ", this build reads version " +
+         std::to_string(kShardVersion));
+  }
+  const std::uint8_t* footer = data_ + file_size_ - kShardFooterSize;
+  if (std::memcmp(footer + 20, kShardMagic, 4) != 0) {
+    fail("truncated or unfinished: no footer at the end of its " + n_bytes);
+  }
+  const auto index_offset = load<std::uint64_t>(footer);
+  const auto index_size = load<std::uint64_t>(footer + 8);
+  const std::uint64_t index_end = file_size_ - kShardFooterSize;
+  if (index_offset < kShardHeaderSize || index_offset % 8 != 0 || index_offset > index_end ||
+      index_size != index_end - index_offset || index_size < 16) {
+    fail("corrupt footer: index at offset " + std::to_string(index_offset) + ", size " +
+         std::to_string(index_size) + ", in a file of " + n_bytes);
+  }
+
+  const std::uint8_t* index = data_ + index_offset;
+  const auto count = load<std::uint64_t>(index);
+  const auto target_count = load<std::uint32_t>(index + 8);
+  std::uint64_t rest = index_size - 16;
+  const bool fits_entries = count <= rest / kShardRecordEntrySize;
+  if (fits_entries) rest -= count * kShardRecordEntrySize;
+  const std::uint64_t target_row = std::uint64_t{target_count} * sizeof(float);
+  const bool fits_targets = fits_entries && (target_row == 0 || count <= rest / target_row);
+  if (!fits_targets) {
+    fail("corrupt index: " + std::to_string(count) + " records with " +
+         std::to_string(target_count) + " targets do not fit its " + std::to_string(index_size) +
+         " bytes");
+  }
+  rest -= count * target_row;
+  count_ = static_cast<std::size_t>(count);
+  target_count_ = target_count;
+  entries_ = index + 16;
+  targets_ = reinterpret_cast<const float*>(entries_ + count * kShardRecordEntrySize);
+  strings_ =
+      reinterpret_cast<const char*>(entries_ + count * kShardRecordEntrySize + count * target_row);
+  const std::uint64_t strings_size = rest;
+
+  for (std::size_t i = 0; i < count_; ++i) {
+    const std::uint8_t* e = entries_ + i * kShardRecordEntrySize;
+    const auto offset = load<std::uint64_t>(e);
+    const auto size = load<std::uint64_t>(e + 8);
+    const auto path_offset = load<std::uint64_t>(e + 24);
+    const auto path_size = load<std::uint64_t>(e + 32);
+    if (offset < kShardHeaderSize || offset > index_offset || size > index_offset - offset) {
+      fail("corrupt index: record " + std::to_string(i) + " (offset " + std::to_string(offset) +
+           ", size " + std::to_string(size) + ") lies outside the record area");
+    }
+    if (path_offset > strings_size || path_size > strings_size - path_offset) {
+      fail("corrupt index: the path of record " + std::to_string(i) + " lies outside the index");
+    }
+  }
+}
+
+ShardReader::~ShardReader() {
+  if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), file_size_);
+}
+
+void ShardReader::fail(const std::string& what) const {
+  ::munmap(const_cast<std::uint8_t*>(data_), file_size_);
+  throw Error(path_ + ": " + what);
+}
+
+ShardReader::Record ShardReader::record(std::size_t i) const {
+  if (i >= count_) {
+    throw Error(path_ + ": record " + std::to_string(i) + " out of range (" +
+                std::to_string(count_) + " records)");
+  }
+  const std::uint8_t* e = entries_ + i * kShardRecordEntrySize;
+  Record r;
+  r.bytes = {data_ + load<std::uint64_t>(e), static_cast<std::size_t>(load<std::uint64_t>(e + 8))};
+  r.label = load<std::int64_t>(e + 16);
+  r.targets = {targets_ + i * target_count_, target_count_};
+  r.path = {strings_ + load<std::uint64_t>(e + 24),
+            static_cast<std::size_t>(load<std::uint64_t>(e + 32))};
+  return r;
+}
+
+// -------------------------------------------------------------------------------- pack_dataset
+
+namespace {
+
+// Reads a whole file; on failure returns false with the reason.
+bool read_file(const std::string& path, std::vector<std::uint8_t>& out, std::string& reason) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    reason = "cannot open (" + errno_text() + ")";
+    return false;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    reason = "not a regular file";
+    return false;
+  }
+  out.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      reason = n < 0 ? "read failed (" + errno_text() + ")" : "file shrank while reading";
+      ::close(fd);
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (out.empty()) {
+    reason = "empty file";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
+                        const std::string& out_path,
+                        int max_side,
+                        const PackProgress& progress) {
+  for (const DatasetEntry& e : entries) {
+    if (e.targets.size() != entries.front().targets.size()) {
+      throw Error(out_path + ": " + e.path + " has " + std::to_string(e.targets.size()) +
+                  " targets, " + entries.front().path + " has " +
+                  std::to_string(entries.front().targets.size()) +
+                  "; a shard needs the same number for every entry");
+    }
+  }
+
+  PackResult result;
+  ShardWriter writer(out_path);
+  std::vector<std::uint8_t> bytes;
+  std::vector<std::uint8_t> reencoded;
+  // EXIF orientation is ignored as jpeg_decode ignores it: a resized record must not come out
+  // rotated relative to one kept as it was. Without resizing a 1/8-scale decode is check enough.
+  const int flags = cv::IMREAD_IGNORE_ORIENTATION |
+                    (max_side > 0 ? cv::IMREAD_COLOR : cv::IMREAD_REDUCED_COLOR_8);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const DatasetEntry& e = entries[i];
+    std::string reason;
+    std::span<const std::uint8_t> record;
+    if (read_file(e.path, bytes, reason)) {
+      try {
+        const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, bytes.data());
+        const cv::Mat image = cv::imdecode(raw, flags);
+        if (image.empty()) {
+          reason = "cannot decode (not an image OpenCV reads, or corrupt)";
+        } else if (max_side > 0 && std::max(image.cols, image.rows) > max_side) {
+          const double scale = static_cast<double>(max_side) / std::max(image.cols, image.rows);
+          const int w = image.cols >= image.rows
+                            ? max_side
+                            : std::max(1, static_cast<int>(std::lround(image.cols * scale)));
+          const int h = image.rows > image.cols
+                            ? max_side
+                            : std::max(1, static_cast<int>(std::lround(image.rows * scale)));
+          cv::Mat small;
+          cv::resize(image, small, cv::Size(w, h), 0, 0, cv::INTER_AREA);
+          if (cv::imencode(".jpg", small, reencoded, {cv::IMWRITE_JPEG_QUALITY, 90})) {
+            record = reencoded;
+            ++result.resized;
+          } else {
+            reason = "cannot re-encode as JPEG";
+          }
+        } else {
+          record = bytes;
+        }
+      } catch (const cv::Exception& ex) {
+        reason = "cannot decode (" + ex.err + ")";
+      }
+    }
+    if (!reason.empty()) {
+      result.skipped.push_back({e.path, reason});
+    } else {
+      writer.add(record, e.label, e.targets, e.path);
+    }
+    if (progress) progress(i + 1, entries.size());
+  }
+  writer.finish();
+  result.written = writer.size();
+  return result;
+}
+
+}  // namespace flowtrain::data

@@ -1,1 +1,772 @@
-// placeholder: filled in by the data-path work (issue 3)
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <set>
+
+#include "graph/config.hpp"
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+#include "graph/registry.hpp"
+#include "stages/data/dataset.hpp"
+#include "stages/data/sample.hpp"
+#include "stages/data/shard.hpp"
+#include "tests/test_stages.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::data;
+using namespace flowtrain::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh folder under the system temp dir, removed with everything in it at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "flowtrain-data-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+void write_file(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+void write_file(const fs::path& path, const std::vector<std::uint8_t>& bytes) {
+  write_file(path, std::string(bytes.begin(), bytes.end()));
+}
+
+std::vector<std::uint8_t> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::uint8_t> as_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// A real JPEG of width x height with content varying by `seed`.
+std::vector<std::uint8_t> make_jpeg(int width, int height, int seed) {
+  cv::Mat image(height, width, CV_8UC3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      image.at<cv::Vec3b>(y, x) = cv::Vec3b(static_cast<std::uint8_t>(x * 3 + seed),
+                                            static_cast<std::uint8_t>(y * 5 + seed * 7),
+                                            static_cast<std::uint8_t>((x ^ y) + seed));
+    }
+  }
+  std::vector<std::uint8_t> out;
+  REQUIRE(cv::imencode(".jpg", image, out));
+  return out;
+}
+
+// The error message of `fn`, which must throw flowtrain::Error.
+template <class Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  FAIL("no flowtrain::Error thrown");
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The global order of one epoch rebuilt from every rank's indices: rank r's k-th index is at
+// position r + k * world_size.
+std::vector<std::uint64_t> global_order(std::size_t n,
+                                        std::size_t world,
+                                        Uneven uneven,
+                                        bool shuffle,
+                                        std::uint64_t seed,
+                                        std::uint32_t epoch) {
+  std::vector<std::vector<std::uint64_t>> ranks;
+  for (std::size_t r = 0; r < world; ++r) {
+    const EpochOrder order(
+        n, {.seed = seed, .shuffle = shuffle, .rank = r, .world_size = world, .uneven = uneven});
+    ranks.push_back(order.indices(epoch));
+    REQUIRE(ranks.back().size() == order.per_rank());
+    REQUIRE(ranks.back().size() == ranks.front().size());  // equal counts per rank
+  }
+  std::vector<std::uint64_t> out(world * ranks.front().size());
+  for (std::size_t r = 0; r < world; ++r) {
+    for (std::size_t k = 0; k < ranks[r].size(); ++k) out[r + k * world] = ranks[r][k];
+  }
+  return out;
+}
+
+// A small dataset in three forms for the source tests: root/<class>/<file> with arbitrary bytes,
+// a CSV manifest of the same files with one target, and a shard of the same records.
+struct SourceFixture {
+  static constexpr std::size_t kCount = 10;
+  TempDir dir;
+  std::string root = (dir / "images").string();
+  std::string manifest = (dir / "manifest.csv").string();
+  std::string shard = (dir / "data.ftpk").string();
+  std::vector<std::string> paths;  // by dataset index
+
+  SourceFixture() {
+    const char* classes[] = {"apple", "banana", "cherry"};
+    std::string csv = "path,label,energy_kcal\n";
+    ShardWriter writer(shard);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      const std::size_t label = i * 3 / kCount;  // 4, 3, 3 files: sorted order = index order
+      const std::string rel =
+          std::string("images/") + classes[label] + "/img" + std::to_string(i) + ".jpg";
+      const std::string bytes = "bytes of image " + std::to_string(i);
+      write_file(dir / rel, bytes);
+      paths.push_back((dir / rel).string());
+      csv += rel + "," + std::to_string(label) + "," + std::to_string(i * 10) + ".5\n";
+      const float target = static_cast<float>(i * 10) + 0.5f;
+      writer.add(as_bytes(bytes), static_cast<std::int64_t>(label), {&target, 1}, paths.back());
+    }
+    writer.finish();
+    write_file(manifest, csv);
+  }
+
+  std::string location_param(const std::string& type) const {
+    return type == "image_folder" ? "root" : type == "csv_manifest" ? "manifest" : "shard";
+  }
+  std::string location(const std::string& type) const {
+    return type == "image_folder" ? root : type == "csv_manifest" ? manifest : shard;
+  }
+};
+
+constexpr const char* kSourceTypes[] = {"image_folder", "csv_manifest", "shard"};
+
+// Builds a registered stage from its declared defaults plus `overrides`.
+std::unique_ptr<Stage> make_stage(const std::string& type,
+                                  const std::map<std::string, ParamValue>& overrides) {
+  const StageInfo* info = Registry::global().find(type);
+  REQUIRE(info != nullptr);
+  Params params = Params::defaults(info->doc.params);
+  for (const auto& [name, value] : overrides) {
+    REQUIRE(info->find_param(name) != nullptr);
+    params.set(name, value);
+  }
+  return info->make(params);
+}
+
+std::unique_ptr<Stage> make_source(const SourceFixture& f,
+                                   const std::string& type,
+                                   std::map<std::string, ParamValue> overrides = {}) {
+  overrides[f.location_param(type)] = f.location(type);
+  return make_stage(type, overrides);
+}
+
+// Runs `source` into a sink with two workers; returns what the sink got, in sequence order.
+std::vector<Sample> run_source(std::unique_ptr<Stage> source) {
+  std::mutex mutex;
+  std::vector<std::pair<std::uint64_t, Sample>> got;
+  Pipeline p;
+  p.add("source", std::move(source));
+  p.add("sink", std::make_unique<ProbeSink<Sample>>([&](Sample&& s, ItemContext& ctx) {
+          std::lock_guard lock(mutex);
+          got.emplace_back(ctx.seq(), std::move(s));
+        }),
+        {.concurrency = 2, .queue_capacity = 8});
+  const RunReport report = p.run({.threads = 2});
+  CHECK(report.stages[1].items_in == got.size());
+  std::sort(got.begin(), got.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Sample> out;
+  for (auto& [seq, sample] : got) out.push_back(std::move(sample));
+  return out;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------- EpochOrder
+
+TEST_CASE("Data.Dataset.EpochOrderEachSampleOncePerEpochAcrossRanks") {
+  for (const std::size_t n : {1, 2, 5, 6, 7, 10, 13}) {
+    for (const std::size_t world : {1, 2, 3}) {
+      for (const Uneven uneven : {Uneven::kPad, Uneven::kDrop}) {
+        for (const bool shuffle : {true, false}) {
+          for (std::uint32_t epoch = 0; epoch < 3; ++epoch) {
+            CAPTURE(n);
+            CAPTURE(world);
+            CAPTURE(uneven == Uneven::kPad);
+            CAPTURE(shuffle);
+            CAPTURE(epoch);
+            const std::vector<std::uint64_t> order =
+                global_order(n, world, uneven, shuffle, 42, epoch);
+            if (uneven == Uneven::kPad) {
+              REQUIRE(order.size() == world * ((n + world - 1) / world));
+              // The first n positions are a permutation; the rest repeat the order's start.
+              std::vector<std::uint64_t> head(order.begin(), order.begin() + n);
+              std::sort(head.begin(), head.end());
+              std::vector<std::uint64_t> all(n);
+              std::iota(all.begin(), all.end(), 0);
+              CHECK(head == all);
+              for (std::size_t j = n; j < order.size(); ++j) CHECK(order[j] == order[j - n]);
+            } else {
+              REQUIRE(order.size() == world * (n / world));
+              const std::set<std::uint64_t> distinct(order.begin(), order.end());
+              CHECK(distinct.size() == order.size());
+              for (const std::uint64_t i : order) CHECK(i < n);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Data.Dataset.EpochOrderMoreRanksThanSamples") {
+  // pad: every rank still gets a sample; drop: no rank gets any.
+  CHECK(global_order(2, 3, Uneven::kPad, true, 0, 0).size() == 3);
+  const EpochOrder drop(2, {.rank = 2, .world_size = 3, .uneven = Uneven::kDrop});
+  CHECK(drop.indices(0).empty());
+  const EpochOrder empty(0, {.world_size = 2});
+  CHECK(empty.indices(0).empty());
+}
+
+TEST_CASE("Data.Dataset.ShuffleDeterministicFromSeedAndEpoch") {
+  const EpochOrder a(100, {.seed = 7});
+  const EpochOrder b(100, {.seed = 7});
+  const EpochOrder other_seed(100, {.seed = 8});
+  for (std::uint32_t epoch = 0; epoch < 4; ++epoch) CHECK(a.indices(epoch) == b.indices(epoch));
+  CHECK(a.indices(0) != a.indices(1));
+  CHECK(a.indices(1) != a.indices(2));
+  CHECK(a.indices(0) != other_seed.indices(0));
+
+  std::vector<std::uint64_t> identity(100);
+  std::iota(identity.begin(), identity.end(), 0);
+  CHECK(a.indices(0) != identity);
+  std::vector<std::uint64_t> sorted = a.indices(0);
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == identity);
+  CHECK(EpochOrder(100, {.seed = 7, .shuffle = false}).indices(3) == identity);
+
+  // Pinned: a change here reorders every existing run (the generator is mt19937_64 seeded with
+  // seed + epoch and an unbiased rejection draw, defined the same by every standard library).
+  CHECK(EpochOrder(10, {.seed = 0}).indices(0) ==
+        std::vector<std::uint64_t>{7, 2, 0, 8, 3, 9, 6, 1, 5, 4});
+}
+
+TEST_CASE("Data.Dataset.EpochOrderRejectsBadRank") {
+  CHECK(contains(error_of([] { EpochOrder(10, {.rank = 2, .world_size = 2}); }),
+                 "rank 2 must be below world_size 2"));
+  CHECK_THROWS_AS(EpochOrder(10, {.world_size = 0}), Error);
+  CHECK(parse_uneven("pad") == Uneven::kPad);
+  CHECK(parse_uneven("drop") == Uneven::kDrop);
+  CHECK(contains(error_of([] { parse_uneven("even"); }), "'uneven' must be 'pad' or 'drop'"));
+}
+
+// ---------------------------------------------------------------------------- image folders
+
+TEST_CASE("Data.Dataset.ScanImageFolderSortsClassesAndFiles") {
+  TempDir dir;
+  write_file(dir / "root/zebra/b.jpg", "z");
+  write_file(dir / "root/zebra/a.JPEG", "z");
+  write_file(dir / "root/ant/2.jpg", "a");
+  write_file(dir / "root/ant/10.jpg", "a");
+  write_file(dir / "root/ant/notes.txt", "not an image");
+  write_file(dir / "root/ant/.hidden.jpg", "hidden");
+  write_file(dir / "root/readme.jpg", "a file at the root is no class");
+  fs::create_directories(dir / "root/empty");
+  fs::create_directories(dir / "root/.cache/x");
+
+  const ImageFolder folder = scan_image_folder((dir / "root").string());
+  CHECK(folder.classes == std::vector<std::string>{"ant", "empty", "zebra"});
+  REQUIRE(folder.entries.size() == 4);
+  const std::string root = (dir / "root").string();
+  CHECK(folder.entries[0].path == root + "/ant/10.jpg");  // byte order, not numeric
+  CHECK(folder.entries[1].path == root + "/ant/2.jpg");
+  CHECK(folder.entries[2].path == root + "/zebra/a.JPEG");
+  CHECK(folder.entries[3].path == root + "/zebra/b.jpg");
+  CHECK(folder.entries[0].label == 0);
+  CHECK(folder.entries[1].label == 0);
+  CHECK(folder.entries[2].label == 2);  // "empty" keeps label 1
+  CHECK(folder.entries[3].label == 2);
+  CHECK(folder.entries[0].targets.empty());
+
+  CHECK(scan_image_folder(root, {"txt"}).entries.size() == 1);
+  CHECK(scan_image_folder(root, {}).entries.size() == 5);  // every non-hidden file
+}
+
+TEST_CASE("Data.Dataset.ScanImageFolderErrors") {
+  TempDir dir;
+  const std::string missing = (dir / "missing").string();
+  CHECK(error_of([&] { scan_image_folder(missing); }) == missing + ": no such folder");
+  write_file(dir / "file.jpg", "x");
+  CHECK(error_of([&] { scan_image_folder((dir / "file.jpg").string()); }) ==
+        (dir / "file.jpg").string() + ": not a folder");
+  fs::create_directories(dir / "flat");
+  write_file(dir / "flat/a.jpg", "x");
+  CHECK(contains(error_of([&] { scan_image_folder((dir / "flat").string()); }),
+                 "flat: no class folders (expected "));
+  write_file(dir / "pngs/cat/a.png", "x");
+  CHECK(contains(error_of([&] { scan_image_folder((dir / "pngs").string()); }),
+                 "pngs: no images with extension .jpeg, .jpg in its 1 class folders"));
+}
+
+// ----------------------------------------------------------------------------- CSV manifests
+
+TEST_CASE("Data.Dataset.CsvManifestReadsRowsAndResolvesPaths") {
+  TempDir dir;
+  const std::string csv = (dir / "meta/food.csv").string();
+  write_file(csv,
+             "\xEF\xBB\xBFpath,label, energy_kcal ,protein_g\r\n"
+             "img/a.jpg,3,250.5,12\r\n"
+             "\r\n"
+             "/abs/b.jpg,0,-1e2, 0.25\n"
+             "\"img/with,comma \"\"q\"\".jpg\",,0,1\n"
+             "../up.jpg,-1,1,2");  // no final newline
+  const CsvManifest m = read_csv_manifest(csv);
+  CHECK(m.target_names == std::vector<std::string>{"energy_kcal", "protein_g"});
+  REQUIRE(m.entries.size() == 4);
+  const std::string base = (dir / "meta").string();
+  CHECK(m.entries[0].path == base + "/img/a.jpg");
+  CHECK(m.entries[0].label == 3);
+  CHECK(m.entries[0].targets == std::vector<float>{250.5f, 12.0f});
+  CHECK(m.entries[1].path == "/abs/b.jpg");
+  CHECK(m.entries[1].targets == std::vector<float>{-100.0f, 0.25f});
+  CHECK(m.entries[2].path == base + "/img/with,comma \"q\".jpg");
+  CHECK(m.entries[2].label == -1);
+  CHECK(m.entries[3].path == (dir / "up.jpg").string());
+  CHECK(m.entries[3].label == -1);
+}
+
+TEST_CASE("Data.Dataset.CsvErrorsNameFileLineAndColumn") {
+  TempDir dir;
+  const std::string csv = (dir / "m.csv").string();
+  auto error_for = [&](const std::string& text) {
+    write_file(csv, text);
+    return error_of([&] { read_csv_manifest(csv); });
+  };
+  const std::string header = "path,label,energy_kcal\n";
+  CHECK(error_for(header + "a.jpg,1,5\nb.jpg,one,5\n") ==
+        csv +
+            ":3: column 'label': 'one' is not a class id (an integer >= 0; -1 or empty for none)");
+  CHECK(error_for(header + "a.jpg,1,5\n\nb.jpg,2,lots\n") ==
+        csv + ":4: column 'energy_kcal': 'lots' is not a finite number");
+  CHECK(error_for(header + "a.jpg,1,\n") ==
+        csv + ":2: column 'energy_kcal': '' is not a finite number");
+  CHECK(error_for(header + "a.jpg,1,nan\n") ==
+        csv + ":2: column 'energy_kcal': 'nan' is not a finite number");
+  CHECK(error_for(header + "a.jpg,1.5,5\n") ==
+        csv +
+            ":2: column 'label': '1.5' is not a class id (an integer >= 0; -1 or empty for none)");
+  CHECK(error_for(header + "a.jpg,-2,5\n").starts_with(csv + ":2: column 'label': '-2'"));
+  CHECK(error_for(header + ",1,5\n") == csv + ":2: column 'path': empty");
+  CHECK(error_for(header + "a.jpg,1\n") ==
+        csv + ":2: 2 columns, expected 3 (path,label,energy_kcal)");
+  CHECK(error_for(header + "\"a.jpg,1,5\n") ==
+        csv + ":2: column 1: unterminated quote (a field cannot span lines)");
+  CHECK(error_for("file,class\na.jpg,1\n") ==
+        csv + ":1: header must start with 'path,label', got 'file,class'");
+  CHECK(error_for("path,label,x,x\n") == csv + ":1: header column 'x' appears twice");
+  CHECK(error_for("") == csv + ": empty; expected a header row 'path,label[,target...]'");
+  CHECK(error_for(header) == csv + ": no rows after the header");
+  const std::string missing = (dir / "none.csv").string();
+  CHECK(error_of([&] { read_csv_manifest(missing); }) == missing + ": cannot open (no such file)");
+}
+
+// ------------------------------------------------------------------------------------ shards
+
+TEST_CASE("Data.Shard.WriteThenReadRoundTrip") {
+  TempDir dir;
+  const std::string path = (dir / "s.ftpk").string();
+  std::vector<std::vector<std::uint8_t>> bytes;
+  {
+    ShardWriter writer(path);
+    for (int i = 0; i < 5; ++i) {
+      bytes.push_back(
+          as_bytes(std::string(static_cast<std::size_t>(i * 7), static_cast<char>('a' + i))));
+      const std::vector<float> targets{static_cast<float>(i), -static_cast<float>(i) / 3};
+      writer.add(bytes.back(), i - 1, targets, "orig/" + std::to_string(i) + ".jpg");
+    }
+    CHECK(writer.size() == 5);
+    writer.finish();
+  }
+  CHECK(!fs::exists(path + ".tmp"));
+  const ShardReader reader(path);
+  REQUIRE(reader.size() == 5);
+  CHECK(reader.target_count() == 2);
+  for (const std::size_t i : {3, 0, 4, 1, 2}) {  // any order: O(1) access
+    CAPTURE(i);
+    const ShardReader::Record r = reader.record(i);
+    CHECK(std::vector<std::uint8_t>(r.bytes.begin(), r.bytes.end()) == bytes[i]);
+    CHECK(r.label == static_cast<std::int64_t>(i) - 1);
+    CHECK(std::vector<float>(r.targets.begin(), r.targets.end()) ==
+          std::vector<float>{static_cast<float>(i), -static_cast<float>(i) / 3});
+    CHECK(r.path == "orig/" + std::to_string(i) + ".jpg");
+  }
+  CHECK(contains(error_of([&] { reader.record(5); }), "record 5 out of range (5 records)"));
+}
+
+TEST_CASE("Data.Shard.PackThenReadReturnsSameRecords") {
+  TempDir dir;
+  std::vector<DatasetEntry> entries;
+  for (int i = 0; i < 4; ++i) {
+    const fs::path p = dir / ("img" + std::to_string(i) + ".jpg");
+    write_file(p, make_jpeg(20 + i, 16, i));
+    entries.push_back({p.string(), i % 2, {static_cast<float>(i) * 1.5f}});
+  }
+  write_file(dir / "text.jpg", "this is not a JPEG");
+  entries.insert(entries.begin() + 1, {(dir / "text.jpg").string(), 1, {0}});
+  entries.insert(entries.begin() + 3, {(dir / "missing.jpg").string(), 1, {0}});
+  entries.push_back({(dir / "empty.jpg").string(), 0, {0}});
+  write_file(dir / "empty.jpg", "");
+
+  std::vector<std::size_t> progress;
+  const std::string out = (dir / "packed.ftpk").string();
+  const PackResult result = pack_dataset(entries, out, 0, [&](std::size_t done, std::size_t total) {
+    CHECK(total == entries.size());
+    progress.push_back(done);
+  });
+  CHECK(progress.size() == entries.size());
+  CHECK(progress.back() == entries.size());
+  CHECK(result.written == 4);
+  CHECK(result.resized == 0);
+  REQUIRE(result.skipped.size() == 3);
+  CHECK(result.skipped[0].path == (dir / "text.jpg").string());
+  CHECK(result.skipped[0].reason == "cannot decode (not an image OpenCV reads, or corrupt)");
+  CHECK(result.skipped[1].path == (dir / "missing.jpg").string());
+  CHECK(result.skipped[1].reason == "cannot open (No such file or directory)");
+  CHECK(result.skipped[2].reason == "empty file");
+
+  const ShardReader reader(out);
+  REQUIRE(reader.size() == 4);
+  CHECK(reader.target_count() == 1);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    const fs::path p = dir / ("img" + std::to_string(i) + ".jpg");
+    const ShardReader::Record r = reader.record(i);
+    CHECK(std::vector<std::uint8_t>(r.bytes.begin(), r.bytes.end()) == read_bytes(p));
+    CHECK(r.label == static_cast<std::int64_t>(i % 2));
+    REQUIRE(r.targets.size() == 1);
+    CHECK(r.targets[0] == static_cast<float>(i) * 1.5f);
+    CHECK(r.path == p.string());
+  }
+}
+
+TEST_CASE("Data.Shard.PackResizesOnlyLargerImages") {
+  TempDir dir;
+  write_file(dir / "wide.jpg", make_jpeg(100, 40, 1));
+  write_file(dir / "tall.jpg", make_jpeg(30, 90, 2));
+  write_file(dir / "small.jpg", make_jpeg(32, 20, 3));
+  const std::vector<DatasetEntry> entries{{(dir / "wide.jpg").string(), 0, {}},
+                                          {(dir / "tall.jpg").string(), 1, {}},
+                                          {(dir / "small.jpg").string(), 2, {}}};
+  const std::string out = (dir / "small.ftpk").string();
+  const PackResult result = pack_dataset(entries, out, 32);
+  CHECK(result.written == 3);
+  CHECK(result.resized == 2);
+  CHECK(result.skipped.empty());
+
+  const ShardReader reader(out);
+  auto decoded_size = [&](std::size_t i) {
+    const ShardReader::Record r = reader.record(i);
+    const cv::Mat raw(1, static_cast<int>(r.bytes.size()), CV_8UC1,
+                      const_cast<std::uint8_t*>(r.bytes.data()));
+    const cv::Mat image = cv::imdecode(raw, cv::IMREAD_COLOR);
+    REQUIRE(!image.empty());
+    return cv::Size(image.cols, image.rows);
+  };
+  CHECK(decoded_size(0) == cv::Size(32, 13));  // 100x40 -> longer side 32
+  CHECK(decoded_size(1) == cv::Size(11, 32));  // 30x90
+  CHECK(decoded_size(2) == cv::Size(32, 20));  // not above 32: bytes kept
+  const ShardReader::Record small = reader.record(2);
+  CHECK(std::vector<std::uint8_t>(small.bytes.begin(), small.bytes.end()) ==
+        read_bytes(dir / "small.jpg"));
+  CHECK(reader.record(1).path == (dir / "tall.jpg").string());
+  CHECK(reader.record(1).label == 1);
+}
+
+TEST_CASE("Data.Shard.TruncatedShardGivesClearError") {
+  TempDir dir;
+  const std::string path = (dir / "s.ftpk").string();
+  {
+    ShardWriter writer(path);
+    for (int i = 0; i < 3; ++i) writer.add(make_jpeg(16, 16, i), i, {}, "x.jpg");
+    writer.finish();
+  }
+  const std::vector<std::uint8_t> whole = read_bytes(path);
+  const std::string cut = (dir / "cut.ftpk").string();
+  for (const std::size_t keep : {whole.size() - 1, whole.size() / 2, std::size_t{30}}) {
+    CAPTURE(keep);
+    write_file(cut, std::vector<std::uint8_t>(whole.begin(), whole.begin() + keep));
+    const std::string message = error_of([&] { ShardReader reader(cut); });
+    CHECK(message.starts_with(cut + ": truncated"));
+    CHECK(message.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("Data.Shard.ForeignFileGivesClearError") {
+  TempDir dir;
+  const std::string text = (dir / "notes.txt").string();
+  write_file(text, "path,label\na.jpg,1\n... and more text to fill up a header and a footer\n");
+  CHECK(error_of([&] { ShardReader reader(text); }) ==
+        text + ": not a flowtrain shard (no 'FTPK' magic at the start)");
+  const std::string jpeg = (dir / "image.jpg").string();
+  write_file(jpeg, make_jpeg(8, 8, 0));
+  CHECK(contains(error_of([&] { ShardReader reader(jpeg); }), "not a flowtrain shard"));
+  const std::string empty = (dir / "empty.ftpk").string();
+  write_file(empty, "");
+  CHECK(error_of([&] { ShardReader reader(empty); }) ==
+        empty + ": empty file, not a flowtrain shard");
+  const std::string missing = (dir / "missing.ftpk").string();
+  CHECK(error_of([&] { ShardReader reader(missing); }) ==
+        missing + ": cannot open (No such file or directory)");
+
+  // A shard of another format version.
+  const std::string v2 = (dir / "v2.ftpk").string();
+  {
+    ShardWriter writer(v2);
+    writer.finish();
+  }
+  std::vector<std::uint8_t> bytes = read_bytes(v2);
+  bytes[4] = 2;
+  write_file(v2, bytes);
+  CHECK(error_of([&] { ShardReader reader(v2); }) ==
+        v2 + ": shard format version 2, this build reads version 1");
+
+  // A footer that points outside the file.
+  const std::string bad = (dir / "bad.ftpk").string();
+  {
+    ShardWriter writer(bad);
+    writer.add(as_bytes("abc"), 0, {}, "a");
+    writer.finish();
+  }
+  bytes = read_bytes(bad);
+  bytes[bytes.size() - kShardFooterSize] = 0xF8;  // index offset
+  write_file(bad, bytes);
+  CHECK(contains(error_of([&] { ShardReader reader(bad); }), bad + ": corrupt footer"));
+}
+
+TEST_CASE("Data.Shard.UnfinishedWriterLeavesNoFile") {
+  TempDir dir;
+  const std::string path = (dir / "s.ftpk").string();
+  {
+    ShardWriter writer(path);
+    writer.add(as_bytes("abc"), 0, {}, "a");
+    CHECK(fs::exists(path + ".tmp"));
+  }
+  CHECK(!fs::exists(path));
+  CHECK(!fs::exists(path + ".tmp"));
+  CHECK(contains(error_of([&] { ShardWriter writer((dir / "no/such/dir.ftpk").string()); }),
+                 "no/such/dir.ftpk.tmp: cannot create (No such file or directory)"));
+}
+
+TEST_CASE("Data.Shard.TargetCountMustMatch") {
+  TempDir dir;
+  const float one = 1;
+  ShardWriter writer((dir / "s.ftpk").string());
+  writer.add(as_bytes("a"), 0, {&one, 1}, "a.jpg");
+  CHECK(contains(error_of([&] { writer.add(as_bytes("b"), 0, {}, "b.jpg"); }),
+                 "record 1 (b.jpg) has 0 targets, the first record had 1"));
+  const std::vector<DatasetEntry> entries{{"a.jpg", 0, {1}}, {"b.jpg", 0, {}}};
+  CHECK(contains(error_of([&] { pack_dataset(entries, (dir / "p.ftpk").string(), 0); }),
+                 "b.jpg has 0 targets, a.jpg has 1"));
+}
+
+// ----------------------------------------------------------------------------------- sources
+
+TEST_CASE("Data.Sources.RegisteredWithDocs") {
+  for (const char* type : kSourceTypes) {
+    CAPTURE(type);
+    const StageInfo* info = Registry::global().find(type);
+    REQUIRE(info != nullptr);
+    CHECK(info->shape.kind == StageShape::Kind::kSource);
+    CHECK(info->shape.output.id == ItemType::of<Sample>().id);
+    CHECK(!info->doc.summary.empty());
+    for (const ParamSpec& p : info->doc.params) CHECK(!p.doc.empty());
+    for (const char* name :
+         {"epochs", "seed", "shuffle", "rank", "world_size", "uneven", "limit"}) {
+      CHECK(info->find_param(name) != nullptr);
+    }
+  }
+}
+
+TEST_CASE("Data.Sources.PipelineRunEmitsExpectedCount" * doctest::timeout(60)) {
+  const SourceFixture f;
+  for (const char* type : kSourceTypes) {
+    CAPTURE(type);
+    const std::vector<Sample> samples =
+        run_source(make_source(f, type, {{"epochs", std::int64_t{2}}}));
+    REQUIRE(samples.size() == 2 * SourceFixture::kCount);
+    for (const Sample& s : samples) {
+      CAPTURE(s.index);
+      REQUIRE(s.index < SourceFixture::kCount);
+      CHECK(s.label == static_cast<std::int64_t>(s.index * 3 / SourceFixture::kCount));
+      const std::string bytes = "bytes of image " + std::to_string(s.index);
+      if (std::string(type) == "shard") {
+        CHECK(s.path == f.shard + "#" + std::to_string(s.index));
+        CHECK(s.encoded == as_bytes(bytes));
+      } else {
+        CHECK(s.path == f.paths[s.index]);
+        CHECK(s.encoded.empty());
+      }
+      if (std::string(type) == "image_folder") {
+        CHECK(s.targets.empty());
+      } else {
+        CHECK(s.targets == std::vector<float>{static_cast<float>(s.index * 10) + 0.5f});
+      }
+    }
+    // Epoch 0 first, then epoch 1, each a permutation.
+    for (std::uint32_t epoch = 0; epoch < 2; ++epoch) {
+      std::set<std::uint64_t> seen;
+      for (std::size_t k = 0; k < SourceFixture::kCount; ++k) {
+        const Sample& s = samples[epoch * SourceFixture::kCount + k];
+        CHECK(s.epoch == epoch);
+        seen.insert(s.index);
+      }
+      CHECK(seen.size() == SourceFixture::kCount);
+    }
+  }
+}
+
+TEST_CASE("Data.Sources.EachSampleOncePerEpochAcrossRanks" * doctest::timeout(60)) {
+  const SourceFixture f;
+  constexpr std::uint32_t kEpochs = 2;
+  for (const char* type : kSourceTypes) {
+    for (const std::int64_t world : {2, 3}) {
+      for (const char* uneven : {"pad", "drop"}) {
+        CAPTURE(type);
+        CAPTURE(world);
+        CAPTURE(uneven);
+        const bool pad = std::string(uneven) == "pad";
+        const std::size_t n = SourceFixture::kCount;
+        const std::size_t w = static_cast<std::size_t>(world);
+        const std::size_t per_rank = pad ? (n + w - 1) / w : n / w;
+        // counts[epoch][index] over all ranks
+        std::vector<std::map<std::uint64_t, std::size_t>> counts(kEpochs);
+        for (std::int64_t rank = 0; rank < world; ++rank) {
+          const std::vector<Sample> samples =
+              run_source(make_source(f, type,
+                                     {{"epochs", std::int64_t{kEpochs}},
+                                      {"seed", std::int64_t{5}},
+                                      {"rank", rank},
+                                      {"world_size", world},
+                                      {"uneven", std::string(uneven)}}));
+          CHECK(samples.size() == per_rank * kEpochs);  // equal counts per rank
+          for (const Sample& s : samples) ++counts[s.epoch][s.index];
+        }
+        for (std::uint32_t epoch = 0; epoch < kEpochs; ++epoch) {
+          CAPTURE(epoch);
+          std::size_t total = 0, repeats = 0;
+          for (const auto& [index, count] : counts[epoch]) {
+            CHECK(index < n);
+            CHECK(count <= 2);
+            total += count;
+            repeats += count - 1;
+          }
+          CHECK(total == per_rank * w);
+          if (pad) {
+            CHECK(counts[epoch].size() == n);    // every sample once...
+            CHECK(repeats == per_rank * w - n);  // ...plus only the padding
+          } else {
+            CHECK(repeats == 0);
+            CHECK(counts[epoch].size() == per_rank * w);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Data.Sources.ShuffleFollowsSeedAndEpoch" * doctest::timeout(60)) {
+  const SourceFixture f;
+  auto order = [&](const char* type, std::int64_t seed, bool shuffle) {
+    std::vector<std::uint64_t> out;
+    for (const Sample& s : run_source(make_source(
+             f, type, {{"epochs", std::int64_t{2}}, {"seed", seed}, {"shuffle", shuffle}}))) {
+      out.push_back(s.index);
+    }
+    return out;
+  };
+  for (const char* type : kSourceTypes) {
+    CAPTURE(type);
+    const std::vector<std::uint64_t> a = order(type, 3, true);
+    CHECK(a == order(type, 3, true));
+    CHECK(a != order(type, 4, true));
+    const std::vector<std::uint64_t> epoch0(a.begin(), a.begin() + SourceFixture::kCount);
+    const std::vector<std::uint64_t> epoch1(a.begin() + SourceFixture::kCount, a.end());
+    CHECK(epoch0 != epoch1);
+    // The same order EpochOrder gives: the sources add no iteration logic of their own.
+    CHECK(epoch1 == EpochOrder(SourceFixture::kCount, {.seed = 3}).indices(1));
+    const std::vector<std::uint64_t> plain = order(type, 3, false);
+    for (std::size_t k = 0; k < plain.size(); ++k) CHECK(plain[k] == k % SourceFixture::kCount);
+  }
+}
+
+TEST_CASE("Data.Sources.LimitTakesFirstEntries" * doctest::timeout(60)) {
+  const SourceFixture f;
+  for (const char* type : kSourceTypes) {
+    CAPTURE(type);
+    const std::vector<Sample> samples =
+        run_source(make_source(f, type, {{"limit", std::int64_t{4}}}));
+    CHECK(samples.size() == 4);
+    for (const Sample& s : samples) CHECK(s.index < 4);
+    CHECK(run_source(make_source(f, type, {{"limit", std::int64_t{100}}})).size() ==
+          SourceFixture::kCount);
+  }
+}
+
+TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
+  const SourceFixture f;
+  for (const char* type : kSourceTypes) {
+    CAPTURE(type);
+    auto error_with = [&](std::map<std::string, ParamValue> params) {
+      return error_of([&] { make_source(f, type, std::move(params)); });
+    };
+    CHECK(error_with({{"uneven", std::string("even")}}) ==
+          "param 'uneven' must be 'pad' or 'drop', got 'even'");
+    CHECK(error_with({{"rank", std::int64_t{2}}, {"world_size", std::int64_t{2}}}) ==
+          "param 'rank' (2) must be below world_size (2)");
+    CHECK(error_with({{"world_size", std::int64_t{0}}}) ==
+          "param 'world_size' must be in [1, 9223372036854775807], got 0");
+    CHECK(error_with({{"rank", std::int64_t{-1}}}) ==
+          "param 'rank' must be in [0, 9223372036854775807], got -1");
+    CHECK(error_of([&] { make_stage(type, {}); }) ==
+          "param '" + f.location_param(type) + "' is required");
+  }
+  CHECK(contains(error_of([&] {
+                   make_stage("shard", {{"shard", f.manifest}});
+                 }),
+                 f.manifest + ": not a flowtrain shard"));
+  CHECK(contains(error_of([&] {
+                   make_stage("csv_manifest", {{"manifest", f.shard}});
+                 }),
+                 f.shard + ":1: header must start with 'path,label'"));
+
+  // From a config, the builder puts the location and stage in front: one line.
+  Registry registry;
+  registry.add(*Registry::global().find("image_folder"));
+  registry.add({"sink", {"discards items", {}}, Sink<Anything>::static_shape(), [](const Params&) {
+                  return std::unique_ptr<Stage>(
+                      new ProbeSink<Anything>([](Anything&&, ItemContext&) {}));
+                }});
+  const std::string yaml = "stages:\n  - {type: image_folder, params: {root: '" + f.root +
+                           "', uneven: evn}}\n  - {type: sink}\n";
+  const PipelineConfig config = parse_pipeline_config(yaml, "c.yaml", {}, registry);
+  CHECK(error_of([&] { build_pipeline(config, registry); }) ==
+        "c.yaml:2: stage 'image_folder' (image_folder): param 'uneven' must be 'pad' or 'drop', "
+        "got 'evn'");
+}

@@ -1,0 +1,137 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/params.hpp"
+
+namespace flowtrain::data {
+
+/// One example of a dataset before anything is read: where it is and what it is.
+struct DatasetEntry {
+  std::string path;
+  std::int64_t label = -1;     // class id; -1 for none
+  std::vector<float> targets;  // numeric targets (e.g. energy_kcal), may be empty
+};
+
+/// A folder of images laid out root/<class>/<image>.
+struct ImageFolder {
+  std::vector<DatasetEntry> entries;  // by class name, then file name (byte order)
+  std::vector<std::string> classes;   // sorted; classes[label] is the folder name
+};
+
+/// Lists root/<class>/<image>: every non-hidden subfolder of `root` is a class, its label the
+/// position of its name in sorted order (0..K-1), so ids agree between splits that share class
+/// folders, an empty class folder included. Images are the regular files directly in a class
+/// folder whose extension is in `extensions` (case-insensitive, with or without the dot; empty:
+/// every file). Nothing is read or opened. Throws Error if `root` is missing or not a folder, has
+/// no class folder, or no image.
+ImageFolder scan_image_folder(const std::string& root,
+                              const std::vector<std::string>& extensions = {".jpg", ".jpeg"});
+
+/// The rows of a CSV manifest and the names of its numeric target columns.
+struct CsvManifest {
+  std::vector<DatasetEntry> entries;      // in file order
+  std::vector<std::string> target_names;  // header columns after path,label
+};
+
+/// Reads a CSV manifest: a header row `path,label[,target...]`, then one row per example.
+/// Relative paths resolve against the CSV's folder. `label` is an integer (empty or -1: none);
+/// targets are finite numbers. Fields may be double-quoted ("a,b.jpg", "" for a quote); CRLF
+/// line ends, a UTF-8 BOM and blank lines are accepted. Files are not checked here (decode
+/// reports a missing one). Throws Error naming file:line and the column of the first bad row.
+CsvManifest read_csv_manifest(const std::string& path);
+
+/// What to do with the remainder when the dataset does not split evenly across ranks.
+enum class Uneven {
+  kPad,   // every rank gets ceil(n / world_size): repeat samples from the start of the order
+  kDrop,  // every rank gets floor(n / world_size): leave out the tail of the order
+};
+
+/// "pad" or "drop"; throws Error naming the bad value otherwise.
+Uneven parse_uneven(const std::string& text);
+
+/// The indices one rank visits in one epoch, as PyTorch's DistributedSampler: the whole index is
+/// shuffled with a generator seeded from seed + epoch (the same on every rank), padded or
+/// truncated to a multiple of world_size, and rank r takes positions r, r + world_size, ...
+/// So the ranks of one epoch see each sample exactly once (pad: plus the repeated padding), and
+/// the order depends on (seed, epoch) alone. Shuffle uses mt19937_64 and its own bounded draw,
+/// so it is the same with every standard library.
+class EpochOrder {
+ public:
+  struct Options {
+    std::uint64_t seed = 0;
+    bool shuffle = true;
+    std::size_t rank = 0;
+    std::size_t world_size = 1;
+    Uneven uneven = Uneven::kPad;
+  };
+
+  /// Throws Error unless world_size >= 1 and rank < world_size.
+  EpochOrder(std::size_t size, Options options);
+
+  /// Dataset indices this rank visits in `epoch`, in visiting order; per_rank() of them.
+  std::vector<std::uint64_t> indices(std::uint32_t epoch) const;
+
+  /// Samples per rank and epoch: ceil(size / world_size) with kPad, floor with kDrop.
+  std::size_t per_rank() const { return per_rank_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::size_t size_;
+  Options options_;
+  std::size_t per_rank_;
+};
+
+/// The settings every dataset source shares (params epochs, seed, shuffle, rank, world_size,
+/// uneven, limit).
+struct SourceOptions {
+  std::uint32_t epochs = 1;
+  std::size_t limit = 0;  // use the first `limit` entries only; 0: all
+  EpochOrder::Options order;
+
+  /// The dataset size a source uses: `size`, or `limit` if that is smaller and not 0.
+  std::size_t limited(std::size_t size) const;
+};
+
+/// The parameter declarations shared by the dataset sources, after `location` (the dataset's
+/// path parameter).
+std::vector<ParamSpec> source_param_specs(ParamSpec location);
+
+/// Reads and validates the shared parameters; errors name the param (the pipeline builder adds
+/// the config location and stage).
+SourceOptions read_source_options(const Params& params);
+
+/// The value of the required path param `name`; throws Error if it was not given.
+std::string required_path(const Params& params, const std::string& name);
+
+/// Walks epoch 0 .. epochs-1 of this rank's EpochOrder: the iteration every dataset source
+/// shares. One epoch's index list is held at a time, computed when the epoch starts.
+class EpochCursor {
+ public:
+  struct Position {
+    std::uint64_t index = 0;  // dataset index
+    std::uint32_t epoch = 0;
+  };
+
+  /// `size` is the dataset size after the limit.
+  EpochCursor(std::size_t size, const SourceOptions& options);
+
+  /// The next position, or std::nullopt after the last epoch.
+  std::optional<Position> next();
+
+  /// Items this rank produces over all epochs.
+  std::uint64_t total() const { return static_cast<std::uint64_t>(order_.per_rank()) * epochs_; }
+
+ private:
+  EpochOrder order_;
+  std::uint32_t epochs_;
+  std::uint32_t next_epoch_ = 0;  // the epoch whose indices load next
+  std::vector<std::uint64_t> indices_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace flowtrain::data
