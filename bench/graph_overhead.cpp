@@ -91,8 +91,8 @@ double run_once(const Config& config, std::uint64_t items) {
 
   // A run that lost items would look fast for the wrong reason.
   if (discard.consumed != items) {
-    throw flowtrain::Error(config.name + ": sink saw " + std::to_string(discard.consumed) +
-                           " of " + std::to_string(items) + " items");
+    throw flowtrain::Error(config.name + ": sink saw " + std::to_string(discard.consumed) + " of " +
+                           std::to_string(items) + " items");
   }
   return seconds;
 }
@@ -188,8 +188,8 @@ int main(int argc, char** argv) {
       const std::string subtracted =
           r.config.maps > 0 ? fixed((ns_per_item - baseline_ns) / r.config.maps, 0) : "-";
       std::cout << "| " << r.config.name << " | " << hops << " | " << fixed(n / r.median_s, 0)
-                << " | " << fixed(ns_per_item, 0) << " | " << fixed(ns_per_item / hops, 0)
-                << " | " << subtracted << " | " << fixed(r.min_s * 1e9 / n, 0) << ".."
+                << " | " << fixed(ns_per_item, 0) << " | " << fixed(ns_per_item / hops, 0) << " | "
+                << subtracted << " | " << fixed(r.min_s * 1e9 / n, 0) << ".."
                 << fixed(r.max_s * 1e9 / n, 0) << " |\n";
     }
     return 0;

@@ -15,8 +15,8 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"threads", "metrics", "stages"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace"};
-const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
-                                             "queue_capacity", "ordered"};
+const std::vector<std::string> kStageKeys = {"type",        "name",           "params",
+                                             "concurrency", "queue_capacity", "ordered"};
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -33,6 +33,12 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
 // " (did you mean 'quality'?)" when a candidate is close, else a list of what is allowed.
 std::string suggestion(const std::string& given, const std::vector<std::string>& candidates) {
   const std::string* best = nullptr;
@@ -47,9 +53,7 @@ std::string suggestion(const std::string& given, const std::vector<std::string>&
   if (best && best_distance <= std::max<std::size_t>(2, given.size() / 3)) {
     return " (did you mean '" + *best + "'?)";
   }
-  std::string list;
-  for (const std::string& c : candidates) list += (list.empty() ? "" : ", ") + c;
-  return candidates.empty() ? "" : " (known: " + list + ")";
+  return candidates.empty() ? "" : " (known: " + join(candidates) + ")";
 }
 
 // Turns YAML nodes into "file:line" (or the override that set them) for messages.
@@ -178,6 +182,11 @@ ParamValue parse_param(const ParamSpec& spec,
     }
     case ParamType::kString: {
       if (!node.IsScalar()) wrong();
+      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(),
+                                             node.Scalar()) == spec.choices.end()) {
+        loc.fail(node,
+                 where + "must be one of " + join(spec.choices) + ", got '" + node.Scalar() + "'");
+      }
       return node.Scalar();
     }
     case ParamType::kPath: {
@@ -211,7 +220,7 @@ YAML::Node find_stage(YAML::Node stages, const std::string& name, const std::str
   if (stages.IsSequence()) {
     for (YAML::Node entry : stages) {
       if (!entry.IsMap()) continue;
-      const std::string entry_name = entry["name"] ? entry["name"].as<std::string>()
+      const std::string entry_name = entry["name"]   ? entry["name"].as<std::string>()
                                      : entry["type"] ? entry["type"].as<std::string>()
                                                      : "";
       if (entry_name == name) return entry;
@@ -224,7 +233,8 @@ YAML::Node find_stage(YAML::Node stages, const std::string& name, const std::str
 void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0) {
-    throw Error("override '" + text + "': expected key.path=value, e.g. stages.decode.concurrency=2");
+    throw Error("override '" + text +
+                "': expected key.path=value, e.g. stages.decode.concurrency=2");
   }
   std::vector<std::string> keys;
   std::stringstream path(text.substr(0, eq));
@@ -353,13 +363,13 @@ PipelineConfig validate(const YAML::Node& root,
       loc.fail(entry, ctx + problem);
     }
     if (!prev_info && info->shape.kind != StageShape::Kind::kSource) {
-      loc.fail(entry, ctx + "the first stage must be a source, not a " +
-                          to_string(info->shape.kind));
+      loc.fail(entry,
+               ctx + "the first stage must be a source, not a " + to_string(info->shape.kind));
     }
     if (prev_info) {
       const StageConfig& prev = config.stages.back();
-      if (std::string problem = link_problem(prev.name, prev_info->shape, prev.options,
-                                             stage.name, info->shape, stage.options);
+      if (std::string problem = link_problem(prev.name, prev_info->shape, prev.options, stage.name,
+                                             info->shape, stage.options);
           !problem.empty()) {
         loc.fail(entry, problem);
       }
@@ -368,8 +378,8 @@ PipelineConfig validate(const YAML::Node& root,
     prev_info = info;
   }
   if (prev_info->shape.kind != StageShape::Kind::kSink) {
-    loc.fail(stages, "the last stage '" + config.stages.back().name +
-                         "' must be a sink, not a " + to_string(prev_info->shape.kind));
+    loc.fail(stages, "the last stage '" + config.stages.back().name + "' must be a sink, not a " +
+                         to_string(prev_info->shape.kind));
   }
   return config;
 }
@@ -405,8 +415,8 @@ PipelineConfig load_pipeline_config(const std::string& path,
                                     const Registry& registry) {
   std::ifstream in(path);
   if (!in) {
-    throw Error("cannot read config '" + path + "': " +
-                (std::filesystem::exists(path) ? "permission denied" : "no such file"));
+    throw Error("cannot read config '" + path +
+                "': " + (std::filesystem::exists(path) ? "permission denied" : "no such file"));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -451,8 +461,10 @@ std::string stages_markdown(const Registry& registry) {
     }
     out += "| param | type | default | meaning |\n|---|---|---|---|\n";
     for (const ParamSpec& p : info->doc.params) {
+      std::string doc = p.doc;
+      if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
       out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " +
-             p.doc + " |\n";
+             doc + " |\n";
     }
     out += "\n";
   }
@@ -470,7 +482,7 @@ std::string stages_text(const Registry& registry) {
       char buf[128];
       std::snprintf(buf, sizeof buf, "    %-16s %-10s %-12s ", p.name.c_str(), to_string(p.type),
                     p.default_text().c_str());
-      out += buf + p.doc + "\n";
+      out += buf + p.doc + (p.choices.empty() ? "" : " (one of: " + join(p.choices) + ")") + "\n";
     }
     out += "\n";
   }

@@ -11,8 +11,8 @@ namespace flowtrain {
 namespace {
 std::string demangle_raw(const char* mangled) {
   int status = 0;
-  std::unique_ptr<char, void (*)(void*)> out(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
-                                             std::free);
+  std::unique_ptr<char, void (*)(void*)> out(
+      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
   std::string name = (status == 0 && out) ? out.get() : mangled;
   // The standard library's inline namespace and spelled-out std::string only add noise.
   const std::pair<std::string, std::string> noise[] = {

@@ -62,8 +62,12 @@ ParamSpec float_param(std::string name,
 ParamSpec bool_param(std::string name, bool default_value, std::string doc) {
   return {std::move(name), ParamType::kBool, default_value, std::move(doc)};
 }
-ParamSpec string_param(std::string name, std::string default_value, std::string doc) {
-  return {std::move(name), ParamType::kString, std::move(default_value), std::move(doc)};
+ParamSpec string_param(std::string name,
+                       std::string default_value,
+                       std::string doc,
+                       std::vector<std::string> choices) {
+  return {std::move(name), ParamType::kString, std::move(default_value),
+          std::move(doc),  std::nullopt,       std::move(choices)};
 }
 ParamSpec path_param(std::string name, std::string doc) {
   return {std::move(name), ParamType::kPath, std::string(), std::move(doc)};

@@ -31,6 +31,7 @@ struct ParamSpec {
   ParamValue default_value;
   std::string doc;
   std::optional<double> min = std::nullopt;  // inclusive lower bound for numbers
+  std::vector<std::string> choices = {};     // the allowed values of a string, if restricted
 
   /// The default as a config would spell it ("0.5", "true", "[1, 2]", "\"\"").
   std::string default_text() const;
@@ -47,7 +48,10 @@ ParamSpec float_param(std::string name,
                       std::string doc,
                       std::optional<double> min = std::nullopt);
 ParamSpec bool_param(std::string name, bool default_value, std::string doc);
-ParamSpec string_param(std::string name, std::string default_value, std::string doc);
+ParamSpec string_param(std::string name,
+                       std::string default_value,
+                       std::string doc,
+                       std::vector<std::string> choices = {});
 ParamSpec path_param(std::string name, std::string doc);
 ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc);
 

@@ -140,16 +140,15 @@ class Pipeline::Runtime {
   Runtime(Pipeline& pipeline, const RunOptions& options)
       : nodes_(pipeline.nodes_),
         stop_(pipeline.stop_),
-        threads_(options.threads > 0
-                     ? options.threads
-                     : static_cast<std::size_t>(tbb::info::default_concurrency())),
+        threads_(options.threads > 0 ? options.threads
+                                     : static_cast<std::size_t>(tbb::info::default_concurrency())),
         start_(detail::Clock::now()) {
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
     }
     if (!options.trace_path.empty()) trace_.emplace(start_);
-    sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_,
-                     options.on_progress, options.progress_interval_s);
+    sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_, options.on_progress,
+                     options.progress_interval_s);
   }
 
   RunReport run(const std::string& trace_path) {
@@ -218,8 +217,8 @@ class Pipeline::Runtime {
           buffers[i] = std::make_unique<Buffer>(g);
         }
         // TBB passes messages by const reference; the stored copy is ours to move from.
-        workers[i] = std::make_unique<Worker>(
-            g, nodes[i].options.concurrency, [&rt, i](const Item& item) {
+        workers[i] =
+            std::make_unique<Worker>(g, nodes[i].options.concurrency, [&rt, i](const Item& item) {
               rt.handle(i, const_cast<Item&>(item));
               return tbb::flow::continue_msg();
             });
@@ -242,9 +241,8 @@ class Pipeline::Runtime {
   static std::vector<bool> ordered_inputs(const std::vector<Node>& nodes) {
     std::vector<bool> in_order(nodes.size());
     for (std::size_t i = nodes.size(); i-- > 1;) {
-      in_order[i] = nodes[i].options.ordered ||
-                    (i + 1 < nodes.size() && in_order[i + 1] &&
-                     nodes[i].shape.kind != Kind::kFlatMap);
+      in_order[i] = nodes[i].options.ordered || (i + 1 < nodes.size() && in_order[i + 1] &&
+                                                 nodes[i].shape.kind != Kind::kFlatMap);
     }
     return in_order;
   }
@@ -304,9 +302,8 @@ class Pipeline::Runtime {
       fc.stop();
       return {};
     }
-    std::shared_ptr<void> value = invoke(0, next_seq_[0], [&] {
-      return detail::StageAccess::next(*nodes_[0].stage);
-    });
+    std::shared_ptr<void> value =
+        invoke(0, next_seq_[0], [&] { return detail::StageAccess::next(*nodes_[0].stage); });
     if (!value) {
       fc.stop();
       return {};
@@ -435,8 +432,7 @@ RunReport Pipeline::run(const RunOptions& options) {
   if (ran_) throw Error("a pipeline runs once; build a new one to run again");
   if (nodes_.size() < 2 || nodes_.back().shape.kind != Kind::kSink) {
     throw Error("a pipeline needs a source first and a sink last; the last stage '" +
-                (nodes_.empty() ? std::string("(none)") : nodes_.back().name) +
-                "' is not a sink");
+                (nodes_.empty() ? std::string("(none)") : nodes_.back().name) + "' is not a sink");
   }
   ran_ = true;
   Runtime runtime(*this, options);

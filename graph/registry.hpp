@@ -64,6 +64,6 @@ struct Registrar {
 ///
 ///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };
 ///   FLOWTRAIN_REGISTER_STAGE("spin", SpinStage);
-#define FLOWTRAIN_REGISTER_STAGE(type, Class)                     \
-  static const ::flowtrain::detail::Registrar<Class> FLOWTRAIN_CONCAT( \
-      flowtrain_registrar_, __COUNTER__)(type)
+#define FLOWTRAIN_REGISTER_STAGE(type, Class)                                               \
+  static const ::flowtrain::detail::Registrar<Class> FLOWTRAIN_CONCAT(flowtrain_registrar_, \
+                                                                      __COUNTER__)(type)

@@ -36,8 +36,8 @@ std::string RunReport::verdict() const {
   std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
                      " of its " + workers_text(s);
   if (s.busy_fraction < kSaturated) {
-    return "no stage is saturated; the busiest is '" + s.name + "' at " +
-           percent(s.busy_fraction) + " of its " + workers_text(s) +
+    return "no stage is saturated; the busiest is '" + s.name + "' at " + percent(s.busy_fraction) +
+           " of its " + workers_text(s) +
            " (the run is short, or bound by something outside the stages)";
   }
   // Name the costliest stage downstream, which waits on it, to show what the bottleneck costs.
@@ -51,8 +51,8 @@ std::string RunReport::verdict() const {
   }
   if (s.kind == StageShape::Kind::kSource || s.kind == StageShape::Kind::kFlatMap) {
     line += "; it runs serially: make it cheaper, or split its work into a parallel stage after it";
-  } else if (s.concurrency != kUnlimited && s.workers < s.concurrency &&
-             *b + 1 < stages.size() && s.workers == stages[*b + 1].queue_capacity) {
+  } else if (s.concurrency != kUnlimited && s.workers < s.concurrency && *b + 1 < stages.size() &&
+             s.workers == stages[*b + 1].queue_capacity) {
     line += "; raise stages." + stages[*b + 1].name + ".queue_capacity (now " +
             std::to_string(stages[*b + 1].queue_capacity) + ") so it can use more workers";
   } else if (s.workers < threads) {
@@ -76,8 +76,7 @@ std::string format_report(const RunReport& r) {
     const double rate = r.wall_s > 0 ? static_cast<double>(items) / r.wall_s : 0;
     std::string queue = "-";
     if (s.kind != StageShape::Kind::kSource) {
-      std::snprintf(buf, sizeof buf, "%.1f/%.0f/%zu", s.queue_mean, s.queue_max,
-                    s.queue_capacity);
+      std::snprintf(buf, sizeof buf, "%.1f/%.0f/%zu", s.queue_mean, s.queue_max, s.queue_capacity);
       queue = buf;
     }
     std::snprintf(buf, sizeof buf, "%-16s %-8s %7zu %9s %9s %6llu %5s %8s %8s %10.0f %15s\n",

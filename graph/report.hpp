@@ -37,19 +37,19 @@ struct StageReport {
   std::size_t workers = 1;            // concurrency it could actually reach
   std::size_t queue_capacity = 0;     // of its input queue; 0 for a source
 
-  std::uint64_t items_in = 0;   // real items processed (sources: 0)
-  std::uint64_t items_out = 0;  // items emitted
-  std::uint64_t dropped = 0;    // items dropped with a reason
+  std::uint64_t items_in = 0;     // real items processed (sources: 0)
+  std::uint64_t items_out = 0;    // items emitted
+  std::uint64_t dropped = 0;      // items dropped with a reason
   std::vector<DropRecord> drops;  // the first kMaxDropRecords of them
 
-  double busy_s = 0;          // summed time inside the stage's code
-  double busy_fraction = 0;   // busy_s / (wall time x workers)
+  double busy_s = 0;            // summed time inside the stage's code
+  double busy_fraction = 0;     // busy_s / (wall time x workers)
   double starved_fraction = 0;  // share of worker time with no input waiting
   double blocked_fraction = 0;  // share of worker time with input but the output queue full
   std::size_t peak_active = 0;  // most invocations seen running at once
 
-  double queue_mean = 0;  // mean sampled occupancy of the input queue
-  double queue_max = 0;   // highest sampled occupancy
+  double queue_mean = 0;                  // mean sampled occupancy of the input queue
+  double queue_max = 0;                   // highest sampled occupancy
   std::vector<QueueSample> queue_series;  // occupancy over time, at most ~1000 points
 
   static constexpr std::size_t kMaxDropRecords = 100;
@@ -61,7 +61,7 @@ struct RunReport {
   std::size_t threads = 0;  // TBB threads the graph ran on
   bool stopped = false;     // stopped early by request_stop() (SIGINT)
   std::vector<StageReport> stages;
-  std::string trace_path;   // Chrome trace written, if asked for
+  std::string trace_path;  // Chrome trace written, if asked for
 
   /// Index of the stage with the highest busy fraction per worker, if any work was done.
   std::optional<std::size_t> bottleneck() const;

@@ -59,8 +59,8 @@ void TraceRecorder::write(const std::string& path, const RunReport& report) cons
   for (const StageReport& stage : report.stages) {
     for (const QueueSample& q : stage.queue_series) {
       out << sep << "{\"name\":\"queue " << json_escape(stage.name)
-          << "\",\"ph\":\"C\",\"pid\":1,\"ts\":" << q.time_s * 1e6 << ",\"args\":{\"items\":"
-          << q.occupancy << "}}";
+          << "\",\"ph\":\"C\",\"pid\":1,\"ts\":" << q.time_s * 1e6
+          << ",\"args\":{\"items\":" << q.occupancy << "}}";
     }
   }
   out << "\n]}\n";

@@ -15,7 +15,11 @@ namespace {
 class LinesSource final : public Source<std::string> {
  public:
   explicit LinesSource(const Params& params) : path_(params.get_string("path")) {}
-  static StageDoc describe() { return {"lines of a file", {path_param("path", "the file")}}; }
+  static StageDoc describe() {
+    return {"lines of a file",
+            {path_param("path", "the file"),
+             string_param("order", "forward", "reading order", {"forward", "backward"})}};
+  }
 
  protected:
   std::optional<std::string> next() override { return std::nullopt; }
@@ -121,7 +125,8 @@ TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
           "serially");
   }
   SUBCASE("item type mismatch") {
-    const std::string text = replace(kGood, "  - type: discard\n", "  - type: spin\n    name: again\n  - type: discard\n");
+    const std::string text = replace(kGood, "  - type: discard\n",
+                                     "  - type: spin\n    name: again\n  - type: discard\n");
     CHECK(error_of(text) ==
           "cfg.yaml:13: item type mismatch: 'again' takes unsigned long, but 'batch' emits "
           "std::vector<unsigned long>");
@@ -132,13 +137,21 @@ TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
                     "'work'") == 0);
   }
   SUBCASE("missing file") {
-    const std::string text = "stages:\n  - type: lines\n    params: {path: /no/such/file.txt}\n"
-                             "  - type: discard\n";
+    const std::string text =
+        "stages:\n  - type: lines\n    params: {path: /no/such/file.txt}\n"
+        "  - type: discard\n";
     CHECK(error_of(text) ==
           "cfg.yaml:3: stage 'lines' (lines): param 'path' names '/no/such/file.txt', which does "
           "not exist");
     CHECK_THROWS_WITH_AS(load_pipeline_config("/no/such/config.yaml"),
                          "cannot read config '/no/such/config.yaml': no such file", Error);
+  }
+  SUBCASE("string not among the choices") {
+    const std::string text = "stages:\n  - type: lines\n    params: {order: sideways}\n"
+                             "  - type: discard\n";
+    CHECK(error_of(text) ==
+          "cfg.yaml:3: stage 'lines' (lines): param 'order' must be one of forward, backward, got "
+          "'sideways'");
   }
   SUBCASE("unknown top-level key") {
     CHECK(error_of(replace(kGood, "threads: 2", "thread: 2")) ==
@@ -156,16 +169,17 @@ TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
           "cfg.yaml:2: the last stage 'spin' must be a sink, not a map");
   }
   SUBCASE("YAML syntax") {
-    CHECK(error_of("stages:\n  - type: [sequence\n").rfind("cfg.yaml:3: YAML syntax error", 0) == 0);
+    CHECK(error_of("stages:\n  - type: [sequence\n").rfind("cfg.yaml:3: YAML syntax error", 0) ==
+          0);
   }
 }
 
 TEST_CASE("Config.Overrides.ApplyAndReport") {
-  const PipelineConfig c = parse_pipeline_config(
-      kGood, "cfg.yaml",
-      {"threads=1", "stages.work.concurrency=unlimited", "stages.numbers.params.count=7",
-       "metrics.trace=out.json"},
-      test_registry());
+  const PipelineConfig c =
+      parse_pipeline_config(kGood, "cfg.yaml",
+                            {"threads=1", "stages.work.concurrency=unlimited",
+                             "stages.numbers.params.count=7", "metrics.trace=out.json"},
+                            test_registry());
   CHECK(c.run.threads == 1);
   CHECK(c.stages[1].options.concurrency == kUnlimited);
   CHECK(c.stages[0].params.get_int("count") == 7);

@@ -37,18 +37,16 @@ TEST_CASE("Pipeline.Backpressure.BoundedInFlight" * doctest::timeout(60)) {
 
   Pipeline p;
   p.add("source", std::make_unique<CountSource<>>(400, [&](std::uint64_t) {
-    const std::int64_t now = produced.fetch_add(1) + 1;
-    raise_max(max_source_edge, now - map_started.load());
-  }));
-  p.add("map",
-        std::make_unique<ProbeMap<>>([&](std::uint64_t&& v, ItemContext&) {
+          const std::int64_t now = produced.fetch_add(1) + 1;
+          raise_max(max_source_edge, now - map_started.load());
+        }));
+  p.add("map", std::make_unique<ProbeMap<>>([&](std::uint64_t&& v, ItemContext&) {
           const std::int64_t now = map_started.fetch_add(1) + 1;
           raise_max(max_map_edge, now - sink_started.load());
           return std::optional<std::uint64_t>(v);
         }),
         {.concurrency = 2, .queue_capacity = kMapCapacity});
-  p.add("slow_sink",
-        std::make_unique<ProbeSink<>>([&](std::uint64_t&&, ItemContext&) {
+  p.add("slow_sink", std::make_unique<ProbeSink<>>([&](std::uint64_t&&, ItemContext&) {
           sink_started.fetch_add(1);
           sleep_us(300);
         }),
@@ -71,8 +69,7 @@ TEST_CASE("Pipeline.Backpressure.MemoryFlat" * doctest::timeout(60)) {
   Tracked::peak = 0;
   Pipeline p;
   p.add("source", std::make_unique<CountSource<Tracked>>(20000));
-  p.add("map",
-        std::make_unique<ProbeMap<Tracked>>([](Tracked&& t, ItemContext&) {
+  p.add("map", std::make_unique<ProbeMap<Tracked>>([](Tracked&& t, ItemContext&) {
           return std::optional<Tracked>(Tracked(t.value + 1));
         }),
         {.concurrency = 2, .queue_capacity = 8});
@@ -94,7 +91,21 @@ TEST_CASE("Pipeline.Concurrency.PeakEqualsConfigured" * doctest::timeout(60)) {
   };
   for (const Case c : {Case{kSerial, 1}, Case{3, 3}, Case{kUnlimited, std::int64_t{kThreads}}}) {
     CAPTURE(c.concurrency);
-    auto map = identity_map(3000);
+    // The first wave of invocations waits (up to 5 s) until the expected number run at once, so
+    // a loaded machine that is slow to wake threads cannot make the peak come out low.
+    std::atomic<std::int64_t> running{0}, started{0};
+    auto map = std::make_unique<ProbeMap<>>([&](std::uint64_t&& v, ItemContext&) {
+      running.fetch_add(1);
+      const bool first_wave = started.fetch_add(1) < c.expected;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (first_wave && running.load() < c.expected &&
+             std::chrono::steady_clock::now() < deadline) {
+        sleep_us(100);
+      }
+      sleep_us(2000);  // time for one more invocation to start, were the limit broken
+      running.fetch_sub(1);
+      return std::optional<std::uint64_t>(v);
+    });
     ProbeMap<>& probe = *map;
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(48));
@@ -135,8 +146,7 @@ TEST_CASE("Pipeline.Order.BatchesIdenticalAcrossConcurrency" * doctest::timeout(
     params.set("size", std::int64_t{10});
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(205));
-    p.add("scramble",
-          std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
+    p.add("scramble", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
             sleep_us(static_cast<std::int64_t>((v * 31) % 7) * 30);
             return std::optional<std::uint64_t>(v);
           }),
@@ -165,8 +175,7 @@ TEST_CASE("Pipeline.Errors.StageExceptionSurfacesWithNameAndItem" * doctest::tim
   Pipeline p;
   p.add("source", std::make_unique<CountSource<>>(-1));  // endless: only the error can end it
   p.add("fine", identity_map(), {.concurrency = 2});
-  p.add("explode",
-        std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
+  p.add("explode", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
           if (v == 37) throw std::runtime_error("boom");
           return std::optional<std::uint64_t>(v);
         }),
@@ -186,8 +195,8 @@ TEST_CASE("Pipeline.Errors.SourceAndSinkAndFinishExceptions" * doctest::timeout(
   SUBCASE("source") {
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(100, [](std::uint64_t i) {
-      if (i == 5) throw std::runtime_error("disk gone");
-    }));
+            if (i == 5) throw std::runtime_error("disk gone");
+          }));
     p.add("sink", null_sink());
     CHECK_THROWS_WITH_AS(p.run({.threads = 2}), "stage 'source' failed on item 5: disk gone",
                          StageError);
@@ -199,8 +208,7 @@ TEST_CASE("Pipeline.Errors.SourceAndSinkAndFinishExceptions" * doctest::timeout(
             if (v == 99) throw std::runtime_error("full");
           }),
           {.concurrency = kUnlimited});
-    CHECK_THROWS_WITH_AS(p.run({.threads = 2}), "stage 'sink' failed on item 99: full",
-                         StageError);
+    CHECK_THROWS_WITH_AS(p.run({.threads = 2}), "stage 'sink' failed on item 99: full", StageError);
   }
   SUBCASE("flat map finish") {
     class FailingFinish final : public FlatMap<std::uint64_t, std::uint64_t> {
@@ -222,9 +230,8 @@ TEST_CASE("Pipeline.Stop.RequestStopDrainsWithoutHang" * doctest::timeout(60)) {
   Pipeline p;
   p.add("endless", std::make_unique<CountSource<>>(-1));
   p.add("work", identity_map(50), {.concurrency = 2});
-  p.add("sink", std::make_unique<ProbeSink<>>([&](std::uint64_t&&, ItemContext&) {
-          consumed.fetch_add(1);
-        }));
+  p.add("sink", std::make_unique<ProbeSink<>>(
+                    [&](std::uint64_t&&, ItemContext&) { consumed.fetch_add(1); }));
   std::thread stopper([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     p.request_stop();
@@ -259,11 +266,11 @@ TEST_CASE("Pipeline.Metrics.ItemsAddUp" * doctest::timeout(60)) {
   Pipeline p;
   p.add("source", std::make_unique<CountSource<>>(1000));
   p.add("filter",
-        std::make_unique<ProbeMap<>>([](std::uint64_t&& v,
-                                          ItemContext& ctx) -> std::optional<std::uint64_t> {
-          if (v % 10 == 3) return ctx.drop("value " + std::to_string(v) + " ends in 3");
-          return v;
-        }),
+        std::make_unique<ProbeMap<>>(
+            [](std::uint64_t&& v, ItemContext& ctx) -> std::optional<std::uint64_t> {
+              if (v % 10 == 3) return ctx.drop("value " + std::to_string(v) + " ends in 3");
+              return v;
+            }),
         {.concurrency = 2});
   p.add("work", identity_map(), {.concurrency = 2});
   p.add("sink", null_sink(), {.ordered = true});

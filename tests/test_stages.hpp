@@ -23,7 +23,9 @@ inline void raise_max(std::atomic<std::int64_t>& max, std::int64_t value) {
   }
 }
 
-inline void sleep_us(std::int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); }
+inline void sleep_us(std::int64_t us) {
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
 
 /// A value that counts how many of its kind are alive, to show memory stays flat.
 struct Tracked {

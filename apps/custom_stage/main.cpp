@@ -49,8 +49,8 @@ class Tally final : public flowtrain::Sink<Verdict> {
 int main(int argc, char** argv) {
   try {
     const std::int64_t count = argc > 1 ? std::atoll(argv[1]) : 200000;
-    flowtrain::Params numbers = flowtrain::Params::defaults(
-        flowtrain::stages::SequenceSource::describe().params);
+    flowtrain::Params numbers =
+        flowtrain::Params::defaults(flowtrain::stages::SequenceSource::describe().params);
     numbers.set("count", count);
 
     auto tally = std::make_unique<Tally>();

@@ -1,12 +1,11 @@
 // flowtrain: runs, checks and lists pipelines built from registered stages.
 //
 //   flowtrain run CONFIG [key.path=value ...]   run a pipeline config, print its stage report
-//   flowtrain check CONFIG [key.path=value ...] validate only: exit 0, or one line naming the problem
-//   flowtrain stages [--markdown]               every registered stage with its parameters
-#include <CLI/CLI.hpp>
-
+//   flowtrain check CONFIG [key.path=value ...] validate only: exit 0, or one line naming the
+//   problem flowtrain stages [--markdown]               every registered stage with its parameters
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 
@@ -28,9 +27,7 @@ int run(const std::string& path, const std::vector<std::string>& overrides) {
   flowtrain::PipelineConfig config = flowtrain::load_pipeline_config(path, overrides);
   const bool terminal = isatty(STDERR_FILENO) != 0;
   config.run.progress_interval_s = terminal ? 0.5 : 10;
-  config.run.on_progress = [terminal](const flowtrain::Progress& p) {
-    show_progress(p, terminal);
-  };
+  config.run.on_progress = [terminal](const flowtrain::Progress& p) { show_progress(p, terminal); };
   std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
   std::cout << "running " << path << ": " << config.stages.size() << " stages" << std::endl;
   flowtrain::RunReport report;
@@ -63,12 +60,15 @@ int main(int argc, char** argv) {
   run_cmd->add_option("config", config_path, "Pipeline config (YAML)")->required();
   run_cmd->add_option("overrides", overrides, "key.path=value overrides, e.g. threads=1");
 
-  CLI::App* check_cmd = app.add_subcommand("check", "Validate a pipeline config without running it");
+  CLI::App* check_cmd =
+      app.add_subcommand("check", "Validate a pipeline config without running it");
   check_cmd->add_option("config", config_path, "Pipeline config (YAML)")->required();
   check_cmd->add_option("overrides", overrides, "key.path=value overrides");
 
-  CLI::App* stages_cmd = app.add_subcommand("stages", "List registered stages and their parameters");
-  stages_cmd->add_flag("--markdown", markdown, "Print the Markdown reference used in docs/config.md");
+  CLI::App* stages_cmd =
+      app.add_subcommand("stages", "List registered stages and their parameters");
+  stages_cmd->add_flag("--markdown", markdown,
+                       "Print the Markdown reference used in docs/config.md");
 
   try {
     app.parse(argc, argv);

@@ -21,15 +21,15 @@ std::uint64_t splitmix(std::uint64_t x) {
 
 void check_range(const std::vector<double>& range, const char* name, double lo) {
   if (range.size() != 2 || range[0] <= lo || range[0] > range[1]) {
-    throw Error(std::string("augment: param '") + name +
-                "' must be [min, max] with " + std::to_string(lo) + " < min <= max");
+    throw Error(std::string("param '") + name + "' must be [min, max] with " + std::to_string(lo) +
+                " < min <= max");
   }
 }
 
 AugmentPolicy::Mode parse_mode(const std::string& mode) {
   if (mode == "train") return AugmentPolicy::Mode::kTrain;
   if (mode == "eval") return AugmentPolicy::Mode::kEval;
-  throw Error("augment: param 'mode' must be 'train' or 'eval', got '" + mode + "'");
+  throw Error("param 'mode' must be 'train' or 'eval', got '" + mode + "'");
 }
 
 }  // namespace
@@ -37,9 +37,9 @@ AugmentPolicy::Mode parse_mode(const std::string& mode) {
 AugmentPolicy::AugmentPolicy(Options options) : o_(std::move(options)) {
   check_range(o_.scale, "scale", 0);
   check_range(o_.ratio, "ratio", 0);
-  if (o_.scale[1] > 1) throw Error("augment: param 'scale' max must be <= 1");
+  if (o_.scale[1] > 1) throw Error("param 'scale' max must be <= 1");
   if (o_.eval_crop <= 0 || o_.eval_crop > 1) {
-    throw Error("augment: param 'eval_crop' must be in (0, 1]");
+    throw Error("param 'eval_crop' must be in (0, 1]");
   }
 }
 
@@ -148,18 +148,20 @@ AugmentStage::AugmentStage(const Params& params)
     : policy_(options_from(params)), size_(static_cast<int>(params.get_int("size"))) {}
 
 StageDoc AugmentStage::describe() {
-  return {"Random resized crop, flip and colour jitter (train), or resize + centre crop (eval); "
-          "parameters derive from (seed, epoch, sample index) only.",
-          {string_param("mode", "train", "train: random views; eval: deterministic centre crop"),
-           int_param("size", 224, "output side in pixels (square)", 1),
-           float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
-           float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
-           float_param("flip", 0.5, "train: probability of a horizontal flip", 0),
-           float_param("brightness", 0, "train: brightness jitter strength (0: off)", 0),
-           float_param("contrast", 0, "train: contrast jitter strength (0: off)", 0),
-           float_param("saturation", 0, "train: saturation jitter strength (0: off)", 0),
-           float_param("eval_crop", 0.875, "eval: centre crop share of the short side", 0),
-           int_param("seed", 0, "seed of the per-sample random parameters", 0)}};
+  return {
+      "Random resized crop, flip and colour jitter (train), or resize + centre crop (eval); "
+      "parameters derive from (seed, epoch, sample index) only.",
+      {string_param("mode", "train", "train: random views; eval: deterministic centre crop",
+                    {"train", "eval"}),
+       int_param("size", 224, "output side in pixels (square)", 1),
+       float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
+       float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
+       float_param("flip", 0.5, "train: probability of a horizontal flip", 0),
+       float_param("brightness", 0, "train: brightness jitter strength (0: off)", 0),
+       float_param("contrast", 0, "train: contrast jitter strength (0: off)", 0),
+       float_param("saturation", 0, "train: saturation jitter strength (0: off)", 0),
+       float_param("eval_crop", 0.875, "eval: centre crop share of the short side", 0),
+       int_param("seed", 0, "seed of the per-sample random parameters", 0)}};
 }
 
 std::optional<Sample> AugmentStage::process(Sample&& sample, ItemContext& /*ctx*/) {

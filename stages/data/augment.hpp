@@ -17,11 +17,11 @@ class AugmentPolicy {
   enum class Mode { kTrain, kEval };
   struct Options {
     Mode mode = Mode::kTrain;
-    std::vector<double> scale{0.08, 1.0};      // RandomResizedCrop area fraction range
-    std::vector<double> ratio{3.0 / 4, 4.0 / 3};  // RandomResizedCrop aspect range
-    double flip = 0.5;                          // probability of a horizontal flip
+    std::vector<double> scale{0.08, 1.0};                 // RandomResizedCrop area fraction range
+    std::vector<double> ratio{3.0 / 4, 4.0 / 3};          // RandomResizedCrop aspect range
+    double flip = 0.5;                                    // probability of a horizontal flip
     double brightness = 0, contrast = 0, saturation = 0;  // jitter strengths (0: off)
-    double eval_crop = 0.875;                   // eval: centre crop of this share of the short side
+    double eval_crop = 0.875;  // eval: centre crop of this share of the short side
     std::uint64_t seed = 0;
   };
   explicit AugmentPolicy(Options options);

@@ -30,7 +30,7 @@ std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,
     if (free_.empty() && stats_.allocated >= capacity_) {
       const auto timeout = std::chrono::duration<double>(timeout_s);
       if (!freed_.wait_for(lock, timeout, [this] { return !free_.empty(); })) {
-        throw Error("collate: all " + std::to_string(capacity_) + " batch buffers stayed in use for " +
+        throw Error("all " + std::to_string(capacity_) + " batch buffers stayed in use for " +
                     std::to_string(static_cast<int>(timeout_s)) +
                     " s; a later stage keeps batches, or pool_size is below the batches in flight "
                     "(next queue_capacity + its concurrency + 1)");
@@ -53,8 +53,7 @@ std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,
     buffers->targets = at::empty({batch, targets}, options.dtype(at::kFloat));
   }
   auto self = shared_from_this();
-  return std::shared_ptr<Buffers>(buffers.release(),
-                                  [self](Buffers* b) { self->release(b); });
+  return std::shared_ptr<Buffers>(buffers.release(), [self](Buffers* b) { self->release(b); });
 }
 
 void BatchPool::release(Buffers* buffers) {
@@ -83,49 +82,51 @@ CollateStage::CollateStage(const Params& params)
   const auto mean = params.get<std::vector<double>>("mean");
   const auto std = params.get<std::vector<double>>("std");
   if (mean.size() != 3 || std.size() != 3) {
-    throw Error("collate: params 'mean' and 'std' need 3 values (R, G, B)");
+    throw Error("params 'mean' and 'std' need 3 values (R, G, B)");
   }
   for (int c = 0; c < 3; ++c) {
-    if (std[c] <= 0) throw Error("collate: param 'std' values must be > 0");
+    if (std[c] <= 0) throw Error("param 'std' values must be > 0");
     scale_[c] = static_cast<float>(1.0 / (255.0 * std[c]));
     bias_[c] = static_cast<float>(-mean[c] / std[c]);
   }
   if (device_ != "cpu" && !wants_cuda(device_)) {
-    throw Error("collate: param 'device' must be 'cpu' or 'cuda[:N]', got '" + device_ + "'");
+    throw Error("param 'device' must be 'cpu' or 'cuda[:N]', got '" + device_ + "'");
   }
 #if FLOWTRAIN_WITH_CUDA
   if (wants_cuda(device_) && !at::hasCUDA()) {
-    throw Error("collate: device '" + device_ + "' requested but no CUDA device is available");
+    throw Error("device '" + device_ + "' requested but no CUDA device is available");
   }
 #else
   if (wants_cuda(device_)) {
-    throw Error("collate: device '" + device_ +
+    throw Error("device '" + device_ +
                 "' requested but this LibTorch was built without CUDA; use device: cpu");
   }
 #endif
-  pool_ = BatchPool::create(static_cast<std::size_t>(params.get_int("pool_size")),
-                            wants_cuda(device_));
+  pool_ =
+      BatchPool::create(static_cast<std::size_t>(params.get_int("pool_size")), wants_cuda(device_));
 }
 
 StageDoc CollateStage::describe() {
-  return {"Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
-          {int_param("batch_size", 64, "samples per batch", 1),
-           bool_param("drop_last", false, "drop the last batch if it is smaller"),
-           float_list_param("mean", {0.485, 0.456, 0.406}, "per-channel mean (of pixel / 255)"),
-           float_list_param("std", {0.229, 0.224, 0.225}, "per-channel std (of pixel / 255)"),
-           int_param("pool_size", 4,
-                     "batch buffers at most; >= next queue_capacity + its concurrency + 1 never "
-                     "waits",
-                     1),
-           float_param("wait_timeout_s", 60, "how long to wait for a free buffer before failing", 0),
-           string_param("device", "cpu", "cpu, or cuda[:N] (pinned buffers, async copy)")}};
+  return {
+      "Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
+      {int_param("batch_size", 64, "samples per batch", 1),
+       bool_param("drop_last", false, "drop the last batch if it is smaller"),
+       float_list_param("mean", {0.485, 0.456, 0.406}, "per-channel mean (of pixel / 255)"),
+       float_list_param("std", {0.229, 0.224, 0.225}, "per-channel std (of pixel / 255)"),
+       int_param("pool_size", 4,
+                 "batch buffers at most; >= next queue_capacity + its concurrency + 1 never "
+                 "waits",
+                 1),
+       float_param("wait_timeout_s", 60, "how long to wait for a free buffer before failing", 0),
+       string_param("device", "cpu", "cpu, or cuda[:N] (pinned buffers, async copy)")}};
 }
 
 void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
   const Image& img = sample.image;
   if (img.channels != 3 || img.empty()) {
-    throw Error(sample.path + ": collate needs decoded RGB images (put jpeg_decode and augment "
-                              "before it)");
+    throw Error(sample.path +
+                ": collate needs decoded RGB images (put jpeg_decode and augment "
+                "before it)");
   }
   if (targets_ < 0) {
     height_ = img.height;
@@ -153,7 +154,8 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
   for (int c = 0; c < 3; ++c) {
     float* out_plane = dst + c * plane;
     const float s = scale_[c], b = bias_[c];
-    for (std::int64_t p = 0; p < plane; ++p) out_plane[p] = static_cast<float>(src[3 * p + c]) * s + b;
+    for (std::int64_t p = 0; p < plane; ++p)
+      out_plane[p] = static_cast<float>(src[3 * p + c]) * s + b;
   }
   buffers_->labels.data_ptr<std::int64_t>()[filled_] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),

@@ -290,7 +290,8 @@ std::vector<ParamSpec> source_param_specs(ParamSpec location) {
           int_param("world_size", 1, "number of data-parallel ranks", 1),
           string_param("uneven", "pad",
                        "dataset not divisible by world_size: pad (repeat samples so every rank "
-                       "gets ceil(n/world_size)) or drop (floor(n/world_size) each)"),
+                       "gets ceil(n/world_size)) or drop (floor(n/world_size) each)",
+                       {"pad", "drop"}),
           int_param("limit", 0, "use only the first N entries of the dataset (0: all)", 0)};
 }
 

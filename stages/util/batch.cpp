@@ -3,7 +3,8 @@
 namespace flowtrain::stages {
 
 BatchStage::BatchStage(const Params& params)
-    : size_(static_cast<std::size_t>(params.get_int("size"))), drop_last_(params.get_bool("drop_last")) {
+    : size_(static_cast<std::size_t>(params.get_int("size"))),
+      drop_last_(params.get_bool("drop_last")) {
   batch_.reserve(size_);
 }
 

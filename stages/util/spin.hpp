@@ -8,7 +8,8 @@
 namespace flowtrain::stages {
 
 /// Pure CPU work of a chosen cost: applies `rounds` rounds of a 64-bit mixing function to each
-/// integer (about 4 ns per round on this machine). Stands in for decode or augment work in examples.
+/// integer (about 4 ns per round on this machine). Stands in for decode or augment work in
+/// examples.
 class SpinStage final : public Map<std::uint64_t, std::uint64_t> {
  public:
   explicit SpinStage(const Params& params);

@@ -756,7 +756,7 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
                  }),
                  f.shard + ":1: header must start with 'path,label'"));
 
-  // From a config, the builder puts the location and stage in front: one line.
+  // From a config, validation names the location and stage, before anything is built: one line.
   Registry registry;
   registry.add(*Registry::global().find("image_folder"));
   registry.add({"sink", {"discards items", {}}, Sink<Anything>::static_shape(), [](const Params&) {
@@ -765,8 +765,7 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
                 }});
   const std::string yaml = "stages:\n  - {type: image_folder, params: {root: '" + f.root +
                            "', uneven: evn}}\n  - {type: sink}\n";
-  const PipelineConfig config = parse_pipeline_config(yaml, "c.yaml", {}, registry);
-  CHECK(error_of([&] { build_pipeline(config, registry); }) ==
-        "c.yaml:2: stage 'image_folder' (image_folder): param 'uneven' must be 'pad' or 'drop', "
+  CHECK(error_of([&] { parse_pipeline_config(yaml, "c.yaml", {}, registry); }) ==
+        "c.yaml:2: stage 'image_folder' (image_folder): param 'uneven' must be one of pad, drop, "
         "got 'evn'");
 }
