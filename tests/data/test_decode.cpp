@@ -545,18 +545,23 @@ TEST_CASE("Data.Decode.MinSideSpeedupOn1280x720" * doctest::timeout(60)) {
       jpegs.push_back(encode_jpeg(image, 90));
       bytes += jpegs.back().size();
     }
+    // Best of 3 passes over the images: the least disturbed by other work on the machine.
     auto ms_per_image = [&](int min_side, int& width) {
       Image image;
       for (const Bytes& jpeg : jpegs) REQUIRE(decode(jpeg, image, {.min_side = min_side}).ok());
-      constexpr int kRounds = 5;
-      const auto start = std::chrono::steady_clock::now();
-      for (int round = 0; round < kRounds; ++round) {
-        for (const Bytes& jpeg : jpegs) decode(jpeg, image, {.min_side = min_side});
+      double best = 1e300;
+      for (int pass = 0; pass < 3; ++pass) {
+        constexpr int kRounds = 4;
+        const auto start = std::chrono::steady_clock::now();
+        for (int round = 0; round < kRounds; ++round) {
+          for (const Bytes& jpeg : jpegs) decode(jpeg, image, {.min_side = min_side});
+        }
+        const std::chrono::duration<double, std::milli> took =
+            std::chrono::steady_clock::now() - start;
+        best = std::min(best, took.count() / (kRounds * static_cast<double>(jpegs.size())));
       }
       width = image.width;
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                 .count() /
-             (kRounds * static_cast<double>(jpegs.size()));
+      return best;
     };
     int width = 0;
     const double full = ms_per_image(0, width);

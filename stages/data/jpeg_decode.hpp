@@ -1,0 +1,93 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "graph/registry.hpp"
+#include "stages/data/sample.hpp"
+
+namespace flowtrain::data {
+
+/// How `decode_image` decodes; the `jpeg_decode` stage's parameters of the same names.
+struct DecodeOptions {
+  /// Shorter side a JPEG must keep when decoded at a reduced DCT scale: the decoder picks the
+  /// smallest of 1/8, 1/4, 1/2 and 1 that keeps it (like PIL's draft mode). 0: never scale.
+  /// Other formats are always decoded at full size.
+  int min_side = 0;
+  /// Largest width x height accepted. Checked on the header, before any pixel buffer exists
+  /// (for JPEG, PNG and BMP; other formats rely on OpenCV's own limit, 2^30 pixels).
+  std::int64_t max_pixels = 100'000'000;
+  /// Decode PNG, BMP, TIFF, WebP... through OpenCV; when false, only JPEG is accepted.
+  bool other_formats = true;
+};
+
+/// What `decode_image` did.
+struct DecodeResult {
+  /// Why the data was refused ("truncated JPEG data", ...); empty on success.
+  std::string error;
+  /// The JPEG was decoded at 1/scale_denom of its size: 1, 2, 4 or 8 (always 1 for others).
+  int scale_denom = 1;
+
+  bool ok() const { return error.empty(); }
+};
+
+/// The DCT scale denominator (1, 2, 4 or 8) used for a `width` x `height` JPEG: the largest
+/// whose scaled shorter side, rounded up as libjpeg does, is still >= `min_side` (1 if
+/// `min_side` <= 0 or no reduction keeps it).
+int dct_scale_denom(int width, int height, int min_side);
+
+/// Decodes an encoded image into `out` as 8-bit RGB, HWC, 3 channels, reusing the capacity of
+/// `out.pixels`. Thread-safe (one TurboJPEG handle per thread), and never throws on bad data:
+/// a refusal is returned as `error` with `out` left empty.
+///
+/// JPEG goes through TurboJPEG with DCT-domain scaling (`min_side`); grayscale becomes RGB and
+/// CMYK/YCCK is converted (stored inverted when the file has an Adobe marker, as Photoshop
+/// writes it, else as is). EXIF orientation is not applied, as in PIL and torchvision.
+///
+/// Any libjpeg warning refuses the image (a corrupt scan mostly shows up only as "extraneous
+/// bytes before marker 0xd9", and often not at all), except two about header fields that
+/// libjpeg ignores before it reads any pixel data: an unknown JFIF revision and invalid SOS
+/// parameters in a sequential JPEG. libjpeg reports only the first warning of a decode, so
+/// corruption further on in such a file goes unnoticed.
+DecodeResult decode_image(std::span<const std::uint8_t> bytes,
+                          const DecodeOptions& options,
+                          Image& out);
+
+/// Decodes `Sample::encoded` (or, when empty, the file at `Sample::path`) into `Sample::image`
+/// and frees the encoded bytes. A sample that cannot be read or decoded is dropped with
+/// "path: reason", or fails the run when `on_bad_sample` is "fail" or when more than
+/// `max_bad_fraction` of the samples seen so far (at least 20) were bad.
+class JpegDecodeStage final : public Map<Sample, Sample> {
+ public:
+  explicit JpegDecodeStage(const Params& params);
+  static StageDoc describe();
+
+  /// Samples processed so far, and how many of them were bad.
+  std::uint64_t seen() const { return seen_.load(std::memory_order_relaxed); }
+  std::uint64_t bad() const { return bad_.load(std::memory_order_relaxed); }
+
+ protected:
+  std::optional<Sample> process(Sample&& sample, ItemContext& ctx) override;
+
+ private:
+  /// Counts a bad sample, then drops it or throws Error as the policy says.
+  std::nullopt_t reject(const std::string& path, std::string reason, ItemContext& ctx);
+  /// Throws Error if, after 20 samples, the share of bad ones is above `max_bad_fraction_`.
+  void check_bad_fraction();
+
+  static constexpr std::uint64_t kMinSeenForFraction = 20;
+
+  DecodeOptions options_;
+  bool fail_on_bad_;
+  double max_bad_fraction_;
+  std::atomic<std::uint64_t> seen_{0};
+  std::atomic<std::uint64_t> bad_{0};
+  std::mutex last_bad_mutex_;  // bad samples are rare: a lock there costs the hot path nothing
+  std::string last_bad_;
+};
+
+}  // namespace flowtrain::data
