@@ -1,14 +1,18 @@
-# Runs CMD; fails unless it exits with EXIT_CODE and its output matches MATCHES (and, with
-# ONE_LINE, its error output is exactly one line). Used by flowtrain_add_cli_test.
+# Runs CMD; fails unless it exits with EXIT_CODE and its output matches each of MATCH0 ..
+# MATCH<MATCH_COUNT-1> (and, with ONE_LINE, its error output is exactly one line). Used by
+# flowtrain_add_cli_test.
 string(REPLACE "|" ";" CMD "${CMD}")
 execute_process(COMMAND ${CMD} RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")
 if(NOT code EQUAL EXIT_CODE)
   message(FATAL_ERROR "exit code ${code}, expected ${EXIT_CODE}\n--- output:\n${all}")
 endif()
-if(NOT all MATCHES "${MATCHES}")
-  message(FATAL_ERROR "output does not match '${MATCHES}'\n--- output:\n${all}")
-endif()
+math(EXPR last "${MATCH_COUNT} - 1")
+foreach(i RANGE ${last})
+  if(NOT all MATCHES "${MATCH${i}}")
+    message(FATAL_ERROR "output does not match '${MATCH${i}}'\n--- output:\n${all}")
+  endif()
+endforeach()
 if(ONE_LINE)
   string(REGEX MATCHALL "\n" newlines "${err}")
   list(LENGTH newlines n)

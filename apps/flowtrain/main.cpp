@@ -6,11 +6,16 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "stages/data/dataset.hpp"
+#include "stages/data/shard.hpp"
+#include "stages/data/synthetic.hpp"
 
 namespace {
 
@@ -46,6 +51,55 @@ int check(const std::string& path, const std::vector<std::string>& overrides) {
   return 0;
 }
 
+int gen_images(const flowtrain::data::SyntheticOptions& options) {
+  const flowtrain::data::GeneratedDataset set = flowtrain::data::generate_jpeg_dataset(options);
+  // A manifest beside the class folders, so the same files also read as a csv_manifest.
+  const std::string manifest = options.root + "/manifest.csv";
+  std::ofstream out(manifest);
+  out << "path,label\n";
+  const std::string prefix = options.root + "/";
+  for (const auto& f : set.files) {
+    const std::string relative =
+        f.path.rfind(prefix, 0) == 0 ? f.path.substr(prefix.size()) : f.path;
+    out << relative << "," << f.label << "\n";
+  }
+  if (!out.flush()) throw flowtrain::Error("cannot write " + manifest);
+  std::cout << "wrote " << set.files.size() << " images (" << set.broken_count()
+            << " deliberately broken) in " << options.classes << " classes to " << options.root
+            << " and " << manifest << "\n";
+  for (const auto& f : set.files) {
+    if (f.broken != flowtrain::data::BrokenKind::kNone) {
+      std::cout << "  broken (" << flowtrain::data::to_string(f.broken) << "): " << f.path << "\n";
+    }
+  }
+  return 0;
+}
+
+int pack(const std::string& out,
+         const std::string& folder,
+         const std::string& manifest,
+         int max_side) {
+  const std::vector<flowtrain::data::DatasetEntry> entries =
+      folder.empty()
+          ? flowtrain::data::read_csv_manifest(manifest).entries
+          : flowtrain::data::scan_image_folder(folder, {".jpg", ".jpeg", ".png"}).entries;
+  std::size_t shown = 0;
+  const flowtrain::data::PackResult result = flowtrain::data::pack_dataset(
+      entries, out, max_side, [&](std::size_t done, std::size_t total) {
+        if (done * 10 / std::max<std::size_t>(total, 1) > shown || done == total) {
+          shown = done * 10 / std::max<std::size_t>(total, 1);
+          std::cerr << "pack: " << done << "/" << total << "\n";
+        }
+      });
+  std::cout << "wrote " << result.written << " records to " << out << " (" << result.resized
+            << " re-encoded to max side " << max_side << ", " << result.skipped.size()
+            << " skipped)\n";
+  for (const auto& skip : result.skipped) {
+    std::cout << "  skipped " << skip.path << ": " << skip.reason << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,6 +124,32 @@ int main(int argc, char** argv) {
   stages_cmd->add_flag("--markdown", markdown,
                        "Print the Markdown reference used in docs/config.md");
 
+  flowtrain::data::SyntheticOptions synthetic;
+  std::string size = "64x64";
+  CLI::App* gen_cmd = app.add_subcommand(
+      "gen-images", "Write a synthetic JPEG dataset (root/class_XX/img_XXXXX.jpg + manifest.csv)");
+  gen_cmd->add_option("--out", synthetic.root, "Output folder")->required();
+  gen_cmd->add_option("--count", synthetic.count, "Number of files")->capture_default_str();
+  gen_cmd->add_option("--size", size, "WIDTHxHEIGHT")->capture_default_str();
+  gen_cmd->add_option("--classes", synthetic.classes, "Number of classes")->capture_default_str();
+  gen_cmd->add_option("--quality", synthetic.quality, "JPEG quality 1..100")->capture_default_str();
+  gen_cmd->add_option("--seed", synthetic.seed, "Seed")->capture_default_str();
+  gen_cmd
+      ->add_option("--broken", synthetic.broken_fraction,
+                   "Fraction of deliberately broken files (each kind in turn)")
+      ->capture_default_str();
+
+  std::string pack_out, pack_folder, pack_manifest;
+  int max_side = 0;
+  CLI::App* pack_cmd =
+      app.add_subcommand("pack", "Pack an image folder or CSV manifest into one shard file");
+  pack_cmd->add_option("--out", pack_out, "Shard file to write")->required();
+  auto* folder_opt = pack_cmd->add_option("--folder", pack_folder, "ImageFolder root");
+  auto* manifest_opt = pack_cmd->add_option("--manifest", pack_manifest, "CSV manifest");
+  folder_opt->excludes(manifest_opt);
+  pack_cmd->add_option("--max-side", max_side, "Re-encode images whose longer side is above this")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -78,6 +158,19 @@ int main(int argc, char** argv) {
   try {
     if (run_cmd->parsed()) return run(config_path, overrides);
     if (check_cmd->parsed()) return check(config_path, overrides);
+    if (gen_cmd->parsed()) {
+      if (std::sscanf(size.c_str(), "%dx%d", &synthetic.width, &synthetic.height) != 2 ||
+          synthetic.width < 1 || synthetic.height < 1) {
+        throw flowtrain::Error("--size must be WIDTHxHEIGHT, e.g. 640x360, got '" + size + "'");
+      }
+      return gen_images(synthetic);
+    }
+    if (pack_cmd->parsed()) {
+      if (pack_folder.empty() == pack_manifest.empty()) {
+        throw flowtrain::Error("pack needs --folder DIR or --manifest CSV");
+      }
+      return pack(pack_out, pack_folder, pack_manifest, max_side);
+    }
     std::cout << (markdown ? flowtrain::stages_markdown() : flowtrain::stages_text());
     return 0;
   } catch (const std::exception& e) {

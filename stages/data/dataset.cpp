@@ -81,7 +81,9 @@ ImageFolder scan_image_folder(const std::string& root, const std::vector<std::st
     const std::vector<std::string> files =
         list_sorted(class_dir, [&](const fs::directory_entry& e) {
           std::error_code ignored;
-          return e.is_regular_file(ignored) &&
+          // Anything but a folder, dangling links included: decode reports what it cannot
+          // read, so no file is skipped silently.
+          return !e.is_directory(ignored) &&
                  (wanted.empty() || wanted.count(lower(e.path().extension().string())) > 0);
         });
     for (const std::string& file : files) {

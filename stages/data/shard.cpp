@@ -16,6 +16,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "graph/error.hpp"
+#include "stages/data/jpeg_decode.hpp"
 
 namespace flowtrain::data {
 
@@ -299,41 +300,35 @@ PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
   ShardWriter writer(out_path);
   std::vector<std::uint8_t> bytes;
   std::vector<std::uint8_t> reencoded;
-  // EXIF orientation is ignored as jpeg_decode ignores it: a resized record must not come out
-  // rotated relative to one kept as it was. Without resizing a 1/8-scale decode is check enough.
-  const int flags = cv::IMREAD_IGNORE_ORIENTATION |
-                    (max_side > 0 ? cv::IMREAD_COLOR : cv::IMREAD_REDUCED_COLOR_8);
+  Image image;
+  // Checked with the same strict decoder training uses, so a file that jpeg_decode would drop
+  // is skipped here (and reported), never packed. Without resizing a 1/8-scale decode suffices.
+  DecodeOptions check;
+  check.min_side = max_side > 0 ? 0 : 1;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const DatasetEntry& e = entries[i];
     std::string reason;
     std::span<const std::uint8_t> record;
     if (read_file(e.path, bytes, reason)) {
-      try {
-        const cv::Mat raw(1, static_cast<int>(bytes.size()), CV_8UC1, bytes.data());
-        const cv::Mat image = cv::imdecode(raw, flags);
-        if (image.empty()) {
-          reason = "cannot decode (not an image OpenCV reads, or corrupt)";
-        } else if (max_side > 0 && std::max(image.cols, image.rows) > max_side) {
-          const double scale = static_cast<double>(max_side) / std::max(image.cols, image.rows);
-          const int w = image.cols >= image.rows
-                            ? max_side
-                            : std::max(1, static_cast<int>(std::lround(image.cols * scale)));
-          const int h = image.rows > image.cols
-                            ? max_side
-                            : std::max(1, static_cast<int>(std::lround(image.rows * scale)));
-          cv::Mat small;
-          cv::resize(image, small, cv::Size(w, h), 0, 0, cv::INTER_AREA);
-          if (cv::imencode(".jpg", small, reencoded, {cv::IMWRITE_JPEG_QUALITY, 90})) {
-            record = reencoded;
-            ++result.resized;
-          } else {
-            reason = "cannot re-encode as JPEG";
-          }
+      const DecodeResult decoded = decode_image(bytes, check, image);
+      if (!decoded.ok()) {
+        reason = decoded.error;
+      } else if (max_side > 0 && std::max(image.width, image.height) > max_side) {
+        const double scale = static_cast<double>(max_side) / std::max(image.width, image.height);
+        const int w = std::max(1, static_cast<int>(std::lround(image.width * scale)));
+        const int h = std::max(1, static_cast<int>(std::lround(image.height * scale)));
+        const cv::Mat rgb(image.height, image.width, CV_8UC3, image.pixels.data());
+        cv::Mat small;
+        cv::resize(rgb, small, cv::Size(w, h), 0, 0, cv::INTER_AREA);
+        cv::cvtColor(small, small, cv::COLOR_RGB2BGR);
+        if (cv::imencode(".jpg", small, reencoded, {cv::IMWRITE_JPEG_QUALITY, 90})) {
+          record = reencoded;
+          ++result.resized;
         } else {
-          record = bytes;
+          reason = "cannot re-encode as JPEG";
         }
-      } catch (const cv::Exception& ex) {
-        reason = "cannot decode (" + ex.err + ")";
+      } else {
+        record = bytes;
       }
     }
     if (!reason.empty()) {

@@ -446,7 +446,7 @@ TEST_CASE("Data.Shard.PackThenReadReturnsSameRecords") {
   CHECK(result.resized == 0);
   REQUIRE(result.skipped.size() == 3);
   CHECK(result.skipped[0].path == (dir / "text.jpg").string());
-  CHECK(result.skipped[0].reason == "cannot decode (not an image OpenCV reads, or corrupt)");
+  CHECK(result.skipped[0].reason == "not an image (unknown format)");  // jpeg_decode's reason
   CHECK(result.skipped[1].path == (dir / "missing.jpg").string());
   CHECK(result.skipped[1].reason == "cannot open (No such file or directory)");
   CHECK(result.skipped[2].reason == "empty file");
