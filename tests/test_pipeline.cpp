@@ -54,8 +54,10 @@ TEST_CASE("Pipeline.Backpressure.BoundedInFlight" * doctest::timeout(60)) {
   const RunReport r = p.run({.threads = 2});
 
   CHECK(r.stages[2].items_in == 400);
-  // Items admitted to the map and not yet taken by the sink never exceed the sink's queue.
-  CHECK(max_map_edge.load() <= static_cast<std::int64_t>(kSinkCapacity));
+  // Items admitted to the map and not yet taken by the sink never exceed the sink's queue. The
+  // sink returns its slot as it starts an item, a moment before this test's sink body counts it,
+  // so the count seen here can be one over per sink worker (one).
+  CHECK(max_map_edge.load() <= static_cast<std::int64_t>(kSinkCapacity) + 1);
   // The source may hold one produced item while its queue is full, no more.
   CHECK(max_source_edge.load() <= static_cast<std::int64_t>(kMapCapacity) + 1);
   // The sink was the bottleneck: the queue in front of it was full most of the time.
