@@ -58,8 +58,9 @@ TEST_CASE("Pipeline.Backpressure.BoundedInFlight" * doctest::timeout(60)) {
   // sink returns its slot as it starts an item, a moment before this test's sink body counts it,
   // so the count seen here can be one over per sink worker (one).
   CHECK(max_map_edge.load() <= static_cast<std::int64_t>(kSinkCapacity) + 1);
-  // The source may hold one produced item while its queue is full, no more.
-  CHECK(max_source_edge.load() <= static_cast<std::int64_t>(kMapCapacity) + 1);
+  // The source may hold one produced item while its queue is full; the map's two workers may
+  // each have taken a slot back a moment before the test's map body counts the item.
+  CHECK(max_source_edge.load() <= static_cast<std::int64_t>(kMapCapacity) + 1 + 2);
   // The sink was the bottleneck: the queue in front of it was full most of the time.
   CHECK(r.stages[2].queue_max <= static_cast<double>(kSinkCapacity));
   CHECK(r.stages[2].queue_mean > 1.0);
