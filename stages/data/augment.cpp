@@ -7,6 +7,7 @@
 #include <random>
 
 #include "graph/error.hpp"
+#include "stages/data/opencv_threads.hpp"
 
 namespace flowtrain::data {
 
@@ -117,14 +118,11 @@ void apply_augment(const Image& in, const AugmentParams& p, int size, Image& out
     dst.convertTo(dst, -1, p.contrast * p.brightness, (1 - p.contrast) * grey);
   }
   if (p.saturation != 1) {
-    const float s = p.saturation;
-    for (std::size_t i = 0; i < out.pixels.size(); i += 3) {
-      std::uint8_t* px = &out.pixels[i];
-      const float grey = 0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2];
-      for (int c = 0; c < 3; ++c) {
-        px[c] = cv::saturate_cast<std::uint8_t>(s * px[c] + (1 - s) * grey);
-      }
-    }
+    // Blend with the grey image: out = s * rgb + (1 - s) * grey, with OpenCV's SIMD kernels.
+    thread_local cv::Mat grey, grey_rgb;
+    cv::cvtColor(dst, grey, cv::COLOR_RGB2GRAY);
+    cv::cvtColor(grey, grey_rgb, cv::COLOR_GRAY2RGB);
+    cv::addWeighted(dst, p.saturation, grey_rgb, 1.0 - p.saturation, 0, dst);
   }
 }
 
@@ -145,7 +143,9 @@ AugmentPolicy::Options options_from(const Params& params) {
 }  // namespace
 
 AugmentStage::AugmentStage(const Params& params)
-    : policy_(options_from(params)), size_(static_cast<int>(params.get_int("size"))) {}
+    : policy_(options_from(params)), size_(static_cast<int>(params.get_int("size"))) {
+  keep_opencv_on_caller_thread();
+}
 
 StageDoc AugmentStage::describe() {
   return {

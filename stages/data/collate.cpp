@@ -3,8 +3,10 @@
 #include <ATen/ops/empty.h>
 
 #include <chrono>
+#include <opencv2/core.hpp>
 
 #include "graph/error.hpp"
+#include "stages/data/opencv_threads.hpp"
 
 #if FLOWTRAIN_WITH_CUDA
 #include <ATen/Context.h>
@@ -79,6 +81,7 @@ CollateStage::CollateStage(const Params& params)
       drop_last_(params.get_bool("drop_last")),
       wait_timeout_s_(params.get_float("wait_timeout_s")),
       device_(params.get_string("device")) {
+  keep_opencv_on_caller_thread();
   const auto mean = params.get<std::vector<double>>("mean");
   const auto std = params.get<std::vector<double>>("std");
   if (mean.size() != 3 || std.size() != 3) {
@@ -147,15 +150,17 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
     paths_.clear();
   }
 
-  // (pixel / 255 - mean) / std, HWC -> CHW, straight into row `filled_` of the batch.
-  const std::int64_t plane = height_ * width_;
-  float* dst = buffers_->images.data_ptr<float>() + filled_ * 3 * plane;
-  const std::uint8_t* src = img.pixels.data();
+  // (pixel / 255 - mean) / std, HWC -> CHW, straight into row `filled_` of the batch: split
+  // into channel planes, then one scaled conversion per plane into the tensor's memory.
+  const cv::Mat rgb(static_cast<int>(height_), static_cast<int>(width_), CV_8UC3,
+                    const_cast<std::uint8_t*>(img.pixels.data()));
+  thread_local cv::Mat planes[3];  // scratch, reused
+  cv::split(rgb, planes);
+  float* dst = buffers_->images.data_ptr<float>() + filled_ * 3 * height_ * width_;
   for (int c = 0; c < 3; ++c) {
-    float* out_plane = dst + c * plane;
-    const float s = scale_[c], b = bias_[c];
-    for (std::int64_t p = 0; p < plane; ++p)
-      out_plane[p] = static_cast<float>(src[3 * p + c]) * s + b;
+    cv::Mat plane(static_cast<int>(height_), static_cast<int>(width_), CV_32F,
+                  dst + c * height_ * width_);
+    planes[c].convertTo(plane, CV_32F, scale_[c], bias_[c]);
   }
   buffers_->labels.data_ptr<std::int64_t>()[filled_] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
+#include "stages/data/opencv_threads.hpp"
 
 namespace flowtrain::data {
 namespace {
@@ -436,6 +437,7 @@ JpegDecodeStage::JpegDecodeStage(const Params& params)
                params.get_int("max_pixels"), params.get_bool("other_formats")},
       fail_on_bad_(parse_policy(params.get_string("on_bad_sample"))),
       max_bad_fraction_(params.get_float("max_bad_fraction")) {
+  keep_opencv_on_caller_thread();  // other formats decode through OpenCV
   if (!(max_bad_fraction_ >= 0 && max_bad_fraction_ <= 1)) {
     throw Error("max_bad_fraction must be between 0 and 1, not " +
                 std::to_string(max_bad_fraction_));
