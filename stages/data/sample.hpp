@@ -1,10 +1,36 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <string>
 #include <vector>
 
 namespace flowtrain::data {
+
+/// An allocator that leaves new elements uninitialised: pixel buffers are always written in
+/// full by whoever sizes them, so zero-filling them first would be a wasted pass over memory.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    std::allocator_traits<std::allocator<T>>::construct(static_cast<std::allocator<T>&>(*this), p,
+                                                        std::forward<Args>(args)...);
+  }
+};
+
+using PixelBuffer = std::vector<std::uint8_t, DefaultInitAllocator<std::uint8_t>>;
 
 /// An 8-bit image in memory, interleaved (HWC) RGB once decoded. Plain memory, so the stages
 /// that only carry it need neither OpenCV nor LibTorch; image stages wrap it in a cv::Mat
@@ -13,7 +39,7 @@ struct Image {
   int width = 0;
   int height = 0;
   int channels = 0;
-  std::vector<std::uint8_t> pixels;  // height * width * channels bytes
+  PixelBuffer pixels;  // height * width * channels bytes
 
   bool empty() const { return pixels.empty(); }
 };

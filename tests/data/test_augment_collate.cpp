@@ -21,7 +21,7 @@ namespace {
 // A deterministic RGB image whose content depends on (index, x, y).
 Image make_image(std::uint64_t index, int width, int height) {
   Image img{width, height, 3,
-            std::vector<std::uint8_t>(static_cast<std::size_t>(width) * height * 3)};
+            PixelBuffer(static_cast<std::size_t>(width) * height * 3)};
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
       std::uint8_t* px = &img.pixels[(static_cast<std::size_t>(y) * width + x) * 3];

@@ -513,7 +513,7 @@ TEST_CASE("Data.Decode.ConcurrentDecodeMatchesSerial" * doctest::timeout(60)) {
       for (std::size_t i = begin; i < inputs.size(); i += step) {
         Image image;
         const DecodeResult r = decode(inputs[i], image, {.min_side = (i % 2) ? 36 : 0});
-        out[i] = {r.error, image.pixels};
+        out[i] = {r.error, Bytes(image.pixels.begin(), image.pixels.end())};
       }
     }
   };
