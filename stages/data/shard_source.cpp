@@ -23,7 +23,7 @@ ShardSource::ShardSource(const Params& params, const SourceOptions& options)
 
 StageDoc ShardSource::describe() {
   return {
-      "Maps a packed shard (.ftpk, made by pack_dataset) and emits its records with their "
+      "Maps a packed shard (.ftpk, made by `flowtrain pack`) and emits its records with their "
       "encoded bytes, per epoch in this rank's shuffled order.",
       source_param_specs(path_param("shard", "packed shard file"))};
 }
