@@ -1,0 +1,58 @@
+#pragma once
+
+#include <torch/types.h>
+
+namespace flowtrain::train {
+
+/// How the distillation loss weighs its parts.
+struct KdLossOptions {
+  double alpha = 1.0;        // weight of the cross-entropy on labels; 1 - alpha for distillation
+  double temperature = 1.0;  // softens both distributions in the distillation term
+  double regression_weight = 0;
+};
+
+/// The total loss and its parts, each a scalar tensor. `kd` is undefined without teacher logits
+/// and `regression` without a regression prediction; the parts are unweighted.
+struct KdLoss {
+  torch::Tensor total;
+  torch::Tensor ce;
+  torch::Tensor kd;
+  torch::Tensor regression;
+};
+
+/// Knowledge-distillation loss (Hinton et al. 2015):
+///
+///   total = alpha * CE(student, labels)
+///         + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(student / T))
+///         + regression_weight * MSE(student_regression, regression_targets)
+///
+/// CE is the mean over the batch, KL the sum over classes averaged over the batch ("batchmean"),
+/// both from log_softmax; MSE the mean over all elements. The teacher is a constant (detached).
+/// With alpha = 1 the teacher may be undefined (plain supervised training, see supervised_loss);
+/// given anyway, its KL is computed and reported but not added. The regression pair may be
+/// undefined when regression_weight is 0. Shapes: logits [B, C] floating, labels [B] int64,
+/// regression and targets [B, K] alike. Throws flowtrain::Error on bad options or shapes.
+///
+///   KdLoss loss = kd_loss(student_out.logits, teacher_out.logits, batch.labels,
+///                         {.alpha = 0.5, .temperature = 2.0, .regression_weight = 0.1},
+///                         student_out.regression, batch.targets);
+///   loss.total.backward();
+KdLoss kd_loss(const torch::Tensor& student_logits,
+               const torch::Tensor& teacher_logits,
+               const torch::Tensor& labels,
+               const KdLossOptions& options,
+               const torch::Tensor& student_regression = {},
+               const torch::Tensor& regression_targets = {});
+
+/// Supervised loss without a teacher: kd_loss with alpha = 1 and no teacher logits, i.e.
+/// CE(logits, labels) + regression_weight * MSE(regression, regression_targets).
+///
+///   KdLoss loss = supervised_loss(out.logits, batch.labels);
+///   loss.total.backward();
+KdLoss supervised_loss(const torch::Tensor& logits,
+                       const torch::Tensor& labels,
+                       double regression_weight = 0,
+                       const torch::Tensor& regression = {},
+                       const torch::Tensor& regression_targets = {});
+
+}  // namespace flowtrain::train

@@ -1,0 +1,217 @@
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "graph/error.hpp"
+#include "stages/train/vit.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::train;
+
+namespace {
+
+// The parameter count of a class-token ViT, from its shape alone.
+std::int64_t expected_parameters(const ViTConfig& c) {
+  const std::int64_t d = c.dim;
+  const std::int64_t hidden = c.mlp_hidden();
+  const std::int64_t patch_embed = std::int64_t{c.channels} * c.patch_size * c.patch_size * d + d;
+  const std::int64_t tokens = d + (1 + c.patches()) * d;  // class token + position embedding
+  const std::int64_t block = 2 * (2 * d)                  // two LayerNorms
+                             + (d * 3 * d + 3 * d)        // qkv
+                             + (d * d + d)                // attention projection
+                             + (d * hidden + hidden) + (hidden * d + d);  // MLP
+  const std::int64_t heads =
+      (d * c.classes + c.classes) + (d * c.regression_outputs + c.regression_outputs);
+  return patch_embed + tokens + c.depth * block + 2 * d + heads;
+}
+
+ViTConfig small_config(int regression_outputs) {
+  return ViTConfig{.image_size = 32,
+                   .patch_size = 8,
+                   .dim = 32,
+                   .depth = 2,
+                   .heads = 4,
+                   .classes = 5,
+                   .regression_outputs = regression_outputs};
+}
+
+std::map<std::string, torch::Tensor> parameters_of(ViT& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : model->named_parameters()) out[item.key()] = item.value();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Train.ViT.PresetParameterCounts") {
+  // timm's vit_tiny/small/base_patch16_224 at 1000 classes.
+  const std::pair<std::string, std::int64_t> presets[] = {
+      {"vit_ti", 5'717'416}, {"vit_s", 22'050'664}, {"vit_b", 86'567'656}};
+  for (const auto& [name, count] : presets) {
+    CAPTURE(name);
+    const ViT model(vit_config(name, 224, 1000));
+    CHECK(parameter_count(*model) == count);
+    CHECK(expected_parameters(model->config()) == count);
+  }
+  // The CPU presets have no published counts; check them against the closed form.
+  for (const std::string name : {"vit_cpu_teacher", "vit_cpu_student"}) {
+    CAPTURE(name);
+    ViTConfig config = vit_config(name, 224, 101);
+    config.regression_outputs = 1;
+    const ViT model(config);
+    CHECK(parameter_count(*model) == expected_parameters(config));
+    MESSAGE(name << " at 224 px, 101 classes + 1 regression output: " << parameter_count(*model)
+                 << " parameters");
+  }
+}
+
+TEST_CASE("Train.ViT.ForwardShapes") {
+  at::set_num_threads(1);
+  torch::manual_seed(0);
+  const torch::Tensor images = torch::randn({3, 3, 32, 32});
+
+  SUBCASE("with a regression head") {
+    ViT model(small_config(2));
+    const ViTOutput out = model(images);
+    CHECK(out.logits.sizes() == torch::IntArrayRef({3, 5}));
+    REQUIRE(out.regression.defined());
+    CHECK(out.regression.sizes() == torch::IntArrayRef({3, 2}));
+    // Every parameter takes part in the loss.
+    (out.logits.sum() + out.regression.sum()).backward();
+    for (const auto& item : model->named_parameters()) {
+      CAPTURE(item.key());
+      REQUIRE(item.value().grad().defined());
+      CHECK(item.value().grad().abs().sum().item<double>() > 0);
+    }
+  }
+  SUBCASE("without a regression head") {
+    ViT model(small_config(0));
+    model->eval();
+    const ViTOutput out = model(images);
+    CHECK(out.logits.sizes() == torch::IntArrayRef({3, 5}));
+    CHECK_FALSE(out.regression.defined());
+    // A sample's logits do not depend on the rest of the batch.
+    const ViTOutput single = model(images.slice(0, 1, 2));
+    CHECK(torch::allclose(single.logits, out.logits.slice(0, 1, 2), 1e-5, 1e-6));
+  }
+  SUBCASE("a wrong image size is an Error") {
+    ViT model(small_config(0));
+    CHECK_THROWS_WITH_AS(model(torch::zeros({2, 3, 64, 64})),
+                         "ViT: expected images [B, 3, 32, 32], got [2, 3, 64, 64]", Error);
+  }
+}
+
+TEST_CASE("Train.ViT.DeterministicInit") {
+  const ViTConfig config = vit_config("vit_cpu_student", 64, 10);
+  torch::manual_seed(42);
+  ViT first(config);
+  torch::manual_seed(42);
+  ViT second(config);
+  torch::manual_seed(43);
+  ViT other(config);
+
+  const auto a = parameters_of(first);
+  const auto b = parameters_of(second);
+  const auto c = parameters_of(other);
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, tensor] : a) {
+    CAPTURE(name);
+    CHECK(torch::equal(tensor, b.at(name)));  // bitwise
+  }
+  CHECK_FALSE(torch::equal(a.at("blocks.0.attn.qkv.weight"), c.at("blocks.0.attn.qkv.weight")));
+}
+
+TEST_CASE("Train.ViT.InitLikeTimm") {
+  torch::manual_seed(1);
+  ViTConfig config = vit_config("vit_cpu_student", 224, 10);
+  config.regression_outputs = 1;
+  ViT model(config);
+  const auto p = parameters_of(model);
+  // timm's names, so a timm state dict maps one to one.
+  for (const char* name :
+       {"cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.3.norm1.weight",
+        "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.bias", "blocks.0.mlp.fc1.weight",
+        "blocks.0.mlp.fc2.bias", "norm.bias", "head.weight", "regression_head.weight"}) {
+    const std::string key = name;
+    CAPTURE(key);
+    CHECK(p.count(name) == 1);
+  }
+  for (const auto& [name, tensor] : p) {
+    CAPTURE(name);
+    const bool layer_norm = name.find("norm") != std::string::npos;
+    const bool bias = name.ends_with(".bias");
+    if (name.starts_with("patch_embed")) continue;  // LibTorch's default Conv2d init, as timm
+    if (layer_norm) {
+      CHECK(torch::all(tensor == (bias ? 0.0 : 1.0)).item<bool>());
+    } else if (bias) {
+      CHECK(torch::all(tensor == 0).item<bool>());
+    } else {
+      // Truncated normal, std 0.02, cut at two standard deviations.
+      CHECK(tensor.abs().max().item<double>() <= 0.04 + 1e-7);
+      if (tensor.numel() >= 10'000) {
+        // The std of N(0, 0.02) truncated at +-2 sigma is 0.02 * 0.8796.
+        CHECK(tensor.std().item<double>() == doctest::Approx(0.02 * 0.8796).epsilon(0.03));
+        CHECK(std::abs(tensor.mean().item<double>()) < 5e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("Train.ViT.BadConfigErrors") {
+  const ViTConfig good = small_config(1);
+  CHECK_NOTHROW(good.validate());
+  const auto fails = [](ViTConfig config, const std::string& message) {
+    CAPTURE(message);
+    CHECK_THROWS_WITH_AS(config.validate(), message.c_str(), Error);
+    CHECK_THROWS_WITH_AS(ViT{config}, message.c_str(), Error);
+  };
+  ViTConfig c = good;
+  c.image_size = 0;
+  fails(c, "ViTConfig: image_size must be > 0 (got 0)");
+  c = good;
+  c.patch_size = -8;
+  fails(c, "ViTConfig: patch_size must be > 0 (got -8)");
+  c = good;
+  c.channels = 0;
+  fails(c, "ViTConfig: channels must be > 0 (got 0)");
+  c = good;
+  c.dim = 0;
+  fails(c, "ViTConfig: dim must be > 0 (got 0)");
+  c = good;
+  c.depth = 0;
+  fails(c, "ViTConfig: depth must be > 0 (got 0)");
+  c = good;
+  c.heads = 0;
+  fails(c, "ViTConfig: heads must be > 0 (got 0)");
+  c = good;
+  c.classes = 0;
+  fails(c, "ViTConfig: classes must be > 0 (got 0)");
+  c = good;
+  c.regression_outputs = -1;
+  fails(c, "ViTConfig: regression_outputs must be >= 0 (got -1)");
+  c = good;
+  c.mlp_ratio = 0;
+  fails(c, "ViTConfig: mlp_ratio must be > 0 (got 0.000000)");
+  c = good;
+  c.dropout = 1;
+  fails(c, "ViTConfig: dropout must be in [0, 1) (got 1.000000)");
+  c = good;
+  c.image_size = 36;
+  fails(c, "ViTConfig: image_size 36 is not divisible by patch_size 8");
+  c = good;
+  c.heads = 3;
+  fails(c, "ViTConfig: dim 32 is not divisible by heads 3");
+  // A field left out of a designated initializer is 0, and named.
+  fails(ViTConfig{.image_size = 32, .dim = 32, .depth = 2, .heads = 4, .classes = 5},
+        "ViTConfig: patch_size must be > 0 (got 0)");
+
+  CHECK_THROWS_WITH_AS(vit_config("vit_l", 224, 1000),
+                       "unknown ViT preset 'vit_l' (known: vit_ti, vit_s, vit_b, vit_cpu_teacher, "
+                       "vit_cpu_student)",
+                       Error);
+  CHECK_THROWS_WITH_AS(ViT(vit_config("vit_ti", 225, 1000)),
+                       "ViTConfig: image_size 225 is not divisible by patch_size 16", Error);
+}
