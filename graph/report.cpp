@@ -33,13 +33,13 @@ std::string RunReport::verdict() const {
   const std::optional<std::size_t> b = bottleneck();
   if (!b) return "no stage did any work";
   const StageReport& s = stages[*b];
-  std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
-                     " of its " + workers_text(s);
   if (s.busy_fraction < kSaturated) {
     return "no stage is saturated; the busiest is '" + s.name + "' at " + percent(s.busy_fraction) +
            " of its " + workers_text(s) +
            " (the run is short, or bound by something outside the stages)";
   }
+  std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
+                     " of its " + workers_text(s);
   // Name the costliest stage downstream, which waits on it, to show what the bottleneck costs.
   const StageReport* waiter = nullptr;
   for (std::size_t i = *b + 1; i < stages.size(); ++i) {

@@ -23,11 +23,11 @@ struct ViewKey {
 /// A collated batch. `images` lives in a buffer leased from the collate stage's bounded pool;
 /// the lease returns it when the last copy of the batch is destroyed.
 struct Batch {
-  std::uint64_t number = 0;   // batch number in the run, in order
-  at::Tensor images;          // [N, C, H, W] float32, normalized
-  at::Tensor labels;          // [N] int64
-  at::Tensor targets;         // [N, T] float32 (T = 0 without numeric targets)
-  std::vector<ViewKey> views; // one per row
+  std::uint64_t number = 0;    // batch number in the run, in order
+  at::Tensor images;           // [N, C, H, W] float32, normalized
+  at::Tensor labels;           // [N] int64
+  at::Tensor targets;          // [N, T] float32 (T = 0 without numeric targets)
+  std::vector<ViewKey> views;  // one per row
   std::vector<std::string> paths;
   std::shared_ptr<void> lease;
 

@@ -146,8 +146,9 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
   }
   if (!buffers_) {
     buffers_ = pool_->acquire(batch_size_, 3, height_, width_, targets_, wait_timeout_s_);
-    views_.clear();
-    paths_.clear();
+    // The last batch took the vectors; size the new ones once rather than grow them per sample.
+    views_.reserve(static_cast<std::size_t>(batch_size_));
+    paths_.reserve(static_cast<std::size_t>(batch_size_));
   }
 
   // (pixel / 255 - mean) / std, HWC -> CHW, straight into row `filled_` of the batch: split

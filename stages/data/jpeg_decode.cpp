@@ -372,23 +372,27 @@ DecodeResult decode_any(std::span<const std::uint8_t> bytes,
 
 // ---- files --------------------------------------------------------------------------------------
 
-std::string cannot_read(int error) {
-  return "cannot read file: " + std::error_code(error, std::generic_category()).message();
+bool parse_policy(const std::string& policy) {
+  if (policy == "skip") return false;
+  if (policy == "fail") return true;
+  throw Error("on_bad_sample must be 'skip' or 'fail', not '" + policy + "'");
 }
 
-/// Reads the file at `path` into `buffer`; `bytes` views what was read. Returns why not, or "".
-std::string read_file(const std::string& path,
-                      std::vector<std::uint8_t>& buffer,
-                      std::span<const std::uint8_t>& bytes) {
+}  // namespace
+
+std::error_code read_file(const std::string& path,
+                          std::vector<std::uint8_t>& buffer,
+                          std::span<const std::uint8_t>& bytes) {
+  const auto last_error = [] { return std::error_code(errno, std::generic_category()); };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return cannot_read(errno);
+  if (fd < 0) return last_error();
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat status {};
-  if (::fstat(fd, &status) != 0) return cannot_read(errno);
-  if (S_ISDIR(status.st_mode)) return cannot_read(EISDIR);
+  if (::fstat(fd, &status) != 0) return last_error();
+  if (S_ISDIR(status.st_mode)) return std::make_error_code(std::errc::is_a_directory);
   // st_size is only a hint (files in /proc report 0, a file may grow meanwhile); the extra byte
   // lets the read that reports the end fit without growing the buffer.
   ensure_size(buffer, static_cast<std::size_t>(std::max<off_t>(status.st_size, 0)) + 1);
@@ -397,21 +401,13 @@ std::string read_file(const std::string& path,
     if (size == buffer.size()) buffer.resize(buffer.size() * 2);
     const ssize_t n = ::read(fd, buffer.data() + size, buffer.size() - size);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return cannot_read(errno);
+    if (n < 0) return last_error();
     if (n == 0) break;
     size += static_cast<std::size_t>(n);
   }
   bytes = std::span<const std::uint8_t>(buffer.data(), size);
   return {};
 }
-
-bool parse_policy(const std::string& policy) {
-  if (policy == "skip") return false;
-  if (policy == "fail") return true;
-  throw Error("on_bad_sample must be 'skip' or 'fail', not '" + policy + "'");
-}
-
-}  // namespace
 
 int dct_scale_denom(int width, int height, int min_side) {
   if (min_side <= 0) return 1;
@@ -476,7 +472,9 @@ std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx
     if (sample.path.empty()) {
       error = "no encoded bytes and no path to read";
     } else {
-      error = read_file(sample.path, scratch.file, bytes);
+      if (const std::error_code e = read_file(sample.path, scratch.file, bytes)) {
+        error = "cannot read file: " + e.message();
+      }
     }
   }
   if (error.empty()) error = decode_image(bytes, options_, sample.image).error;

@@ -6,6 +6,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "graph/registry.hpp"
 #include "stages/data/sample.hpp"
@@ -24,6 +26,13 @@ struct DecodeOptions {
   /// Decode PNG, BMP, TIFF, WebP... through OpenCV; when false, only JPEG is accepted.
   bool other_formats = true;
 };
+
+/// Reads the whole file at `path` into `buffer`, which only grows, so a reused buffer is not
+/// reallocated; `bytes` views what was read. Returns why it could not, or no error. The one file
+/// reader of the data path (jpeg_decode, pack).
+std::error_code read_file(const std::string& path,
+                          std::vector<std::uint8_t>& buffer,
+                          std::span<const std::uint8_t>& bytes);
 
 /// What `decode_image` did.
 struct DecodeResult {

@@ -3,9 +3,9 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <string>
 #include <type_traits>
 #include <utility>
-#include <string>
 #include <vector>
 
 namespace flowtrain::data {
@@ -64,12 +64,12 @@ struct AugmentParams {
 struct Sample {
   std::uint64_t index = 0;  // position in the whole dataset: stable across epochs and ranks
   std::uint32_t epoch = 0;
-  std::string path;         // the file, or "shard.ftpk#17" for a packed record; for messages
-  std::int64_t label = -1;  // class id
-  std::vector<float> targets;          // numeric targets (e.g. energy in kcal), may be empty
-  std::vector<std::uint8_t> encoded;   // the file's bytes; empty means decode reads `path`
-  Image image;                         // decoded pixels, then the augmented view
-  AugmentParams augment;               // what augment did (identity until then)
+  std::string path;            // the file, or "shard.ftpk#17" for a packed record; for messages
+  std::int64_t label = -1;     // class id
+  std::vector<float> targets;  // numeric targets (e.g. energy in kcal), may be empty
+  std::vector<std::uint8_t> encoded;  // the file's bytes; empty means decode reads `path`
+  Image image;                        // decoded pixels, then the augmented view
+  AugmentParams augment;              // what augment did (identity until then)
 };
 
 }  // namespace flowtrain::data

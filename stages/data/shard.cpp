@@ -246,43 +246,6 @@ ShardReader::Record ShardReader::record(std::size_t i) const {
 
 // -------------------------------------------------------------------------------- pack_dataset
 
-namespace {
-
-// Reads a whole file; on failure returns false with the reason.
-bool read_file(const std::string& path, std::vector<std::uint8_t>& out, std::string& reason) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    reason = "cannot open (" + errno_text() + ")";
-    return false;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    reason = "not a regular file";
-    return false;
-  }
-  out.resize(static_cast<std::size_t>(st.st_size));
-  std::size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      reason = n < 0 ? "read failed (" + errno_text() + ")" : "file shrank while reading";
-      ::close(fd);
-      return false;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  if (out.empty()) {
-    reason = "empty file";
-    return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
                         const std::string& out_path,
                         int max_side,
@@ -298,7 +261,7 @@ PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
 
   PackResult result;
   ShardWriter writer(out_path);
-  std::vector<std::uint8_t> bytes;
+  std::vector<std::uint8_t> file;
   std::vector<std::uint8_t> reencoded;
   Image image;
   // Checked with the same strict decoder training uses, so a file that jpeg_decode would drop
@@ -308,8 +271,11 @@ PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const DatasetEntry& e = entries[i];
     std::string reason;
+    std::span<const std::uint8_t> bytes;
     std::span<const std::uint8_t> record;
-    if (read_file(e.path, bytes, reason)) {
+    if (const std::error_code error = read_file(e.path, file, bytes)) {
+      reason = "cannot open (" + error.message() + ")";
+    } else {
       const DecodeResult decoded = decode_image(bytes, check, image);
       if (!decoded.ok()) {
         reason = decoded.error;
