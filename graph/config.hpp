@@ -30,6 +30,7 @@ struct StageConfig {
 ///     - {type: discard}
 struct PipelineConfig {
   std::string origin;  // file path, or a label for configs given as text
+  std::string name;    // the phase's name in a multi-phase config; empty otherwise
   RunOptions run;
   std::vector<StageConfig> stages;
 };

@@ -26,6 +26,9 @@ struct StageOptions {
 /// How a pipeline runs.
 struct RunOptions {
   std::size_t threads = 0;        // TBB threads for the graph (0: one per hardware thread)
+  /// Cores the run may use (0: one per hardware thread). The busiest moment the graph can reach
+  /// (`threads` invocations at once, each using its stage's threads_per_invocation()) must fit.
+  std::size_t cores = 0;
   double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
   std::string trace_path;         // write a Chrome trace-event JSON here when not empty
   /// Called every `progress_interval_s` from a background thread while the run lasts.
