@@ -13,7 +13,8 @@ namespace flowtrain {
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"threads", "metrics", "stages"};
+const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "stages", "phases"};
+const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "stages"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace"};
 const std::vector<std::string> kStageKeys = {"type",        "name",           "params",
                                              "concurrency", "queue_capacity", "ordered"};
@@ -105,6 +106,11 @@ void check_keys(const YAML::Node& map,
 
 std::string stage_label(const std::string& name, const std::string& type) {
   return "stage '" + name + "' (" + type + "): ";
+}
+
+// "phase 'distill': " for a phase of a multi-phase config, "" for a single pipeline.
+std::string phase_label(const std::string& name) {
+  return name.empty() ? "" : "phase '" + name + "': ";
 }
 
 template <class T>
@@ -214,20 +220,26 @@ ParamValue parse_param(const ParamSpec& spec,
   throw Error(where + "has an unknown type");
 }
 
-// Finds the stage entry an override's `stages.<name>` names (by name, else by type).
-YAML::Node find_stage(YAML::Node stages, const std::string& name, const std::string& text) {
-  std::string known;
-  if (stages.IsSequence()) {
-    for (YAML::Node entry : stages) {
-      if (!entry.IsMap()) continue;
-      const std::string entry_name = entry["name"]   ? entry["name"].as<std::string>()
-                                     : entry["type"] ? entry["type"].as<std::string>()
-                                                     : "";
-      if (entry_name == name) return entry;
-      known += (known.empty() ? "" : ", ") + entry_name;
-    }
+// Finds the entry of a list of named maps (`stages`, `phases`) that an override's
+// `<list>.<name>` picks: by its 'name', else (stages) by its 'type'.
+YAML::Node find_named(YAML::Node list,
+                      const std::string& list_key,
+                      const std::string& name,
+                      const std::string& text) {
+  if (!list.IsSequence()) {
+    throw Error("override '" + text + "': the config has no '" + list_key + "' list here");
   }
-  throw Error("override '" + text + "': no stage named '" + name + "' (stages: " + known + ")");
+  std::string known;
+  for (YAML::Node entry : list) {
+    if (!entry.IsMap()) continue;
+    const YAML::Node key = entry["name"] ? entry["name"] : entry["type"];
+    const std::string entry_name = key && key.IsScalar() ? key.Scalar() : "";
+    if (entry_name == name) return entry;
+    known += (known.empty() ? "" : ", ") + entry_name;
+  }
+  const std::string kind = list_key.substr(0, list_key.size() - 1);  // "stages" -> "stage"
+  throw Error("override '" + text + "': no " + kind + " named '" + name + "' (" + list_key + ": " +
+              known + ")");
 }
 
 void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
@@ -253,8 +265,8 @@ void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
   // yaml-cpp's Node::operator= assigns content; reset() rebinds the handle.
   YAML::Node node = root;
   for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
-    if (keys[i] == "stages" && i + 2 < keys.size()) {
-      node.reset(find_stage(node["stages"], keys[i + 1], text));
+    if ((keys[i] == "stages" || keys[i] == "phases") && i + 2 < keys.size()) {
+      node.reset(find_named(node[keys[i]], keys[i], keys[i + 1], text));
       ++i;
       continue;
     }
@@ -272,37 +284,48 @@ void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
   loc.add_override(node[keys.back()], text);
 }
 
-PipelineConfig validate(const YAML::Node& root,
-                        const std::string& origin,
-                        const std::filesystem::path& base_dir,
-                        const Locator& loc,
-                        const Registry& registry) {
-  if (!root.IsMap()) loc.fail(root, "a pipeline config must be a map with a 'stages' list");
-  check_keys(root, kTopKeys, "", loc);
-
-  PipelineConfig config;
-  config.origin = origin;
-  if (const YAML::Node threads = root["threads"]) {
-    config.run.threads = static_cast<std::size_t>(positive_int(threads, "threads", loc));
+// Sets `run` from a map's `threads`, `cores` and `metrics` keys; keys it lacks keep their value.
+void read_run_options(const YAML::Node& map,
+                      const std::string& ctx,
+                      const Locator& loc,
+                      RunOptions& run) {
+  if (const YAML::Node threads = map["threads"]) {
+    run.threads = static_cast<std::size_t>(positive_int(threads, ctx + "threads", loc));
   }
-  if (const YAML::Node metrics = root["metrics"]) {
-    if (!metrics.IsMap()) loc.fail(metrics, "metrics must be a map");
-    check_keys(metrics, kMetricsKeys, "metrics: ", loc);
+  if (const YAML::Node cores = map["cores"]) {
+    run.cores = static_cast<std::size_t>(positive_int(cores, ctx + "cores", loc));
+  }
+  if (const YAML::Node metrics = map["metrics"]) {
+    if (!metrics.IsMap()) loc.fail(metrics, ctx + "metrics must be a map");
+    check_keys(metrics, kMetricsKeys, ctx + "metrics: ", loc);
     if (const YAML::Node ms = metrics["sample_ms"]) {
-      if (!scalar_as(ms, config.run.sample_interval_ms) || config.run.sample_interval_ms <= 0) {
-        loc.fail(ms, "metrics.sample_ms must be a number > 0, got " + scalar_text(ms));
+      if (!scalar_as(ms, run.sample_interval_ms) || run.sample_interval_ms <= 0) {
+        loc.fail(ms, ctx + "metrics.sample_ms must be a number > 0, got " + scalar_text(ms));
       }
     }
     if (const YAML::Node trace = metrics["trace"]) {
-      if (!trace.IsScalar()) loc.fail(trace, "metrics.trace must be a file path");
-      config.run.trace_path = trace.Scalar();
+      if (!trace.IsScalar()) loc.fail(trace, ctx + "metrics.trace must be a file path");
+      run.trace_path = trace.Scalar();
     }
   }
+}
 
-  const YAML::Node stages = root["stages"];
-  if (!stages) loc.fail(root, "missing key 'stages' (the list of stages to run)");
+// Validates one pipeline: the `stages` of `map` and the run options it sets over `defaults`.
+// `ctx` starts every message ("phase 'distill': " in a multi-phase config, else empty).
+PipelineConfig validate_pipeline(const YAML::Node& map,
+                                 const RunOptions& defaults,
+                                 const std::string& ctx,
+                                 const std::filesystem::path& base_dir,
+                                 const Locator& loc,
+                                 const Registry& registry) {
+  PipelineConfig config;
+  config.run = defaults;
+  read_run_options(map, ctx, loc, config.run);
+
+  const YAML::Node stages = map["stages"];
+  if (!stages) loc.fail(map, ctx + "missing key 'stages' (the list of stages to run)");
   if (!stages.IsSequence() || stages.size() < 2) {
-    loc.fail(stages, "'stages' must be a list of at least a source and a sink");
+    loc.fail(stages, ctx + "'stages' must be a list of at least a source and a sink");
   }
 
   std::vector<std::string> type_names;
@@ -310,85 +333,142 @@ PipelineConfig validate(const YAML::Node& root,
 
   const StageInfo* prev_info = nullptr;
   for (const YAML::Node& entry : stages) {
-    if (!entry.IsMap()) loc.fail(entry, "each stage must be a map with at least a 'type'");
+    if (!entry.IsMap()) loc.fail(entry, ctx + "each stage must be a map with at least a 'type'");
     const YAML::Node type_node = entry["type"];
-    if (!type_node || !type_node.IsScalar()) loc.fail(entry, "stage without a 'type'");
+    if (!type_node || !type_node.IsScalar()) loc.fail(entry, ctx + "stage without a 'type'");
     const std::string type = type_node.Scalar();
     const StageInfo* info = registry.find(type);
     if (!info) {
-      loc.fail(type_node, "unknown stage type '" + type + "'" + suggestion(type, type_names) +
+      loc.fail(type_node, ctx + "unknown stage type '" + type + "'" + suggestion(type, type_names) +
                               "; `flowtrain stages` lists them");
     }
     StageConfig stage;
     stage.type = type;
     stage.name = entry["name"] ? entry["name"].as<std::string>() : type;
     stage.location = loc.at(entry);
-    const std::string ctx = stage_label(stage.name, type);
-    check_keys(entry, kStageKeys, ctx, loc);
+    const std::string stage_ctx = ctx + stage_label(stage.name, type);
+    check_keys(entry, kStageKeys, stage_ctx, loc);
     for (const StageConfig& other : config.stages) {
       if (other.name == stage.name) {
-        loc.fail(entry, ctx + "a stage named '" + stage.name + "' already exists at " +
+        loc.fail(entry, stage_ctx + "a stage named '" + stage.name + "' already exists at " +
                             other.location + "; give one a different 'name'");
       }
     }
     if (const YAML::Node c = entry["concurrency"]) {
-      stage.options.concurrency = parse_concurrency(c, ctx, loc);
+      stage.options.concurrency = parse_concurrency(c, stage_ctx, loc);
     }
     if (const YAML::Node q = entry["queue_capacity"]) {
       stage.options.queue_capacity =
-          static_cast<std::size_t>(positive_int(q, ctx + "queue_capacity", loc));
+          static_cast<std::size_t>(positive_int(q, stage_ctx + "queue_capacity", loc));
     }
     if (const YAML::Node o = entry["ordered"]) {
       if (!scalar_as(o, stage.options.ordered)) {
-        loc.fail(o, ctx + "ordered must be true or false, got " + scalar_text(o));
+        loc.fail(o, stage_ctx + "ordered must be true or false, got " + scalar_text(o));
       }
     }
 
     stage.params = Params::defaults(info->doc.params);
     if (const YAML::Node params = entry["params"]) {
-      if (!params.IsMap()) loc.fail(params, ctx + "params must be a map of name: value");
+      if (!params.IsMap()) loc.fail(params, stage_ctx + "params must be a map of name: value");
       std::vector<std::string> declared;
       for (const ParamSpec& spec : info->doc.params) declared.push_back(spec.name);
       for (auto it = params.begin(); it != params.end(); ++it) {
         const std::string key = it->first.as<std::string>();
         const ParamSpec* spec = info->find_param(key);
         if (!spec) {
-          loc.fail_key(it, ctx + "unknown param '" + key + "'" + suggestion(key, declared));
+          loc.fail_key(it, stage_ctx + "unknown param '" + key + "'" + suggestion(key, declared));
         }
-        stage.params.set(key, parse_param(*spec, it->second, ctx, base_dir, loc));
+        stage.params.set(key, parse_param(*spec, it->second, stage_ctx, base_dir, loc));
       }
     }
 
     if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
-      loc.fail(entry, ctx + problem);
+      loc.fail(entry, stage_ctx + problem);
     }
     if (!prev_info && info->shape.kind != StageShape::Kind::kSource) {
-      loc.fail(entry,
-               ctx + "the first stage must be a source, not a " + to_string(info->shape.kind));
+      loc.fail(entry, stage_ctx + "the first stage must be a source, not a " +
+                          to_string(info->shape.kind));
     }
     if (prev_info) {
       const StageConfig& prev = config.stages.back();
       if (std::string problem = link_problem(prev.name, prev_info->shape, prev.options, stage.name,
                                              info->shape, stage.options);
           !problem.empty()) {
-        loc.fail(entry, problem);
+        loc.fail(entry, ctx + problem);
       }
     }
     config.stages.push_back(std::move(stage));
     prev_info = info;
   }
   if (prev_info->shape.kind != StageShape::Kind::kSink) {
-    loc.fail(stages, "the last stage '" + config.stages.back().name + "' must be a sink, not a " +
-                         to_string(prev_info->shape.kind));
+    loc.fail(stages, ctx + "the last stage '" + config.stages.back().name +
+                         "' must be a sink, not a " + to_string(prev_info->shape.kind));
   }
   return config;
 }
 
-PipelineConfig parse(const std::string& text,
-                     const std::string& origin,
-                     const std::filesystem::path& base_dir,
-                     const std::vector<std::string>& overrides,
-                     const Registry& registry) {
+// Validates a whole config: one pipeline (`stages`) or several run in turn (`phases`), each
+// phase inheriting the top-level run options. Every phase is checked before any runs.
+RunConfig validate(const YAML::Node& root,
+                   const std::string& origin,
+                   const std::filesystem::path& base_dir,
+                   const Locator& loc,
+                   const Registry& registry) {
+  if (!root.IsMap()) loc.fail(root, "a config must be a map with a 'stages' or a 'phases' list");
+  check_keys(root, kTopKeys, "", loc);
+  const YAML::Node stages = root["stages"];
+  const YAML::Node phases = root["phases"];
+  if (stages && phases) {
+    auto key = root.begin();  // name the line of the 'phases' key
+    while (key->first.Scalar() != "phases") ++key;
+    loc.fail_key(key,
+                 "a config has 'stages' (one pipeline) or 'phases' (pipelines run in turn), "
+                 "not both");
+  }
+  if (!stages && !phases) {
+    loc.fail(root,
+             "missing key 'stages' (the list of stages to run) or 'phases' (a list of "
+             "pipelines run in turn)");
+  }
+
+  RunConfig config;
+  config.origin = origin;
+  if (stages) {
+    config.phases.push_back(validate_pipeline(root, {}, "", base_dir, loc, registry));
+  } else {
+    if (!phases.IsSequence() || phases.size() == 0) {
+      loc.fail(phases, "'phases' must be a list of maps, each with a 'name' and 'stages'");
+    }
+    RunOptions defaults;
+    read_run_options(root, "", loc, defaults);
+    for (std::size_t i = 0; i < phases.size(); ++i) {
+      const YAML::Node entry = phases[i];
+      if (!entry.IsMap()) loc.fail(entry, "each phase must be a map with a 'name' and 'stages'");
+      const YAML::Node name = entry["name"];
+      if (!name || !name.IsScalar() || name.Scalar().empty()) {
+        loc.fail(entry, "phase without a 'name'");
+      }
+      const std::string ctx = phase_label(name.Scalar());
+      check_keys(entry, kPhaseKeys, ctx, loc);
+      for (std::size_t j = 0; j < i; ++j) {
+        if (config.phases[j].name == name.Scalar()) {
+          loc.fail(name, ctx + "a phase named '" + name.Scalar() + "' already exists at " +
+                             loc.at(phases[j]) + "; give one a different 'name'");
+        }
+      }
+      config.phases.push_back(validate_pipeline(entry, defaults, ctx, base_dir, loc, registry));
+      config.phases.back().name = name.Scalar();
+    }
+  }
+  for (PipelineConfig& phase : config.phases) phase.origin = origin;
+  return config;
+}
+
+RunConfig parse(const std::string& text,
+                const std::string& origin,
+                const std::filesystem::path& base_dir,
+                const std::vector<std::string>& overrides,
+                const Registry& registry) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -408,11 +488,20 @@ PipelineConfig parse(const std::string& text,
   }
 }
 
+// The one pipeline of a single-pipeline config.
+PipelineConfig single_pipeline(RunConfig config) {
+  if (config.phases.size() != 1 || !config.phases[0].name.empty()) {
+    throw Error(config.origin +
+                ": the config has 'phases'; read it with load_run_config or parse_run_config");
+  }
+  return std::move(config.phases[0]);
+}
+
 }  // namespace
 
-PipelineConfig load_pipeline_config(const std::string& path,
-                                    const std::vector<std::string>& overrides,
-                                    const Registry& registry) {
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::string>& overrides,
+                          const Registry& registry) {
   std::ifstream in(path);
   if (!in) {
     throw Error("cannot read config '" + path +
@@ -424,11 +513,24 @@ PipelineConfig load_pipeline_config(const std::string& path,
   return parse(text.str(), path, std::filesystem::path(path).parent_path(), overrides, registry);
 }
 
+RunConfig parse_run_config(const std::string& text,
+                           const std::string& origin,
+                           const std::vector<std::string>& overrides,
+                           const Registry& registry) {
+  return parse(text, origin, {}, overrides, registry);
+}
+
+PipelineConfig load_pipeline_config(const std::string& path,
+                                    const std::vector<std::string>& overrides,
+                                    const Registry& registry) {
+  return single_pipeline(load_run_config(path, overrides, registry));
+}
+
 PipelineConfig parse_pipeline_config(const std::string& text,
                                      const std::string& origin,
                                      const std::vector<std::string>& overrides,
                                      const Registry& registry) {
-  return parse(text, origin, {}, overrides, registry);
+  return single_pipeline(parse_run_config(text, origin, overrides, registry));
 }
 
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Registry& registry) {
@@ -440,7 +542,8 @@ std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Reg
     try {
       built = info->make(stage.params);
     } catch (const std::exception& e) {
-      throw Error(stage.location + ": " + stage_label(stage.name, stage.type) + e.what());
+      throw Error(stage.location + ": " + phase_label(config.name) +
+                  stage_label(stage.name, stage.type) + e.what());
     }
     pipeline->add(stage.name, std::move(built), stage.options);
   }

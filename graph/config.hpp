@@ -23,6 +23,7 @@ struct StageConfig {
 /// anything the config says.
 ///
 ///   threads: 2                 # TBB threads for the graph (default: all hardware threads)
+///   cores: 4                   # cores the run may use (default: all hardware threads)
 ///   metrics: {sample_ms: 2, trace: run.trace.json}
 ///   stages:
 ///     - {type: sequence, name: numbers, params: {count: 100000}}
@@ -35,9 +36,41 @@ struct PipelineConfig {
   std::vector<StageConfig> stages;
 };
 
-/// Reads and validates a pipeline config file. `overrides` are `key.path=value` strings applied
-/// first (`threads=1`, `stages.work.concurrency=4`, `stages.work.params.microseconds=5`).
-/// Throws Error with one line naming the file, line, stage and key of the first problem.
+/// A config of pipelines run one after another, every one validated before the first runs.
+/// A single-pipeline config (with `stages:`) gives one phase with an empty name; a multi-phase
+/// config lists them under `phases:`, each inheriting the top-level threads, cores and metrics:
+///
+///   threads: 2
+///   phases:
+///     - name: teacher
+///       stages: [...]
+///     - name: student
+///       threads: 1               # overrides the top-level default for this phase
+///       stages: [...]
+///
+///   const RunConfig config = load_run_config("kd.yaml", {"phases.student.threads=2"});
+///   for (const PipelineConfig& phase : config.phases) build_pipeline(phase)->run(phase.run);
+struct RunConfig {
+  std::string origin;
+  std::vector<PipelineConfig> phases;
+};
+
+/// Reads and validates a config file with `stages:` or `phases:`. `overrides` are
+/// `key.path=value` strings applied first (`threads=1`, `stages.work.concurrency=4`,
+/// `phases.distill.stages.student.params.lr=0.01`). Throws Error with one line naming the file,
+/// line, phase, stage and key of the first problem.
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::string>& overrides = {},
+                          const Registry& registry = Registry::global());
+
+/// The same for config text; `origin` names it in messages.
+RunConfig parse_run_config(const std::string& text,
+                           const std::string& origin,
+                           const std::vector<std::string>& overrides = {},
+                           const Registry& registry = Registry::global());
+
+/// Reads and validates a single-pipeline config file (one with `stages:`; a config with
+/// `phases:` throws Error pointing to load_run_config). `overrides` are as for load_run_config.
 PipelineConfig load_pipeline_config(const std::string& path,
                                     const std::vector<std::string>& overrides = {},
                                     const Registry& registry = Registry::global());
@@ -48,8 +81,9 @@ PipelineConfig parse_pipeline_config(const std::string& text,
                                      const std::vector<std::string>& overrides = {},
                                      const Registry& registry = Registry::global());
 
-/// Constructs the stages of a validated config. Errors thrown by a stage's constructor (a file
-/// it cannot open, say) come back as Error prefixed with the stage's location and name.
+/// Constructs the stages of a validated config (one phase). Errors thrown by a stage's
+/// constructor (a file it cannot open, say) come back as Error prefixed with the stage's
+/// location and name, and the phase's name.
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
                                          const Registry& registry = Registry::global());
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <csignal>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <type_traits>
 
@@ -140,9 +141,11 @@ class Pipeline::Runtime {
   Runtime(Pipeline& pipeline, const RunOptions& options)
       : nodes_(pipeline.nodes_),
         stop_(pipeline.stop_),
-        threads_(options.threads > 0 ? options.threads
-                                     : static_cast<std::size_t>(tbb::info::default_concurrency())),
+        threads_(options.threads > 0 ? options.threads : hardware_threads()),
+        // Unless granted explicitly, the cores are the machine's (or `threads`, if more).
+        cores_(options.cores > 0 ? options.cores : std::max(hardware_threads(), threads_)),
         start_(detail::Clock::now()) {
+    if (peak_threads() > cores_) throw Error(budget_problem());
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
     }
@@ -168,6 +171,7 @@ class Pipeline::Runtime {
           finish(i);
           graph.g.wait_for_all();
         }
+        finish_sink();
       } catch (...) {
         error = std::current_exception();
       }
@@ -245,6 +249,36 @@ class Pipeline::Runtime {
                                                  nodes[i].shape.kind != Kind::kFlatMap);
     }
     return in_order;
+  }
+
+  static std::size_t hardware_threads() {
+    return static_cast<std::size_t>(tbb::info::default_concurrency());
+  }
+
+  // The most threads the graph can keep busy at once: `threads_` invocations running together,
+  // the ones using the most threads (intra-op math) first.
+  std::size_t peak_threads() const {
+    std::vector<std::size_t> slots;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      slots.insert(slots.end(), workers(i), nodes_[i].stage->threads_per_invocation());
+    }
+    std::sort(slots.begin(), slots.end(), std::greater<>());
+    slots.resize(std::min(slots.size(), threads_));
+    std::size_t sum = 0;
+    for (std::size_t n : slots) sum += n;
+    return sum;
+  }
+
+  std::string budget_problem() const {
+    std::string heavy;
+    for (const Node& node : nodes_) {
+      const std::size_t n = node.stage->threads_per_invocation();
+      if (n > 1) heavy += ", '" + node.name + "' " + std::to_string(n) + " intra-op threads";
+    }
+    return "thread budget: up to " + std::to_string(peak_threads()) +
+           " threads could run at once (" + std::to_string(threads_) + " graph threads" + heavy +
+           "), more than the " + std::to_string(cores_) +
+           " cores granted; lower threads or a stage's intraop_threads, or raise cores";
   }
 
   std::vector<detail::StageGeometry> geometry() const {
@@ -368,6 +402,17 @@ class Pipeline::Runtime {
     });
   }
 
+  void finish_sink() {
+    struct NoOutput final : EmitSink {
+      void emit(std::shared_ptr<void>) override { throw Error("a sink cannot emit"); }
+    } none;
+    const std::size_t last = nodes_.size() - 1;
+    invoke(last, 0, [&] {
+      detail::StageAccess::finish(*nodes_[last].stage, none);
+      return 0;
+    });
+  }
+
   // Runs stage code with timing, concurrency tracking and error context.
   template <class F>
   std::invoke_result_t<F&> invoke(std::size_t i, std::uint64_t seq, F&& body) {
@@ -390,6 +435,8 @@ class Pipeline::Runtime {
     RunReport report;
     report.wall_s = std::chrono::duration<double>(detail::Clock::now() - start_).count();
     report.threads = threads_;
+    report.cores = cores_;
+    report.peak_threads = peak_threads();
     report.stopped = stop_.load();
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       detail::StageCounters& c = *counters_[i];
@@ -397,8 +444,11 @@ class Pipeline::Runtime {
       s.name = nodes_[i].name;
       s.kind = nodes_[i].shape.kind;
       s.concurrency = nodes_[i].options.concurrency;
+      s.max_concurrency = nodes_[i].shape.max_concurrency;
       s.workers = workers(i);
       s.queue_capacity = i == 0 ? 0 : nodes_[i].options.queue_capacity;
+      s.threads_per_invocation = nodes_[i].stage->threads_per_invocation();
+      s.results = nodes_[i].stage->results();
       s.items_in = c.items_in.load();
       s.items_out = c.items_out.load();
       {
@@ -419,6 +469,7 @@ class Pipeline::Runtime {
   std::vector<Node>& nodes_;
   std::atomic<bool>& stop_;
   const std::size_t threads_;
+  const std::size_t cores_;
   const detail::Clock::time_point start_;
   std::vector<std::unique_ptr<detail::StageCounters>> counters_;
   // Next sequence number a source or FlatMap assigns (both are serial).
@@ -435,8 +486,33 @@ RunReport Pipeline::run(const RunOptions& options) {
                 (nodes_.empty() ? std::string("(none)") : nodes_.back().name) + "' is not a sink");
   }
   ran_ = true;
+  prepare();
   Runtime runtime(*this, options);
   return runtime.run(options.trace_path);
+}
+
+void Pipeline::prepare() {
+  // Resume: every stage that restored a checkpoint must agree on where the source restarts.
+  std::optional<std::uint64_t> position;
+  std::string asked_by;
+  for (const Node& node : nodes_) {
+    const std::optional<std::uint64_t> p = node.stage->resume_position();
+    if (!p) continue;
+    if (position && *p != *position) {
+      throw Error("stages '" + asked_by + "' and '" + node.name +
+                  "' resume from different source positions (" + std::to_string(*position) +
+                  " and " + std::to_string(*p) + "); their checkpoints are from different runs");
+    }
+    position = p;
+    asked_by = node.name;
+  }
+  if (position && *position > 0 && !nodes_[0].stage->seek(*position)) {
+    throw Error("stage '" + asked_by + "' resumes from source position " +
+                std::to_string(*position) + ", but source '" + nodes_[0].name +
+                "' cannot seek; use a dataset source or start without the checkpoint");
+  }
+  std::optional<std::uint64_t> expected;
+  for (const Node& node : nodes_) expected = node.stage->plan(expected);
 }
 
 namespace {

@@ -73,7 +73,9 @@ class Pipeline {
   Pipeline& add(std::string name, std::unique_ptr<Stage> stage, StageOptions options = {});
 
   /// Runs the graph to completion (sources exhausted or stopped, every item drained).
-  /// A pipeline runs once.
+  /// Before it starts: seeks the source where a stage restored from a checkpoint asks
+  /// (Stage::resume_position), tells each stage how many items to expect (Stage::plan), and
+  /// checks the thread budget. A pipeline runs once.
   RunReport run(const RunOptions& options = {});
 
   /// Asks the sources to stop; items already produced are finished. Async-signal-safe, may be
@@ -90,6 +92,8 @@ class Pipeline {
     StageOptions options;
   };
   class Runtime;
+  // Seeks the source to the position a resuming stage asks for, then plans the item counts.
+  void prepare();
 
   std::vector<Node> nodes_;
   std::atomic<bool> stop_{false};

@@ -49,7 +49,15 @@ std::string RunReport::verdict() const {
     line += ", while '" + waiter->name + "' waits for input " + percent(waiter->starved_fraction) +
             " of the time";
   }
-  if (s.kind == StageShape::Kind::kSource || s.kind == StageShape::Kind::kFlatMap) {
+  if (s.max_concurrency == kSerial && s.threads_per_invocation > 1) {
+    line += "; it runs serially by design on " + std::to_string(s.threads_per_invocation) +
+            " intra-op threads: make each item cheaper" +
+            (s.threads_per_invocation < cores ? ", or give it more of the " +
+                                                    std::to_string(cores) + " cores"
+                                              : "");
+  } else if (s.max_concurrency == kSerial && s.kind == StageShape::Kind::kSink) {
+    line += "; it runs serially by design: make each item cheaper, or give it intra-op threads";
+  } else if (s.max_concurrency == kSerial) {
     line += "; it runs serially: make it cheaper, or split its work into a parallel stage after it";
   } else if (s.concurrency != kUnlimited && s.workers < s.concurrency && *b + 1 < stages.size() &&
              s.workers == stages[*b + 1].queue_capacity) {
@@ -62,6 +70,17 @@ std::string RunReport::verdict() const {
             " threads: make it cheaper or give the run more cores";
   }
   return line;
+}
+
+std::string RunReport::layout() const {
+  std::string line = std::to_string(cores) + " cores: " + std::to_string(threads) +
+                     " graph threads";
+  for (const StageReport& s : stages) {
+    if (s.threads_per_invocation <= 1) continue;
+    line += ", '" + s.name + "' " + std::to_string(s.workers) + " x " +
+            std::to_string(s.threads_per_invocation) + " intra-op threads";
+  }
+  return line + "; at most " + std::to_string(peak_threads) + " threads busy at once";
 }
 
 std::string format_report(const RunReport& r) {
@@ -104,6 +123,16 @@ std::string format_report(const RunReport& r) {
       out += "  ... and " + std::to_string(s.dropped - s.drops.size()) + " more\n";
     }
   }
+  for (const StageReport& s : r.stages) {
+    if (s.results.empty()) continue;
+    out += "results of '" + s.name + "':";
+    for (const StageResult& result : s.results) {
+      std::snprintf(buf, sizeof buf, " %s %.6g", result.name.c_str(), result.value);
+      out += buf;
+    }
+    out += "\n";
+  }
+  out += "layout: " + r.layout() + "\n";
   out += "verdict: " + r.verdict() + "\n";
   if (!r.trace_path.empty()) out += "trace: " + r.trace_path + " (open in ui.perfetto.dev)\n";
   return out;

@@ -34,8 +34,10 @@ struct StageReport {
   std::string name;
   StageShape::Kind kind = StageShape::Kind::kMap;
   std::size_t concurrency = kSerial;  // as configured (kUnlimited = 0)
+  std::size_t max_concurrency = kUnlimited;  // what the stage allows (kSerial: serial by design)
   std::size_t workers = 1;            // concurrency it could actually reach
   std::size_t queue_capacity = 0;     // of its input queue; 0 for a source
+  std::size_t threads_per_invocation = 1;  // intra-op threads of one invocation
 
   std::uint64_t items_in = 0;     // real items processed (sources: 0)
   std::uint64_t items_out = 0;    // items emitted
@@ -52,6 +54,8 @@ struct StageReport {
   double queue_max = 0;                   // highest sampled occupancy
   std::vector<QueueSample> queue_series;  // occupancy over time, at most ~1000 points
 
+  std::vector<StageResult> results;  // what the stage reported (loss, accuracy...)
+
   static constexpr std::size_t kMaxDropRecords = 100;
 };
 
@@ -59,6 +63,8 @@ struct StageReport {
 struct RunReport {
   double wall_s = 0;
   std::size_t threads = 0;  // TBB threads the graph ran on
+  std::size_t cores = 0;    // cores the run was granted
+  std::size_t peak_threads = 0;  // most threads the graph could keep busy at once (<= cores)
   bool stopped = false;     // stopped early by request_stop() (SIGINT)
   std::vector<StageReport> stages;
   std::string trace_path;  // Chrome trace written, if asked for
@@ -67,6 +73,8 @@ struct RunReport {
   std::optional<std::size_t> bottleneck() const;
   /// One plain line naming the bottleneck and what to try.
   std::string verdict() const;
+  /// One line of how the cores are used: graph threads and each stage's intra-op threads.
+  std::string layout() const;
 };
 
 std::string format_report(const RunReport& report);

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "graph/item_type.hpp"
 
@@ -84,6 +85,12 @@ namespace detail {
 struct StageAccess;
 }
 
+/// A named number a stage reports after its run (a loss, an accuracy, a step count).
+struct StageResult {
+  std::string name;
+  double value = 0;
+};
+
 /// Base of every stage. Derive from one of the typed bases below, never from this directly.
 class Stage {
  public:
@@ -92,6 +99,28 @@ class Stage {
   /// True if the stage needs its input in sequence order whatever the concurrency upstream
   /// (a batcher, for deterministic batches). The pipeline then delivers it in order.
   virtual bool requires_order() const { return false; }
+
+  /// Threads one invocation keeps busy: 1, or more for a stage running intra-op parallel math.
+  /// The pipeline checks that the busiest moment of the graph fits RunOptions::cores.
+  virtual std::size_t threads_per_invocation() const { return 1; }
+
+  /// Called once before the run, in chain order, with the number of items the stage will
+  /// probably receive (std::nullopt: unknown); returns how many it will probably emit. Sources
+  /// return their total, maps pass the count on, a batcher divides it. A stage may keep the
+  /// count (a learning-rate schedule needs the number of steps).
+  virtual std::optional<std::uint64_t> plan(std::optional<std::uint64_t> /*inputs*/) {
+    return std::nullopt;
+  }
+
+  /// The source position this stage asks the run to start from: the count of source items a
+  /// restored checkpoint had consumed. The pipeline seeks its source there before the run.
+  virtual std::optional<std::uint64_t> resume_position() const { return std::nullopt; }
+
+  /// Sources that can resume: skip the first `position` items of the run. False if unsupported.
+  virtual bool seek(std::uint64_t /*position*/) { return false; }
+
+  /// What the stage reports after the run, in display order (printed under the stage table).
+  virtual std::vector<StageResult> results() const { return {}; }
 
  private:
   friend struct detail::StageAccess;
@@ -142,6 +171,10 @@ class Map : public Stage {
     return {StageShape::Kind::kMap, ItemType::of<In>(), ItemType::of<Out>(), kUnlimited};
   }
   StageShape shape() const override { return static_shape(); }
+  /// A map emits what it receives, unless it drops some.
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> inputs) override {
+    return inputs;
+  }
 
  protected:
   virtual std::optional<Out> process(In&& in, ItemContext& ctx) = 0;
@@ -192,8 +225,11 @@ class Sink : public Stage {
 
  protected:
   virtual void consume(In&& in, ItemContext& ctx) = 0;
+  /// Called once after the last item, unless the run failed (also after a requested stop).
+  virtual void finish() {}
 
  private:
+  void finish_erased(EmitSink&) final { finish(); }
   void consume_erased(std::shared_ptr<void>& value, ItemContext& ctx) final {
     if constexpr (std::is_same_v<In, Anything>) {
       consume(Anything{}, ctx);

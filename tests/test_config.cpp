@@ -209,3 +209,184 @@ TEST_CASE("Config.Paths.RelativeToTheConfigFile") {
   CHECK(c.stages[0].params.get_string("path") == (dir / "data.txt").string());
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+const char* kPhases = R"(threads: 2
+cores: 4
+metrics: {sample_ms: 5, trace: run.json}
+phases:
+  - name: teacher
+    stages:
+      - {type: sequence, name: numbers, params: {count: 10}}
+      - {type: discard}
+  - name: student
+    threads: 1
+    metrics: {trace: student.json}
+    stages:
+      - {type: sequence, name: numbers, params: {count: 20}}
+      - type: spin
+        name: work
+        params: {rounds: 10}
+      - {type: discard}
+  - name: eval
+    cores: 1
+    stages:
+      - {type: sequence, params: {count: 30}}
+      - {type: discard}
+)";
+
+// Parses `text` as a multi-phase config and returns the error message ("" if it parsed).
+std::string run_error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_run_config(text, "kd.yaml", overrides, test_registry());
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find('\n') == std::string::npos);  // always one line
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Config.Cores.SetAndValidated") {
+  const PipelineConfig c = parse_pipeline_config(
+      replace(kGood, "threads: 2", "threads: 2\ncores: 3"), "cfg.yaml", {}, test_registry());
+  CHECK(c.run.cores == 3);
+  CHECK(parse_pipeline_config(kGood, "cfg.yaml", {}, test_registry()).run.cores == 0);
+  CHECK(parse_pipeline_config(kGood, "cfg.yaml", {"cores=2"}, test_registry()).run.cores == 2);
+  CHECK(error_of(replace(kGood, "threads: 2", "threads: 2\ncores: 0")) ==
+        "cfg.yaml:2: cores must be a whole number >= 1, got '0'");
+  CHECK(error_of(replace(kGood, "threads: 2", "cores: many")) ==
+        "cfg.yaml:1: cores must be a whole number >= 1, got 'many'");
+  CHECK(error_of(kGood, {"cores=1.5"}) ==
+        "override 'cores=1.5': cores must be a whole number >= 1, got '1.5'");
+}
+
+TEST_CASE("Config.Phases.SinglePipelineIsOneUnnamedPhase") {
+  const RunConfig c = parse_run_config(kGood, "cfg.yaml", {}, test_registry());
+  CHECK(c.origin == "cfg.yaml");
+  REQUIRE(c.phases.size() == 1);
+  CHECK(c.phases[0].name.empty());
+  CHECK(c.phases[0].origin == "cfg.yaml");
+  CHECK(c.phases[0].stages.size() == 4);
+  CHECK_THROWS_WITH_AS(parse_pipeline_config(kPhases, "kd.yaml", {}, test_registry()),
+                       "kd.yaml: the config has 'phases'; read it with load_run_config or "
+                       "parse_run_config",
+                       Error);
+}
+
+TEST_CASE("Config.Phases.InheritDefaults") {
+  const RunConfig c = parse_run_config(kPhases, "kd.yaml", {}, test_registry());
+  REQUIRE(c.phases.size() == 3);
+  const PipelineConfig& teacher = c.phases[0];
+  const PipelineConfig& student = c.phases[1];
+  const PipelineConfig& eval = c.phases[2];
+  CHECK(teacher.name == "teacher");
+  CHECK(student.name == "student");
+  CHECK(eval.name == "eval");
+  CHECK(teacher.origin == "kd.yaml");
+  // The top level's values, unless the phase sets its own (per key, also inside metrics).
+  CHECK(teacher.run.threads == 2);
+  CHECK(student.run.threads == 1);
+  CHECK(eval.run.threads == 2);
+  CHECK(teacher.run.cores == 4);
+  CHECK(student.run.cores == 4);
+  CHECK(eval.run.cores == 1);
+  CHECK(teacher.run.trace_path == "run.json");
+  CHECK(student.run.trace_path == "student.json");
+  CHECK(student.run.sample_interval_ms == 5);
+  // Stage names need only be unique within a phase; locations are the file's lines.
+  CHECK(teacher.stages[0].name == "numbers");
+  CHECK(student.stages[0].name == "numbers");
+  CHECK(student.stages[1].location == "kd.yaml:14");
+  CHECK(student.stages[0].params.get_int("count") == 20);
+
+  // Without top-level values, a phase gets the RunOptions defaults.
+  const RunConfig bare =
+      parse_run_config("phases:\n  - name: only\n    stages: [{type: sequence}, {type: discard}]\n",
+                       "bare.yaml", {}, test_registry());
+  CHECK(bare.phases[0].run.threads == 0);
+  CHECK(bare.phases[0].run.cores == 0);
+  CHECK(bare.phases[0].run.trace_path.empty());
+
+  // Each phase builds and runs on its own.
+  for (const PipelineConfig& phase : c.phases) {
+    RunOptions options = phase.run;
+    options.trace_path.clear();
+    options.cores = 0;
+    const RunReport r = build_pipeline(phase, test_registry())->run(options);
+    CHECK(r.stages.back().items_in ==
+          static_cast<std::uint64_t>(phase.stages[0].params.get_int("count")));
+  }
+}
+
+TEST_CASE("Config.Phases.Errors") {
+  SUBCASE("both stages and phases") {
+    CHECK(run_error_of(std::string(kPhases) + "stages: []\n") ==
+          "kd.yaml:4: a config has 'stages' (one pipeline) or 'phases' (pipelines run in turn), "
+          "not both");
+  }
+  SUBCASE("neither stages nor phases") {
+    CHECK(run_error_of("threads: 2\nmetrics: {sample_ms: 5}\n") ==
+          "kd.yaml:1: missing key 'stages' (the list of stages to run) or 'phases' (a list of "
+          "pipelines run in turn)");
+  }
+  SUBCASE("duplicate phase name") {
+    CHECK(run_error_of(replace(kPhases, "name: eval", "name: teacher")) ==
+          "kd.yaml:18: phase 'teacher': a phase named 'teacher' already exists at kd.yaml:5; give "
+          "one a different 'name'");
+  }
+  SUBCASE("phase without a name") {
+    CHECK(run_error_of(replace(kPhases, "  - name: eval\n", "  -\n")) ==
+          "kd.yaml:19: phase without a 'name'");
+  }
+  SUBCASE("an error in a later phase names the phase and the line") {
+    CHECK(run_error_of(replace(kPhases, "rounds: 10", "rouns: 10")) ==
+          "kd.yaml:16: phase 'student': stage 'work' (spin): unknown param 'rouns' (did you mean "
+          "'rounds'?)");
+    CHECK(run_error_of(replace(kPhases, "    cores: 1", "    cores: 0")) ==
+          "kd.yaml:19: phase 'eval': cores must be a whole number >= 1, got '0'");
+    CHECK(run_error_of(replace(kPhases, "{type: sequence, params: {count: 30}}", "{type: spin}")) ==
+          "kd.yaml:21: phase 'eval': stage 'spin' (spin): the first stage must be a source, not a "
+          "map");
+  }
+  SUBCASE("unknown keys") {
+    CHECK(run_error_of(replace(kPhases, "    threads: 1", "    thread: 1")) ==
+          "kd.yaml:10: phase 'student': unknown key 'thread' (did you mean 'threads'?)");
+    CHECK(run_error_of(replace(kPhases, "    cores: 1\n    stages:", "    cores: 1\n    stags:")) ==
+          "kd.yaml:20: phase 'eval': unknown key 'stags' (did you mean 'stages'?)");
+  }
+  SUBCASE("not a list") {
+    CHECK(run_error_of("phases: {name: a}\n") ==
+          "kd.yaml:1: 'phases' must be a list of maps, each with a 'name' and 'stages'");
+  }
+}
+
+TEST_CASE("Config.Phases.Overrides") {
+  const RunConfig c = parse_run_config(
+      kPhases, "kd.yaml",
+      {"threads=3", "phases.eval.threads=4", "phases.student.stages.work.params.rounds=7",
+       "phases.student.stages.numbers.concurrency=serial", "phases.teacher.cores=2"},
+      test_registry());
+  CHECK(c.phases[0].run.threads == 3);  // the new top-level default
+  CHECK(c.phases[1].run.threads == 1);  // the phase's own value wins over the default
+  CHECK(c.phases[2].run.threads == 4);
+  CHECK(c.phases[0].run.cores == 2);
+  CHECK(c.phases[1].stages[1].params.get_int("rounds") == 7);
+
+  CHECK(run_error_of(kPhases, {"phases.distill.threads=1"}) ==
+        "override 'phases.distill.threads=1': no phase named 'distill' (phases: teacher, student, "
+        "eval)");
+  CHECK(run_error_of(kPhases, {"phases.student.stages.wrk.concurrency=2"}) ==
+        "override 'phases.student.stages.wrk.concurrency=2': no stage named 'wrk' (stages: "
+        "numbers, work, discard)");
+  CHECK(run_error_of(kPhases, {"stages.work.concurrency=2"}) ==
+        "override 'stages.work.concurrency=2': the config has no 'stages' list here");
+  CHECK(run_error_of(kPhases, {"phases.student.stages.work.params.rouds=3"}) ==
+        "override 'phases.student.stages.work.params.rouds=3': phase 'student': stage 'work' "
+        "(spin): unknown param 'rouds' (did you mean 'rounds'?)");
+  CHECK(run_error_of(kPhases, {"phases.eval.cores=none"}) ==
+        "override 'phases.eval.cores=none': phase 'eval': cores must be a whole number >= 1, got "
+        "'none'");
+}

@@ -1,8 +1,10 @@
 // flowtrain: runs, checks and lists pipelines built from registered stages.
 //
-//   flowtrain run CONFIG [key.path=value ...]   run a pipeline config, print its stage report
-//   flowtrain check CONFIG [key.path=value ...] validate only: exit 0, or one line naming the
-//   problem flowtrain stages [--markdown]               every registered stage with its parameters
+//   flowtrain run CONFIG [key.path=value ...]    run a config's pipeline (or its phases in
+//                                                turn), print each one's stage report
+//   flowtrain check CONFIG [key.path=value ...]  validate only: exit 0, or one line naming the
+//                                                problem
+//   flowtrain stages [--markdown]                every registered stage with its parameters
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -28,26 +30,43 @@ void show_progress(const flowtrain::Progress& p, bool terminal) {
   std::fflush(stderr);
 }
 
+// Runs the phases in turn, each built just before it runs (so it can read what earlier ones wrote).
 int run(const std::string& path, const std::vector<std::string>& overrides) {
-  flowtrain::PipelineConfig config = flowtrain::load_pipeline_config(path, overrides);
+  flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
   const bool terminal = isatty(STDERR_FILENO) != 0;
-  config.run.progress_interval_s = terminal ? 0.5 : 10;
-  config.run.on_progress = [terminal](const flowtrain::Progress& p) { show_progress(p, terminal); };
-  std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
-  std::cout << "running " << path << ": " << config.stages.size() << " stages" << std::endl;
-  flowtrain::RunReport report;
-  {
-    flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
-    report = pipeline->run(config.run);
+  const std::size_t count = config.phases.size();
+  for (std::size_t i = 0; i < count; ++i) {
+    flowtrain::PipelineConfig& phase = config.phases[i];
+    phase.run.progress_interval_s = terminal ? 0.5 : 10;
+    phase.run.on_progress = [terminal](const flowtrain::Progress& p) {
+      show_progress(p, terminal);
+    };
+    std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
+    if (phase.name.empty()) {
+      std::cout << "running " << path << ": " << phase.stages.size() << " stages" << std::endl;
+    } else {
+      std::cout << "phase " << phase.name << " (" << i + 1 << "/" << count
+                << "): " << phase.stages.size() << " stages" << std::endl;
+    }
+    flowtrain::RunReport report;
+    {
+      flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
+      report = pipeline->run(phase.run);
+    }
+    if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
+    std::cout << flowtrain::format_report(report) << std::flush;
+    if (report.stopped) return 130;  // Ctrl-C: later phases would build on an unfinished one
   }
-  if (terminal && report.wall_s >= config.run.progress_interval_s) std::fprintf(stderr, "\n");
-  std::cout << flowtrain::format_report(report) << std::flush;
-  return report.stopped ? 130 : 0;
+  return 0;
 }
 
 int check(const std::string& path, const std::vector<std::string>& overrides) {
-  const flowtrain::PipelineConfig config = flowtrain::load_pipeline_config(path, overrides);
-  std::cout << path << ": ok (" << config.stages.size() << " stages)\n";
+  const flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
+  std::size_t stages = 0;
+  for (const flowtrain::PipelineConfig& phase : config.phases) stages += phase.stages.size();
+  std::cout << path << ": ok (";
+  if (!config.phases[0].name.empty()) std::cout << config.phases.size() << " phases, ";
+  std::cout << stages << " stages)\n";
   return 0;
 }
 
