@@ -13,6 +13,7 @@ endif()
 # libopencv-dev (~60 more packages); the three modules we use are found directly instead.
 find_package(libjpeg-turbo REQUIRED)
 find_package(Torch REQUIRED)
+find_package(OpenMP REQUIRED)  # per-thread intra-op counts (omp_set_num_threads)
 find_path(FLOWTRAIN_OPENCV_INCLUDE opencv2/core.hpp PATH_SUFFIXES opencv4 REQUIRED)
 add_library(flowtrain_opencv INTERFACE)
 target_include_directories(flowtrain_opencv SYSTEM INTERFACE ${FLOWTRAIN_OPENCV_INCLUDE})

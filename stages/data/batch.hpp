@@ -24,11 +24,14 @@ struct ViewKey {
 /// the lease returns it when the last copy of the batch is destroyed.
 struct Batch {
   std::uint64_t number = 0;    // batch number in the run, in order
+  std::uint64_t end_position = 0;  // source position after its last sample: where to resume
   at::Tensor images;           // [N, C, H, W] float32, normalized
   at::Tensor labels;           // [N] int64
   at::Tensor targets;          // [N, T] float32 (T = 0 without numeric targets)
   std::vector<ViewKey> views;  // one per row
   std::vector<std::string> paths;
+  at::Tensor teacher_logits;      // [N, classes], added by a teacher stage; else undefined
+  at::Tensor teacher_regression;  // [N, K], with a teacher's regression head; else undefined
   std::shared_ptr<void> lease;
 
   std::int64_t size() const { return images.defined() ? images.size(0) : 0; }

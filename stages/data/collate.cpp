@@ -76,22 +76,36 @@ namespace {
 bool wants_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
 }  // namespace
 
-CollateStage::CollateStage(const Params& params)
-    : batch_size_(params.get_int("batch_size")),
-      drop_last_(params.get_bool("drop_last")),
-      wait_timeout_s_(params.get_float("wait_timeout_s")),
-      device_(params.get_string("device")) {
-  keep_opencv_on_caller_thread();
-  const auto mean = params.get<std::vector<double>>("mean");
-  const auto std = params.get<std::vector<double>>("std");
+Normalizer::Normalizer(const std::vector<double>& mean, const std::vector<double>& std) {
   if (mean.size() != 3 || std.size() != 3) {
     throw Error("params 'mean' and 'std' need 3 values (R, G, B)");
   }
   for (int c = 0; c < 3; ++c) {
-    if (std[c] <= 0) throw Error("param 'std' values must be > 0");
+    if (!(std[c] > 0)) throw Error("param 'std' values must be > 0");
     scale_[c] = static_cast<float>(1.0 / (255.0 * std[c]));
     bias_[c] = static_cast<float>(-mean[c] / std[c]);
   }
+}
+
+void Normalizer::operator()(const Image& img, float* chw) const {
+  // Split into channel planes, then one scaled conversion per plane into the output memory.
+  const cv::Mat rgb(img.height, img.width, CV_8UC3, const_cast<std::uint8_t*>(img.pixels.data()));
+  thread_local cv::Mat planes[3];  // scratch, reused
+  cv::split(rgb, planes);
+  const std::int64_t plane_size = std::int64_t{img.height} * img.width;
+  for (int c = 0; c < 3; ++c) {
+    cv::Mat plane(img.height, img.width, CV_32F, chw + c * plane_size);
+    planes[c].convertTo(plane, CV_32F, scale_[c], bias_[c]);
+  }
+}
+
+CollateStage::CollateStage(const Params& params)
+    : batch_size_(params.get_int("batch_size")),
+      drop_last_(params.get_bool("drop_last")),
+      normalize_(params.get<std::vector<double>>("mean"), params.get<std::vector<double>>("std")),
+      wait_timeout_s_(params.get_float("wait_timeout_s")),
+      device_(params.get_string("device")) {
+  keep_opencv_on_caller_thread();
   if (device_ != "cpu" && !wants_cuda(device_)) {
     throw Error("param 'device' must be 'cpu' or 'cuda[:N]', got '" + device_ + "'");
   }
@@ -151,24 +165,20 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
     paths_.reserve(static_cast<std::size_t>(batch_size_));
   }
 
-  // (pixel / 255 - mean) / std, HWC -> CHW, straight into row `filled_` of the batch: split
-  // into channel planes, then one scaled conversion per plane into the tensor's memory.
-  const cv::Mat rgb(static_cast<int>(height_), static_cast<int>(width_), CV_8UC3,
-                    const_cast<std::uint8_t*>(img.pixels.data()));
-  thread_local cv::Mat planes[3];  // scratch, reused
-  cv::split(rgb, planes);
-  float* dst = buffers_->images.data_ptr<float>() + filled_ * 3 * height_ * width_;
-  for (int c = 0; c < 3; ++c) {
-    cv::Mat plane(static_cast<int>(height_), static_cast<int>(width_), CV_32F,
-                  dst + c * height_ * width_);
-    planes[c].convertTo(plane, CV_32F, scale_[c], bias_[c]);
-  }
+  normalize_(img, buffers_->images.data_ptr<float>() + filled_ * 3 * height_ * width_);
   buffers_->labels.data_ptr<std::int64_t>()[filled_] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),
             buffers_->targets.data_ptr<float>() + filled_ * targets_);
   views_.push_back({sample.index, sample.epoch, sample.augment});
+  end_position_ = sample.position + 1;
   paths_.push_back(std::move(sample.path));
   if (++filled_ == batch_size_) emit(out);
+}
+
+std::optional<std::uint64_t> CollateStage::plan(std::optional<std::uint64_t> samples) {
+  if (!samples) return std::nullopt;
+  const auto batch = static_cast<std::uint64_t>(batch_size_);
+  return drop_last_ ? *samples / batch : (*samples + batch - 1) / batch;
 }
 
 void CollateStage::finish(Emitter<Batch>& out) {
@@ -180,6 +190,7 @@ void CollateStage::finish(Emitter<Batch>& out) {
 void CollateStage::emit(Emitter<Batch>& out) {
   Batch batch;
   batch.number = next_number_++;
+  batch.end_position = end_position_;
   batch.images = buffers_->images.narrow(0, 0, filled_);
   batch.labels = buffers_->labels.narrow(0, 0, filled_);
   batch.targets = buffers_->targets.narrow(0, 0, filled_);

@@ -52,6 +52,23 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   Stats stats_;
 };
 
+/// (pixel / 255 - mean) / std, fused with the HWC -> CHW copy: how collate fills a batch row,
+/// for code that prepares single images the same way (a predict tool).
+///
+///   const Normalizer normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225});
+///   normalize(image, row.data_ptr<float>());  // row: [3, H, W] float32
+class Normalizer {
+ public:
+  /// Throws Error unless mean and std have 3 values (R, G, B) and every std is > 0.
+  Normalizer(const std::vector<double>& mean, const std::vector<double>& std);
+  /// Writes the 3 x height x width floats of an RGB image to `chw`.
+  void operator()(const Image& rgb, float* chw) const;
+
+ private:
+  float scale_[3];
+  float bias_[3];
+};
+
 /// Collates samples into NCHW float32 batches, normalising on the way ((pixel / 255 - mean) /
 /// std, fused with the HWC -> CHW copy straight into a pooled buffer). Batches leave in sample
 /// order. With `device: cuda`, where LibTorch has CUDA, buffers are pinned and each batch is
@@ -61,6 +78,8 @@ class CollateStage final : public FlatMap<Sample, Batch> {
   explicit CollateStage(const Params& params);
   static StageDoc describe();
   bool requires_order() const override { return true; }
+  /// Batches from the expected samples: floor(n / batch_size), or ceil without drop_last.
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> samples) override;
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
 
@@ -73,8 +92,7 @@ class CollateStage final : public FlatMap<Sample, Batch> {
 
   std::int64_t batch_size_;
   bool drop_last_;
-  float scale_[3];
-  float bias_[3];
+  Normalizer normalize_;
   double wait_timeout_s_;
   std::string device_;
   std::shared_ptr<BatchPool> pool_;
@@ -85,6 +103,7 @@ class CollateStage final : public FlatMap<Sample, Batch> {
   std::vector<ViewKey> views_;
   std::vector<std::string> paths_;
   std::uint64_t next_number_ = 0;
+  std::uint64_t end_position_ = 0;  // source position after the last sample taken
   // Shape fixed by the first sample.
   std::int64_t height_ = 0, width_ = 0, targets_ = -1;
 };

@@ -16,7 +16,10 @@ CsvManifestSource::CsvManifestSource(const Params& params)
     : CsvManifestSource(params, read_source_options(params)) {}
 
 CsvManifestSource::CsvManifestSource(const Params& params, const SourceOptions& options)
-    : manifest_(load(params, options)), cursor_(manifest_.entries.size(), options) {}
+    : CsvManifestSource(load(params, options), options) {}
+
+CsvManifestSource::CsvManifestSource(CsvManifest manifest, const SourceOptions& options)
+    : DatasetSource(manifest.entries.size(), options), manifest_(std::move(manifest)) {}
 
 StageDoc CsvManifestSource::describe() {
   return {
@@ -25,13 +28,9 @@ StageDoc CsvManifestSource::describe() {
       source_param_specs(path_param("manifest", "CSV file with a path,label,... header"))};
 }
 
-std::optional<Sample> CsvManifestSource::next() {
-  const std::optional<EpochCursor::Position> at = cursor_.next();
-  if (!at) return std::nullopt;
-  const DatasetEntry& entry = manifest_.entries[at->index];
+Sample CsvManifestSource::make_sample(std::uint64_t index) {
+  const DatasetEntry& entry = manifest_.entries[index];
   Sample sample;
-  sample.index = at->index;
-  sample.epoch = at->epoch;
   sample.path = entry.path;
   sample.label = entry.label;
   sample.targets = entry.targets;

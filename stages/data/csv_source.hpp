@@ -13,24 +13,22 @@ namespace flowtrain::data {
 /// Emits the rows of a CSV manifest (`path,label[,target...]`, see read_csv_manifest) for
 /// `epochs` epochs, in this rank's order (see EpochOrder). Reads the manifest when constructed
 /// and no image file: Sample::encoded stays empty and the decode stage reads `path`.
-class CsvManifestSource final : public Source<Sample> {
+class CsvManifestSource final : public DatasetSource {
  public:
   explicit CsvManifestSource(const Params& params);
   static StageDoc describe();
 
   /// Names of the numeric target columns, in Sample::targets order.
   const std::vector<std::string>& target_names() const { return manifest_.target_names; }
-  /// Samples this source emits over the whole run.
-  std::uint64_t total() const { return cursor_.total(); }
 
  protected:
-  std::optional<Sample> next() override;
+  Sample make_sample(std::uint64_t index) override;
 
  private:
   CsvManifestSource(const Params& params, const SourceOptions& options);
 
+  CsvManifestSource(CsvManifest manifest, const SourceOptions& options);
   CsvManifest manifest_;
-  EpochCursor cursor_;
 };
 
 }  // namespace flowtrain::data

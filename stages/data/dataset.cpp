@@ -339,7 +339,37 @@ std::optional<EpochCursor::Position> EpochCursor::next() {
     indices_ = order_.indices(next_epoch_++);
     pos_ = 0;
   }
+  ++ordinal_;
   return Position{indices_[pos_++], next_epoch_ - 1};
+}
+
+bool EpochCursor::seek(std::uint64_t ordinal) {
+  const std::uint64_t per_epoch = order_.per_rank();
+  if (ordinal > total()) return false;
+  if (per_epoch == 0 || ordinal == ordinal_) return true;
+  const std::uint64_t epoch = ordinal / per_epoch;
+  next_epoch_ = static_cast<std::uint32_t>(epoch);
+  indices_.clear();
+  pos_ = 0;
+  if (epoch < epochs_) {
+    indices_ = order_.indices(next_epoch_++);
+    pos_ = static_cast<std::size_t>(ordinal % per_epoch);
+  }
+  ordinal_ = ordinal;
+  return true;
+}
+
+bool DatasetSource::seek(std::uint64_t position) { return cursor_.seek(position); }
+
+std::optional<Sample> DatasetSource::next() {
+  const std::uint64_t position = cursor_.ordinal();
+  const std::optional<EpochCursor::Position> at = cursor_.next();
+  if (!at) return std::nullopt;
+  Sample sample = make_sample(at->index);
+  sample.index = at->index;
+  sample.epoch = at->epoch;
+  sample.position = position;
+  return sample;
 }
 
 }  // namespace flowtrain::data

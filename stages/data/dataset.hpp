@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "graph/params.hpp"
+#include "graph/stage.hpp"
+#include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
 
@@ -123,8 +125,15 @@ class EpochCursor {
   /// The next position, or std::nullopt after the last epoch.
   std::optional<Position> next();
 
+  /// Skips to ordinal `ordinal` of the run (what a resumed run already consumed): the next
+  /// position is the one next() would have returned after `ordinal` calls. Returns false (and
+  /// changes nothing) if `ordinal` is past the end. Only the epoch it lands in is shuffled.
+  bool seek(std::uint64_t ordinal);
+
   /// Items this rank produces over all epochs.
   std::uint64_t total() const { return static_cast<std::uint64_t>(order_.per_rank()) * epochs_; }
+  /// Positions returned so far (including skipped ones): the ordinal of the next one.
+  std::uint64_t ordinal() const { return ordinal_; }
 
  private:
   EpochOrder order_;
@@ -132,6 +141,26 @@ class EpochCursor {
   std::uint32_t next_epoch_ = 0;  // the epoch whose indices load next
   std::vector<std::uint64_t> indices_;
   std::size_t pos_ = 0;
+  std::uint64_t ordinal_ = 0;
+};
+
+/// Base of the dataset sources: walks an EpochCursor, supports resume (seek) and plans its
+/// total. Subclasses turn a position into a Sample.
+class DatasetSource : public Source<Sample> {
+ public:
+  /// Samples this source emits over the whole run (after a seek: the rest of it).
+  std::uint64_t total() const { return cursor_.total() - cursor_.ordinal(); }
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t>) override { return total(); }
+  bool seek(std::uint64_t position) override;
+
+ protected:
+  DatasetSource(std::size_t size, const SourceOptions& options) : cursor_(size, options) {}
+  /// The sample of dataset index `index` (Sample::index, epoch and position are set after).
+  virtual Sample make_sample(std::uint64_t index) = 0;
+
+ private:
+  std::optional<Sample> next() final;
+  EpochCursor cursor_;
 };
 
 }  // namespace flowtrain::data

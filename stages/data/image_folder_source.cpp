@@ -33,7 +33,10 @@ ImageFolderSource::ImageFolderSource(const Params& params)
     : ImageFolderSource(params, read_source_options(params)) {}
 
 ImageFolderSource::ImageFolderSource(const Params& params, const SourceOptions& options)
-    : folder_(load(params, options)), cursor_(folder_.entries.size(), options) {}
+    : ImageFolderSource(load(params, options), options) {}
+
+ImageFolderSource::ImageFolderSource(ImageFolder folder, const SourceOptions& options)
+    : DatasetSource(folder.entries.size(), options), folder_(std::move(folder)) {}
 
 StageDoc ImageFolderSource::describe() {
   StageDoc doc{
@@ -45,13 +48,9 @@ StageDoc ImageFolderSource::describe() {
   return doc;
 }
 
-std::optional<Sample> ImageFolderSource::next() {
-  const std::optional<EpochCursor::Position> at = cursor_.next();
-  if (!at) return std::nullopt;
-  const DatasetEntry& entry = folder_.entries[at->index];
+Sample ImageFolderSource::make_sample(std::uint64_t index) {
+  const DatasetEntry& entry = folder_.entries[index];
   Sample sample;
-  sample.index = at->index;
-  sample.epoch = at->epoch;
   sample.path = entry.path;
   sample.label = entry.label;
   return sample;

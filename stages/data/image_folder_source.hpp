@@ -13,24 +13,22 @@ namespace flowtrain::data {
 /// Emits the images of a root/<class>/<image> folder (labels: class folders in sorted order) for
 /// `epochs` epochs, in this rank's order (see EpochOrder). Lists the folder when constructed;
 /// reads no file: Sample::encoded stays empty and the decode stage reads `path`.
-class ImageFolderSource final : public Source<Sample> {
+class ImageFolderSource final : public DatasetSource {
  public:
   explicit ImageFolderSource(const Params& params);
   static StageDoc describe();
 
   /// Class names; classes()[label] is the folder of that label.
   const std::vector<std::string>& classes() const { return folder_.classes; }
-  /// Samples this source emits over the whole run.
-  std::uint64_t total() const { return cursor_.total(); }
 
  protected:
-  std::optional<Sample> next() override;
+  Sample make_sample(std::uint64_t index) override;
 
  private:
   ImageFolderSource(const Params& params, const SourceOptions& options);
+  ImageFolderSource(ImageFolder folder, const SourceOptions& options);
 
   ImageFolder folder_;
-  EpochCursor cursor_;
 };
 
 }  // namespace flowtrain::data

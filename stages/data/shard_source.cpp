@@ -19,7 +19,10 @@ std::unique_ptr<ShardReader> open(const Params& params, const SourceOptions& opt
 ShardSource::ShardSource(const Params& params) : ShardSource(params, read_source_options(params)) {}
 
 ShardSource::ShardSource(const Params& params, const SourceOptions& options)
-    : reader_(open(params, options)), cursor_(options.limited(reader_->size()), options) {}
+    : ShardSource(open(params, options), options) {}
+
+ShardSource::ShardSource(std::unique_ptr<ShardReader> reader, const SourceOptions& options)
+    : DatasetSource(options.limited(reader->size()), options), reader_(std::move(reader)) {}
 
 StageDoc ShardSource::describe() {
   return {
@@ -28,14 +31,10 @@ StageDoc ShardSource::describe() {
       source_param_specs(path_param("shard", "packed shard file"))};
 }
 
-std::optional<Sample> ShardSource::next() {
-  const std::optional<EpochCursor::Position> at = cursor_.next();
-  if (!at) return std::nullopt;
-  const ShardReader::Record record = reader_->record(at->index);
+Sample ShardSource::make_sample(std::uint64_t index) {
+  const ShardReader::Record record = reader_->record(index);
   Sample sample;
-  sample.index = at->index;
-  sample.epoch = at->epoch;
-  sample.path = reader_->path() + "#" + std::to_string(at->index);
+  sample.path = reader_->path() + "#" + std::to_string(index);
   sample.label = record.label;
   sample.targets.assign(record.targets.begin(), record.targets.end());
   sample.encoded.assign(record.bytes.begin(), record.bytes.end());

@@ -15,22 +15,20 @@ namespace flowtrain::data {
 /// this rank's order (see EpochOrder). The shard is mapped, not read: each sample copies its
 /// record's bytes into Sample::encoded when it is emitted. Sample::path is "<shard>#<record>";
 /// the path the record was packed from is ShardReader::record(i).path.
-class ShardSource final : public Source<Sample> {
+class ShardSource final : public DatasetSource {
  public:
   explicit ShardSource(const Params& params);
   static StageDoc describe();
 
-  /// Samples this source emits over the whole run.
-  std::uint64_t total() const { return cursor_.total(); }
 
  protected:
-  std::optional<Sample> next() override;
+  Sample make_sample(std::uint64_t index) override;
 
  private:
   ShardSource(const Params& params, const SourceOptions& options);
 
+  ShardSource(std::unique_ptr<ShardReader> reader, const SourceOptions& options);
   std::unique_ptr<ShardReader> reader_;
-  EpochCursor cursor_;
 };
 
 }  // namespace flowtrain::data

@@ -1,0 +1,249 @@
+#include "stages/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/output-archive.h>
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormatKey = "flowtrain.format";
+constexpr std::int64_t kFormatVersion = 1;
+
+// The ViTConfig fields as (key, int member) and (key, double member) pairs: one list for both
+// writing and reading, so they cannot drift apart.
+constexpr std::pair<const char*, int ViTConfig::*> kIntFields[] = {
+    {"image_size", &ViTConfig::image_size},
+    {"patch_size", &ViTConfig::patch_size},
+    {"channels", &ViTConfig::channels},
+    {"dim", &ViTConfig::dim},
+    {"depth", &ViTConfig::depth},
+    {"heads", &ViTConfig::heads},
+    {"classes", &ViTConfig::classes},
+    {"regression_outputs", &ViTConfig::regression_outputs},
+};
+constexpr std::pair<const char*, double ViTConfig::*> kDoubleFields[] = {
+    {"mlp_ratio", &ViTConfig::mlp_ratio},
+    {"dropout", &ViTConfig::dropout},
+};
+constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
+    {"step", &TrainState::step},
+    {"total_steps", &TrainState::total_steps},
+    {"data_position", &TrainState::data_position},
+    {"skipped_steps", &TrainState::skipped_steps},
+};
+
+void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const std::string reason = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    throw Error("cannot write checkpoint " + path + ": fsync failed (" + reason + ")");
+  }
+  ::close(fd);
+}
+
+std::int64_t read_int(torch::serialize::InputArchive& archive,
+                      const std::string& key,
+                      const std::string& path) {
+  c10::IValue value;
+  if (!archive.try_read(key, value) || !value.isInt()) {
+    throw Error(path + ": checkpoint has no '" + key + "' (written by another version?)");
+  }
+  return value.toInt();
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path,
+                     ViT& model,
+                     const torch::optim::Optimizer* optimizer,
+                     const TrainState& state) {
+  torch::serialize::OutputArchive archive;
+  archive.write(kFormatKey, c10::IValue(kFormatVersion));
+  const ViTConfig& config = model->config();
+  for (const auto& [key, field] : kIntFields) {
+    archive.write(std::string("config.") + key, c10::IValue(std::int64_t{config.*field}));
+  }
+  for (const auto& [key, field] : kDoubleFields) {
+    archive.write(std::string("config.") + key, c10::IValue(config.*field));
+  }
+  for (const auto& [key, field] : kStateFields) {
+    archive.write(std::string("state.") + key,
+                  c10::IValue(static_cast<std::int64_t>(state.*field)));
+  }
+  archive.write("state.epoch", c10::IValue(std::int64_t{state.epoch}));
+
+  torch::serialize::OutputArchive weights;
+  model->save(weights);
+  archive.write("model", weights);
+  if (optimizer) {
+    torch::serialize::OutputArchive optimizer_state;
+    optimizer->save(optimizer_state);
+    archive.write("optimizer", optimizer_state);
+  }
+  {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    archive.write("rng", generator.get_state());
+  }
+
+  const std::string temporary = path + ".tmp";
+  try {
+    archive.save_to(temporary);
+  } catch (const c10::Error& e) {
+    std::remove(temporary.c_str());
+    throw Error("cannot write checkpoint " + path + ": " + e.what_without_backtrace());
+  }
+  fsync_path(temporary, O_RDONLY);
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(temporary.c_str());
+    throw Error("cannot write checkpoint " + path + ": rename failed (" + reason + ")");
+  }
+  const fs::path folder = fs::path(path).parent_path();
+  fsync_path(folder.empty() ? "." : folder.string(), O_RDONLY | O_DIRECTORY);
+}
+
+bool is_checkpoint(const std::string& path) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    c10::IValue format;
+    return archive.try_read(kFormatKey, format);
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw Error(path + ": no such checkpoint file");
+  Checkpoint checkpoint;
+  checkpoint.path = path;
+  try {
+    checkpoint.archive.load_from(path);
+  } catch (const c10::Error& e) {
+    throw Error(path + ": not a flowtrain checkpoint (cannot open it as a LibTorch archive)");
+  }
+  c10::IValue format;
+  if (!checkpoint.archive.try_read(kFormatKey, format)) {
+    throw Error(path + ": not a flowtrain checkpoint (a TorchScript model? load it as one)");
+  }
+  if (!format.isInt() || format.toInt() != kFormatVersion) {
+    throw Error(path + ": checkpoint format " + format.toStringRef() + " is not supported");
+  }
+  for (const auto& [key, field] : kIntFields) {
+    checkpoint.config.*field =
+        static_cast<int>(read_int(checkpoint.archive, std::string("config.") + key, path));
+  }
+  for (const auto& [key, field] : kDoubleFields) {
+    c10::IValue value;
+    if (!checkpoint.archive.try_read(std::string("config.") + key, value) || !value.isDouble()) {
+      throw Error(path + ": checkpoint has no 'config." + key + "'");
+    }
+    checkpoint.config.*field = value.toDouble();
+  }
+  for (const auto& [key, field] : kStateFields) {
+    checkpoint.state.*field =
+        static_cast<std::uint64_t>(read_int(checkpoint.archive, std::string("state.") + key, path));
+  }
+  checkpoint.state.epoch =
+      static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
+  return checkpoint;
+}
+
+namespace {
+void load_weights(const Checkpoint& checkpoint, ViT& model) {
+  torch::serialize::InputArchive weights;
+  if (!checkpoint.archive.try_read("model", weights)) throw Error(checkpoint.path + ": checkpoint has no model");
+  try {
+    model->load(weights);
+  } catch (const c10::Error& e) {
+    throw Error(checkpoint.path + ": cannot load the model weights: " + e.what_without_backtrace());
+  }
+}
+}  // namespace
+
+ViT load_model(const Checkpoint& checkpoint) {
+  ViT model(checkpoint.config);
+  load_weights(checkpoint, model);
+  model->eval();
+  return model;
+}
+
+void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer) {
+  if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
+    throw Error(checkpoint.path + ": the checkpoint's model differs from the configured one (" +
+                diff + ")");
+  }
+  load_weights(checkpoint, model);
+  torch::serialize::InputArchive optimizer_state;
+  if (!checkpoint.archive.try_read("optimizer", optimizer_state)) {
+    throw Error(checkpoint.path + ": checkpoint has no optimizer state (a model-only file)");
+  }
+  optimizer.load(optimizer_state);
+  torch::Tensor rng;
+  if (checkpoint.archive.try_read("rng", rng)) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng);
+  }
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  if (fs::is_regular_file(fs::path(dir) / "final.pt", ec)) return (fs::path(dir) / "final.pt").string();
+  std::optional<std::string> best;
+  std::string best_name;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    // step-NNNNNNNN.pt: fixed width, so the highest step sorts last.
+    if (name.size() == step_checkpoint_name(0).size() && name.rfind("step-", 0) == 0 &&
+        name.substr(name.size() - 3) == ".pt" && name > best_name) {
+      best_name = name;
+      best = entry.path().string();
+    }
+  }
+  return best;
+}
+
+std::string step_checkpoint_name(std::uint64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08llu.pt", static_cast<unsigned long long>(step));
+  return buf;
+}
+
+std::string config_difference(const ViTConfig& saved, const ViTConfig& wanted) {
+  std::string out;
+  for (const auto& [key, field] : kIntFields) {
+    if (saved.*field != wanted.*field) {
+      out += std::string(out.empty() ? "" : ", ") + key + " " + std::to_string(saved.*field) +
+             " in the file, " + std::to_string(wanted.*field) + " configured";
+    }
+  }
+  for (const auto& [key, field] : kDoubleFields) {
+    if (saved.*field != wanted.*field) {
+      out += std::string(out.empty() ? "" : ", ") + key + " " + std::to_string(saved.*field) +
+             " in the file, " + std::to_string(wanted.*field) + " configured";
+    }
+  }
+  return out;
+}
+
+}  // namespace flowtrain::train

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "stages/train/vit.hpp"
+
+namespace flowtrain::train {
+
+/// Where a training run stands: enough, with the weights and optimizer state, to continue it
+/// exactly.
+struct TrainState {
+  std::uint64_t step = 0;           // optimizer steps taken
+  std::uint64_t total_steps = 0;    // length of the learning-rate schedule
+  std::uint32_t epoch = 0;          // epoch of the last sample trained on
+  std::uint64_t data_position = 0;  // source items consumed: the resumed run starts here
+  std::uint64_t skipped_steps = 0;  // batches skipped for a non-finite loss
+};
+
+/// A flowtrain checkpoint file as read: the model's shape, the training state, and the archive
+/// holding weights ("model"), optimizer state ("optimizer") and the RNG state ("rng").
+struct Checkpoint {
+  std::string path;
+  ViTConfig config;
+  TrainState state;
+  mutable torch::serialize::InputArchive archive;  // reading it is not const in LibTorch
+};
+
+/// Writes a checkpoint atomically: to `path`.tmp, fsync, rename over `path`, fsync the folder,
+/// so a crash at any moment leaves either the old file or the new one, never a torn one.
+/// `optimizer` may be null (a model-only file). Throws Error naming the path on failure.
+///
+///   save_checkpoint(dir + "/step-00000100.pt", model, &optimizer, state);
+void save_checkpoint(const std::string& path,
+                     ViT& model,
+                     const torch::optim::Optimizer* optimizer,
+                     const TrainState& state);
+
+/// True if `path` is a file written by save_checkpoint (false for TorchScript files and the rest).
+bool is_checkpoint(const std::string& path);
+
+/// Reads a checkpoint's header and archive; throws Error naming the path if it is missing or
+/// not a flowtrain checkpoint.
+Checkpoint read_checkpoint(const std::string& path);
+
+/// A model built from the checkpoint's config with its weights, in eval mode.
+ViT load_model(const Checkpoint& checkpoint);
+
+/// Puts the checkpoint's weights into `model`, its state into `optimizer`, and restores the
+/// global CPU random generator. Throws Error if the model's shape differs from the file's.
+void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer);
+
+/// The newest checkpoint in `dir`: "final.pt" if present, else the "step-N.pt" with the
+/// highest N; std::nullopt if there is none (or no folder).
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+/// "step-00000042.pt".
+std::string step_checkpoint_name(std::uint64_t step);
+
+/// A one-line description of how two configs differ ("dim 64 vs 32"), empty if equal.
+std::string config_difference(const ViTConfig& saved, const ViTConfig& wanted);
+
+}  // namespace flowtrain::train

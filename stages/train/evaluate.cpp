@@ -1,0 +1,78 @@
+#include "stages/train/evaluate.hpp"
+
+#include <torch/torch.h>
+
+#include "graph/error.hpp"
+#include "stages/train/compute.hpp"
+#include "stages/train/inference_model.hpp"
+
+namespace flowtrain::train {
+
+EvaluateStage::EvaluateStage(const Params& params)
+    : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
+      bf16_(wants_bf16(params)) {
+  const std::string path = params.get_string("model");
+  if (path.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
+  model_ = InferenceModel::load(path);
+}
+
+EvaluateStage::~EvaluateStage() = default;
+
+StageDoc EvaluateStage::describe() {
+  return {"Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
+          "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
+          {string_param("model", "",
+                        "model file: a flowtrain checkpoint or a TorchScript module; may be "
+                        "written by an earlier phase"),
+           intraop_threads_param(), autocast_param()}};
+}
+
+void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
+  IntraOpThreads threads(intraop_threads_);
+  ViTOutput out;
+  {
+    Autocast autocast(bf16_);
+    out = model_->forward(batch.images);
+  }
+  const torch::Tensor logits = out.logits.to(torch::kFloat);
+  if (logits.dim() != 2 || logits.size(0) != batch.size()) {
+    throw Error("the model returned logits of shape " + c10::str(logits.sizes()) +
+                " for a batch of " + std::to_string(batch.size()));
+  }
+  const std::int64_t k = std::min<std::int64_t>(5, logits.size(1));
+  const torch::Tensor top = std::get<1>(logits.topk(k, 1));
+  const torch::Tensor hits = top.eq(batch.labels.unsqueeze(1));
+  top1_ += static_cast<std::uint64_t>(hits.select(1, 0).sum().item<std::int64_t>());
+  top5_ += static_cast<std::uint64_t>(hits.any(1).sum().item<std::int64_t>());
+  seen_ += static_cast<std::uint64_t>(batch.size());
+  if (out.regression.defined() && batch.targets.defined() &&
+      batch.targets.sizes() == out.regression.sizes()) {
+    abs_error_ += (out.regression.to(torch::kDouble) - batch.targets.to(torch::kDouble))
+                      .abs()
+                      .sum()
+                      .item<double>();
+    regression_values_ += static_cast<std::uint64_t>(out.regression.numel());
+  }
+}
+
+double EvaluateStage::top1() const {
+  return seen_ ? static_cast<double>(top1_) / static_cast<double>(seen_) : 0;
+}
+
+double EvaluateStage::top5() const {
+  return seen_ ? static_cast<double>(top5_) / static_cast<double>(seen_) : 0;
+}
+
+std::vector<StageResult> EvaluateStage::results() const {
+  std::vector<StageResult> out = {{"images", static_cast<double>(seen_)},
+                                  {"top1", top1()},
+                                  {"top5", top5()}};
+  if (regression_values_ > 0) {
+    out.push_back({"mae", abs_error_ / static_cast<double>(regression_values_)});
+  }
+  return out;
+}
+
+FLOWTRAIN_REGISTER_STAGE("evaluate", EvaluateStage);
+
+}  // namespace flowtrain::train

@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "graph/registry.hpp"
+#include "stages/data/batch.hpp"
+
+namespace flowtrain::train {
+
+class InferenceModel;
+
+/// Measures a model on held-out batches: top-1 and top-5 accuracy, and the mean absolute error
+/// of a regression head against the batch targets. Serial and in order, so the sums (and the
+/// results) are the same on every run.
+class EvaluateStage final : public Sink<data::Batch> {
+ public:
+  explicit EvaluateStage(const Params& params);
+  ~EvaluateStage() override;
+  static StageDoc describe();
+
+  static StageShape static_shape() {
+    StageShape shape = Sink<data::Batch>::static_shape();
+    shape.max_concurrency = kSerial;
+    return shape;
+  }
+  StageShape shape() const override { return static_shape(); }
+  bool requires_order() const override { return true; }
+  std::size_t threads_per_invocation() const override { return intraop_threads_; }
+  std::vector<StageResult> results() const override;
+
+  /// Top-1 accuracy so far (0 before any batch).
+  double top1() const;
+  double top5() const;
+
+ protected:
+  void consume(data::Batch&& batch, ItemContext& ctx) override;
+
+ private:
+  std::unique_ptr<InferenceModel> model_;
+  int intraop_threads_;
+  bool bf16_;
+  std::uint64_t seen_ = 0, top1_ = 0, top5_ = 0;
+  std::uint64_t regression_values_ = 0;
+  double abs_error_ = 0;
+};
+
+}  // namespace flowtrain::train

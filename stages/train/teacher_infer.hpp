@@ -1,0 +1,34 @@
+#pragma once
+
+#include <memory>
+
+#include "graph/registry.hpp"
+#include "stages/data/batch.hpp"
+
+namespace flowtrain::train {
+
+class InferenceModel;
+
+/// Runs a frozen teacher on each batch and adds its outputs (Batch::teacher_logits, and
+/// teacher_regression for a model with a regression head). No gradients, eval mode, its own
+/// intra-op thread count, optional bf16 autocast. The teacher is a flowtrain checkpoint or any
+/// TorchScript module; with concurrency > 1 several batches run through it at once, ahead of
+/// the student.
+class TeacherInferStage final : public Map<data::Batch, data::Batch> {
+ public:
+  explicit TeacherInferStage(const Params& params);
+  ~TeacherInferStage() override;
+  static StageDoc describe();
+
+  std::size_t threads_per_invocation() const override { return intraop_threads_; }
+
+ protected:
+  std::optional<data::Batch> process(data::Batch&& batch, ItemContext& ctx) override;
+
+ private:
+  std::unique_ptr<InferenceModel> model_;
+  int intraop_threads_;
+  bool bf16_;
+};
+
+}  // namespace flowtrain::train

@@ -1,0 +1,452 @@
+#include "stages/train/torchscript.hpp"
+
+#include <fcntl.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::train {
+
+namespace {
+
+// The TorchScript classes of the exported model, one per kind of module. Instances of a kind
+// share one class type (as torch.jit.script gives identical submodules), so each method is
+// compiled once. The names only need to be unique inside the file; they show in Python's repr.
+constexpr const char* kNamespace = "__torch__.flowtrain.vit.";
+
+// Methods, compiled by the TorchScript frontend from source: only aten builtins (torch.*) and
+// tensor methods, which the saved file records as plain TorchScript code, the same as
+// torch.jit.script would write (the file format is LibTorch 1.13's: version 10, so a PyTorch
+// older than the writer may refuse it). Each line mirrors the C++ forward in vit.cpp
+// in eval mode (dropout is the identity), op for op, so the outputs are bit-identical.
+// Submodules are called through `.forward`, as in TorchScript's own serialized code: a class
+// built in C++ has no Python-side `__call__` for the compiler to resolve.
+constexpr const char* kLinearSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    return torch.linear(x, self.weight, self.bias)
+)";
+
+constexpr const char* kLayerNormSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    return torch.layer_norm(x, [self.weight.size(0)], self.weight, self.bias, self.eps)
+)";
+
+constexpr const char* kConv2dSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    return torch.conv2d(x, self.weight, self.bias, [self.stride, self.stride])
+)";
+
+constexpr const char* kPatchEmbedSource = R"(
+def forward(self, images: Tensor) -> Tensor:
+    return self.proj.forward(images).flatten(2).transpose(1, 2)
+)";
+
+constexpr const char* kAttentionSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    batch = x.size(0)
+    tokens = x.size(1)
+    dim = x.size(2)
+    qkv = self.qkv.forward(x).reshape([batch, tokens, 3, self.heads, dim // self.heads])
+    qkv = qkv.permute([2, 0, 3, 1, 4])
+    q = qkv[0]
+    k = qkv[1]
+    v = qkv[2]
+    attention = torch.matmul(q * self.scale, k.transpose(-2, -1)).softmax(-1)
+    out = torch.matmul(attention, v).transpose(1, 2).reshape([batch, tokens, dim])
+    return self.proj.forward(out)
+)";
+
+constexpr const char* kMlpSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    return self.fc2.forward(torch.gelu(self.fc1.forward(x)))
+)";
+
+constexpr const char* kBlockSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    x = x + self.attn.forward(self.norm1.forward(x))
+    return x + self.mlp.forward(self.norm2.forward(x))
+)";
+
+// The image check (`assert`: `raise` would need Python's exception classes) and the trunk; the
+// return differs with and without a regression head.
+constexpr const char* kViTSourceHead = R"(
+def forward(self, images: Tensor) -> {RETURN_TYPE}:
+    assert images.dim() == 4 and images.size(1) == self.channels and images.size(2) == self.image_size and images.size(3) == self.image_size, "ViT: expected images [B, {}, {}, {}], got {}".format(self.channels, self.image_size, self.image_size, images.shape)
+    x = self.patch_embed.forward(images)
+    x = torch.cat([self.cls_token.expand([x.size(0), -1, -1]), x], 1) + self.pos_embed
+    x = self.blocks.forward(x)
+    cls = self.norm.forward(x.select(1, 0))
+)";
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+    text.replace(at, from.size(), to);
+    at += to.size();
+  }
+  return text;
+}
+
+// The first non-empty line of a LibTorch message: enough for a one-line error.
+std::string first_line(const std::string& message) {
+  const std::size_t begin = std::min(message.find_first_not_of(" \n"), message.size());
+  return message.substr(begin, message.find('\n', begin) - begin);
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+// A TorchScript interpreter error starts with a traceback and ends with the actual error line;
+// other LibTorch errors say what happened on their first line.
+std::string short_reason(const std::exception& e) {
+  const std::string message = message_of(e);
+  if (message.find("Traceback of TorchScript") == std::string::npos) return first_line(message);
+  const std::size_t end = message.find_last_not_of(" \n");
+  if (end == std::string::npos) return first_line(message);
+  const std::size_t newline = message.rfind('\n', end);
+  const std::size_t begin = newline == std::string::npos ? 0 : newline + 1;
+  std::string last = message.substr(begin, end + 1 - begin);
+  // "RuntimeError: AssertionError: ...": the interpreter's wrapper of the script's own
+  // exception says nothing more; keep the script's class.
+  const std::string wrapper = "RuntimeError: ";
+  const std::size_t colon = last.find(": ", wrapper.size());
+  if (last.rfind(wrapper, 0) == 0 && colon != std::string::npos &&
+      std::all_of(last.begin() + wrapper.size(), last.begin() + colon,
+                  [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '.'; })) {
+    last.erase(0, wrapper.size());
+  }
+  return last;
+}
+
+// Builds the module tree, one class type per kind, creating each type on first use.
+class ModuleBuilder {
+ public:
+  ModuleBuilder() : unit_(std::make_shared<torch::jit::CompilationUnit>()) {}
+
+  torch::jit::Module make(const std::string& kind) {
+    auto found = types_.find(kind);
+    torch::jit::Module module =
+        found == types_.end() ? torch::jit::Module(c10::QualifiedName(kNamespace + kind), unit_)
+                              : torch::jit::Module(unit_, found->second);
+    if (found == types_.end()) types_.emplace(kind, module.type());
+    // Module::train()/eval() (C++ and Python) expect the attribute on every module.
+    module.register_attribute("training", c10::BoolType::get(), false);
+    return module;
+  }
+
+  /// Compiles `source` as methods of the class of `module`, once per class.
+  void define(torch::jit::Module& module, const std::string& source) {
+    if (defined_.insert(module.type()->name()->qualifiedName()).second) module.define(source);
+  }
+
+ private:
+  std::shared_ptr<torch::jit::CompilationUnit> unit_;
+  std::map<std::string, c10::ClassTypePtr> types_;
+  std::set<std::string> defined_;
+};
+
+// Reads the weights of the C++ model by their timm names.
+class WeightSource {
+ public:
+  explicit WeightSource(ViT& model) {
+    for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+      parameters_.emplace(item.key(), item.value());
+    }
+    for (const auto& item : model->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+      modules_.emplace(item.key(), item.value());
+    }
+  }
+
+  /// A CPU copy of the parameter `name`, detached from the model.
+  torch::Tensor copy(const std::string& name) const {
+    const auto found = parameters_.find(name);
+    if (found == parameters_.end()) {
+      throw Error("export_torchscript: the model has no parameter '" + name + "'");
+    }
+    torch::NoGradGuard no_grad;
+    torch::Tensor tensor = found->second.detach().to(torch::kCPU).contiguous().clone();
+    tensor.set_requires_grad(found->second.requires_grad());
+    return tensor;
+  }
+
+  double layer_norm_eps(const std::string& name) const {
+    const auto found = modules_.find(name);
+    const auto* norm =
+        found == modules_.end() ? nullptr : found->second->as<torch::nn::LayerNormImpl>();
+    if (norm == nullptr) {
+      throw Error("export_torchscript: the model has no LayerNorm '" + name + "'");
+    }
+    return norm->options.eps();
+  }
+
+ private:
+  std::map<std::string, torch::Tensor> parameters_;
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> modules_;
+};
+
+void add_parameters(torch::jit::Module& module,
+                    const WeightSource& weights,
+                    const std::string& prefix,
+                    std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    module.register_parameter(name, weights.copy(prefix + name), /*is_buffer=*/false);
+  }
+}
+
+torch::jit::Module linear(ModuleBuilder& builder,
+                          const WeightSource& weights,
+                          const std::string& name) {
+  torch::jit::Module module = builder.make("Linear");
+  add_parameters(module, weights, name + ".", {"weight", "bias"});
+  builder.define(module, kLinearSource);
+  return module;
+}
+
+torch::jit::Module layer_norm(ModuleBuilder& builder,
+                              const WeightSource& weights,
+                              const std::string& name) {
+  torch::jit::Module module = builder.make("LayerNorm");
+  add_parameters(module, weights, name + ".", {"weight", "bias"});
+  module.register_attribute("eps", c10::FloatType::get(), weights.layer_norm_eps(name));
+  builder.define(module, kLayerNormSource);
+  return module;
+}
+
+torch::jit::Module build_vit(ViT& model) {
+  const ViTConfig& config = model->config();
+  const WeightSource weights(model);
+  ModuleBuilder builder;
+
+  torch::jit::Module proj = builder.make("Conv2d");
+  add_parameters(proj, weights, "patch_embed.proj.", {"weight", "bias"});
+  proj.register_attribute("stride", c10::IntType::get(), std::int64_t{config.patch_size});
+  builder.define(proj, kConv2dSource);
+  torch::jit::Module patch_embed = builder.make("PatchEmbed");
+  patch_embed.register_module("proj", proj);
+  builder.define(patch_embed, kPatchEmbedSource);
+
+  // blocks: a Sequential, as in timm, whose forward runs its children in order.
+  torch::jit::Module blocks = builder.make("Sequential");
+  std::string blocks_source = "\ndef forward(self, x: Tensor) -> Tensor:\n";
+  for (int i = 0; i < config.depth; ++i) {
+    const std::string prefix = "blocks." + std::to_string(i) + ".";
+    torch::jit::Module attn = builder.make("Attention");
+    attn.register_module("qkv", linear(builder, weights, prefix + "attn.qkv"));
+    attn.register_module("proj", linear(builder, weights, prefix + "attn.proj"));
+    attn.register_attribute("heads", c10::IntType::get(), std::int64_t{config.heads});
+    attn.register_attribute("scale", c10::FloatType::get(),
+                            1.0 / std::sqrt(static_cast<double>(config.dim / config.heads)));
+    builder.define(attn, kAttentionSource);
+    torch::jit::Module mlp = builder.make("Mlp");
+    mlp.register_module("fc1", linear(builder, weights, prefix + "mlp.fc1"));
+    mlp.register_module("fc2", linear(builder, weights, prefix + "mlp.fc2"));
+    builder.define(mlp, kMlpSource);
+    torch::jit::Module block = builder.make("Block");
+    block.register_module("norm1", layer_norm(builder, weights, prefix + "norm1"));
+    block.register_module("attn", attn);
+    block.register_module("norm2", layer_norm(builder, weights, prefix + "norm2"));
+    block.register_module("mlp", mlp);
+    builder.define(block, kBlockSource);
+    blocks.register_module(std::to_string(i), block);
+    blocks_source += "    x = getattr(self, \"" + std::to_string(i) + "\").forward(x)\n";
+  }
+  blocks_source += "    return x\n";
+  builder.define(blocks, blocks_source);
+
+  torch::jit::Module vit = builder.make("VisionTransformer");
+  vit.register_module("patch_embed", patch_embed);
+  add_parameters(vit, weights, "", {"cls_token", "pos_embed"});
+  vit.register_module("blocks", blocks);
+  vit.register_module("norm", layer_norm(builder, weights, "norm"));
+  vit.register_module("head", linear(builder, weights, "head"));
+  const bool regression = config.regression_outputs > 0;
+  if (regression) {
+    vit.register_module("regression_head", linear(builder, weights, "regression_head"));
+  }
+  vit.register_attribute("image_size", c10::IntType::get(), std::int64_t{config.image_size});
+  vit.register_attribute("channels", c10::IntType::get(), std::int64_t{config.channels});
+  vit.register_attribute("classes", c10::IntType::get(), std::int64_t{config.classes});
+  vit.register_attribute("regression_outputs", c10::IntType::get(),
+                         std::int64_t{config.regression_outputs});
+  std::string source =
+      replace_all(kViTSourceHead, "{RETURN_TYPE}", regression ? "Tuple[Tensor, Tensor]" : "Tensor");
+  source += regression ? "    return self.head.forward(cls), self.regression_head.forward(cls)\n"
+                       : "    return self.head.forward(cls)\n";
+  builder.define(vit, source);
+  return vit;
+}
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+// fsync of a file or folder by path; returns errno, or 0.
+int sync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int result = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return result;
+}
+
+void write_atomically(const torch::jit::Module& module, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  // Create the file ourselves first: an unwritable folder then fails with errno's words rather
+  // than a LibTorch stream message.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot write (" + errno_text(errno) + ")");
+  ::close(fd);
+  try {
+    module.save(tmp);
+  } catch (const std::exception& e) {
+    std::remove(tmp.c_str());
+    throw Error(path + ": cannot write (" + first_line(message_of(e)) + ")");
+  }
+  if (const int error = sync_path(tmp, O_RDONLY); error != 0) {
+    std::remove(tmp.c_str());
+    throw Error(path + ": cannot write (fsync: " + errno_text(error) + ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(tmp.c_str());
+    throw Error(path + ": cannot rename " + tmp + " into place (" + errno_text(error) + ")");
+  }
+  // Make the rename itself durable. Best effort: some file systems refuse fsync on a folder.
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  sync_path(folder.empty() ? "." : folder.string(), O_RDONLY | O_DIRECTORY);
+}
+
+// "Tensor[2, 5]", "Tuple[Tensor[2, 5], int]", "Dict(str, Tensor)"...: what a forward returned.
+std::string describe(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const torch::Tensor& tensor = value.toTensor();
+    if (!tensor.defined()) return "an undefined Tensor";
+    std::ostringstream out;
+    out << "Tensor" << tensor.sizes();
+    if (!tensor.is_floating_point()) out << " of " << tensor.scalar_type();
+    return out.str();
+  }
+  const auto describe_items = [](const char* name, const auto& items) {
+    std::string out = std::string(name) + "[";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      out += (i ? ", " : "") + describe(items[i]);
+    }
+    return out + "]";
+  };
+  if (value.isTuple()) return describe_items("Tuple", value.toTupleRef().elements());
+  if (value.isList()) return describe_items("List", value.toListRef());
+  if (value.isNone()) return "None";
+  return value.type()->annotation_str();
+}
+
+bool batch_of(const c10::IValue& value, std::int64_t batch, std::int64_t dims) {
+  if (!value.isTensor()) return false;
+  const torch::Tensor& tensor = value.toTensor();
+  return tensor.defined() && tensor.is_floating_point() && tensor.dim() == dims &&
+         tensor.size(0) == batch;
+}
+
+}  // namespace
+
+void export_torchscript(ViT& model, const std::string& path) {
+  torch::jit::Module module;
+  try {
+    module = build_vit(model);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // A bug of ours (TorchScript source that does not compile), not a user error; say where.
+    throw Error(path + ": cannot build the TorchScript module (" + short_reason(e) + ")");
+  }
+  write_atomically(module, path);
+}
+
+struct ScriptedModel::Impl {
+  std::string path;
+  torch::jit::Module module;
+};
+
+ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->path = path;
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) throw Error(path + ": no such file");
+  if (std::filesystem::is_directory(status)) {
+    throw Error(path + ": is a folder, not a TorchScript model");
+  }
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
+    throw Error(path + ": cannot read (" + errno_text(errno) + ")");
+  } else {
+    ::close(fd);
+  }
+  try {
+    impl_->module = torch::jit::load(path, device);
+  } catch (const std::exception& e) {
+    throw Error(path + ": not a TorchScript model (" + short_reason(e) + ")");
+  }
+  if (!impl_->module.find_method("forward")) {
+    throw Error(path + ": the module has no forward method");
+  }
+  impl_->module.eval();
+}
+
+ScriptedModel::~ScriptedModel() = default;
+ScriptedModel::ScriptedModel(ScriptedModel&&) noexcept = default;
+ScriptedModel& ScriptedModel::operator=(ScriptedModel&&) noexcept = default;
+
+const std::string& ScriptedModel::path() const { return impl_->path; }
+
+std::optional<int> ScriptedModel::image_size() const {
+  if (!impl_->module.hasattr("image_size")) return std::nullopt;
+  const c10::IValue value = impl_->module.attr("image_size");
+  if (!value.isInt()) return std::nullopt;
+  return static_cast<int>(value.toInt());
+}
+
+ViTOutput ScriptedModel::forward(const torch::Tensor& images) const {
+  torch::NoGradGuard no_grad;
+  c10::IValue result;
+  try {
+    // Module is a handle: a copy shares the module, and forward only reads its state.
+    torch::jit::Module module = impl_->module;
+    result = module.forward({images});
+  } catch (const std::exception& e) {
+    throw Error(impl_->path + ": forward failed: " + short_reason(e));
+  }
+  const std::int64_t batch = images.dim() > 0 ? images.size(0) : -1;
+  ViTOutput out;
+  if (batch_of(result, batch, 2)) {
+    out.logits = result.toTensor();
+    return out;
+  }
+  if (result.isTuple() || result.isList()) {
+    const std::vector<c10::IValue> items =
+        result.isTuple() ? result.toTupleRef().elements().vec() : result.toListRef().vec();
+    if (items.size() == 2 && batch_of(items[0], batch, 2) &&
+        (batch_of(items[1], batch, 2) || batch_of(items[1], batch, 1))) {
+      out.logits = items[0].toTensor();
+      out.regression = items[1].toTensor();
+      if (out.regression.dim() == 1) out.regression = out.regression.unsqueeze(1);
+      return out;
+    }
+  }
+  throw Error(impl_->path + ": forward returned " + describe(result) +
+              ", expected a Tensor of logits [B, classes] or a tuple (logits, regression)");
+}
+
+}  // namespace flowtrain::train

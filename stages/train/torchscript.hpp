@@ -1,0 +1,67 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "stages/train/vit.hpp"
+
+namespace flowtrain::train {
+
+/// Writes `model` as a TorchScript file that plain PyTorch (`torch.jit.load`) or LibTorch
+/// (`torch::jit::load`) runs with no flowtrain code:
+///
+///   forward(images: Tensor[B, C, H, W] float32) -> Tensor logits [B, classes]
+///   forward(images) -> Tuple[Tensor, Tensor] (logits, regression)   with a regression head
+///
+/// The module keeps timm's structure and parameter names (patch_embed.proj, cls_token,
+/// pos_embed, blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}, norm, head,
+/// regression_head), holds CPU copies of the weights, and computes the eval-mode forward (no
+/// dropout) whatever mode `model` is in. It also carries int attributes `image_size`,
+/// `channels`, `classes` and `regression_outputs`. The file is written to `path + ".tmp"`,
+/// fsynced, then renamed over `path`, so a reader never sees half a file. Throws
+/// flowtrain::Error naming the path and the reason (unwritable folder, full disk...).
+///
+///   ViT model(vit_config("vit_cpu_student", 224, 101));
+///   export_torchscript(model, "student.pt");
+///   // Python: torch.jit.load("student.pt")(images)
+void export_torchscript(ViT& model, const std::string& path);
+
+/// A TorchScript model loaded for inference, e.g. a teacher trained in PyTorch and saved with
+/// `torch.jit.save(torch.jit.script(model), path)`, or a file from `export_torchscript`. Its
+/// forward takes float32 images [B, C, H, W] and returns a Tensor of logits [B, classes], or a
+/// tuple (or list) (logits, regression) with regression [B, outputs] (a [B] regression becomes
+/// [B, 1]). The module is loaded onto `device` (CPU by default, whatever device it was saved
+/// from), put in eval mode, and run without autograd.
+///
+/// Errors are flowtrain::Error, one line each: "<path>: no such file", "<path>: not a
+/// TorchScript model (<reason>)", "<path>: the module has no forward method", and, from
+/// `forward`, "<path>: forward returned <type>, expected a Tensor of logits [B, classes] or a
+/// tuple (logits, regression)" or "<path>: forward failed: <reason>".
+///
+/// Thread safety: `forward` may be called from several threads at once. It relies on
+/// TorchScript's documented support for concurrent inference on one module (the graph executor
+/// locks its own plan cache; the module's state is only read) and mutates nothing itself.
+///
+///   ScriptedModel teacher("teacher.pt");
+///   ViTOutput out = teacher.forward(batch.images);  // out.logits: [B, classes]
+class ScriptedModel {
+ public:
+  explicit ScriptedModel(const std::string& path, torch::Device device = torch::kCPU);
+  ~ScriptedModel();
+  ScriptedModel(ScriptedModel&&) noexcept;
+  ScriptedModel& operator=(ScriptedModel&&) noexcept;
+
+  ViTOutput forward(const torch::Tensor& images) const;
+  ViTOutput operator()(const torch::Tensor& images) const { return forward(images); }
+
+  const std::string& path() const;
+  /// The module's int attribute `image_size` (files from `export_torchscript` have one), if any.
+  std::optional<int> image_size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flowtrain::train

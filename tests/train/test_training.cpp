@@ -1,0 +1,272 @@
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "graph/error.hpp"
+#include "graph/registry.hpp"
+#include "stages/data/batch.hpp"
+#include "stages/train/checkpoint.hpp"
+#include "stages/train/optimizer.hpp"
+#include "stages/train/student_step.hpp"
+#include "tests/train/training_fixture.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::train;
+using namespace flowtrain::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A small ViT on 32 px inputs: 16 patches of 8 px.
+std::string tiny_vit(int dim, int depth, int heads) {
+  return "classes: 4, image_size: 32, patch_size: 8, dim: " + std::to_string(dim) +
+         ", depth: " + std::to_string(depth) + ", heads: " + std::to_string(heads);
+}
+
+std::string evaluate_config(const std::string& model) {
+  return "threads: 2\nstages:\n" + data_stages("val", 1, false) +
+         "  - {type: evaluate, params: {model: " + model + "}}\n";
+}
+
+}  // namespace
+
+TEST_CASE("Train.Schedule.WarmupThenCosine") {
+  OptimizerOptions o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_steps = 4;
+  CHECK(scheduled_lr(o, 0, 20) == doctest::Approx(0.25));
+  CHECK(scheduled_lr(o, 3, 20) == doctest::Approx(1.0));
+  CHECK(scheduled_lr(o, 4, 20) == doctest::Approx(1.0));  // the cosine starts at the peak
+  CHECK(scheduled_lr(o, 12, 20) == doctest::Approx(0.55));  // halfway: (1 + 0.1) / 2
+  CHECK(scheduled_lr(o, 20, 20) == doctest::Approx(0.1));
+  CHECK(scheduled_lr(o, 25, 20) == doctest::Approx(0.1));
+}
+
+TEST_CASE("Train.Optimizer.NoDecayOnBiasesNormsAndEmbeddings") {
+  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+                      .classes = 3});
+  auto adamw = make_adamw(model, {});
+  REQUIRE(adamw->param_groups().size() == 2);
+  const auto& decay = adamw->param_groups()[0];
+  const auto& no_decay = adamw->param_groups()[1];
+  CHECK(static_cast<const torch::optim::AdamWOptions&>(decay.options()).weight_decay() == 0.05);
+  CHECK(static_cast<const torch::optim::AdamWOptions&>(no_decay.options()).weight_decay() == 0);
+  // Weight matrices: patch projection, qkv, proj, fc1, fc2, head.
+  CHECK(decay.params().size() == 6);
+  CHECK(decay.params().size() + no_decay.params().size() == model->parameters().size());
+  for (const auto& p : decay.params()) CHECK(p.dim() >= 2);
+}
+
+TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
+  TempDir dir;
+  torch::manual_seed(5);
+  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+                      .classes = 3, .regression_outputs = 1});
+  auto adamw = make_adamw(model, {});
+  // One step, so the optimizer has state to save.
+  model->forward(torch::randn({2, 3, 32, 32})).logits.sum().backward();
+  adamw->step();
+  const TrainState state{.step = 7, .total_steps = 30, .epoch = 2, .data_position = 224,
+                         .skipped_steps = 1};
+  save_checkpoint(dir / step_checkpoint_name(7), model, adamw.get(), state);
+  CHECK_FALSE(fs::exists(dir / (step_checkpoint_name(7) + ".tmp")));
+
+  const Checkpoint read = read_checkpoint(dir / step_checkpoint_name(7));
+  CHECK(read.state.step == 7);
+  CHECK(read.state.total_steps == 30);
+  CHECK(read.state.epoch == 2);
+  CHECK(read.state.data_position == 224);
+  CHECK(read.state.skipped_steps == 1);
+  CHECK(config_difference(read.config, model->config()).empty());
+
+  torch::manual_seed(6);  // different initial weights
+  ViT other(model->config());
+  auto other_adamw = make_adamw(other, {});
+  restore_training(read, other, *other_adamw);
+  const auto a = model->named_parameters(), b = other->named_parameters();
+  for (const auto& item : a) CHECK(torch::equal(item.value(), b[item.key()]));
+
+  // The newest step file wins; final.pt wins over any step.
+  save_checkpoint(dir / step_checkpoint_name(12), model, adamw.get(), state);
+  CHECK(latest_checkpoint(dir.path()) == dir / step_checkpoint_name(12));
+  save_checkpoint(dir / "final.pt", model, nullptr, state);
+  CHECK(latest_checkpoint(dir.path()) == dir / "final.pt");
+  CHECK_FALSE(latest_checkpoint(dir / "missing").has_value());
+
+  // A different shape is refused with what differs.
+  ViT wider(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+                      .classes = 3, .regression_outputs = 1});
+  auto wider_adamw = make_adamw(wider, {});
+  CHECK_THROWS_WITH_AS(restore_training(read, wider, *wider_adamw),
+                       doctest::Contains("dim 16 in the file, 32 configured"), Error);
+  // A model-only file cannot resume training.
+  CHECK_THROWS_WITH_AS(restore_training(read_checkpoint(dir / "final.pt"), other, *other_adamw),
+                       doctest::Contains("no optimizer state"), Error);
+  // Files that are not checkpoints.
+  std::ofstream(dir / "text.pt") << "hello";
+  CHECK_FALSE(is_checkpoint(dir / "text.pt"));
+  CHECK_THROWS_WITH_AS(read_checkpoint(dir / "text.pt"),
+                       doctest::Contains("not a flowtrain checkpoint"), Error);
+  CHECK_THROWS_WITH_AS(read_checkpoint(dir / "none.pt"), doctest::Contains("no such"), Error);
+}
+
+TEST_CASE("Train.Checkpoint.UnwritableFolderNamesPath") {
+  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+                      .classes = 3});
+  CHECK_THROWS_WITH_AS(save_checkpoint("/nonexistent-folder/x.pt", model, nullptr, {}),
+                       doctest::Contains("cannot write checkpoint /nonexistent-folder/x.pt"), Error);
+}
+
+// The teacher learns the synthetic classes; a smaller student distilled from it gets close.
+TEST_CASE("Train.Distill.TeacherLearnsStudentFollows" * doctest::timeout(300)) {
+  TempDir runs;
+  const RunReport teacher = run_config(
+      "threads: 2\nstages:\n" + data_stages("train", 6, true) +
+      "  - {type: student_step, name: teacher, queue_capacity: 2, params: {" + tiny_vit(64, 2, 4) +
+      ", alpha: 1, lr: 0.003, warmup_steps: 5, intraop_threads: 1, checkpoint_dir: " +
+      (runs / "teacher") + "}}\n");
+  CHECK(result(teacher, "teacher", "steps") == 60);  // 6 epochs x 10 batches
+  REQUIRE(fs::exists(runs / "teacher/final.pt"));
+
+  const double teacher_top1 =
+      result(run_config(evaluate_config(runs / "teacher/final.pt")), "evaluate", "top1");
+  CHECK(teacher_top1 >= 0.9);
+
+  const RunReport student = run_config(
+      "threads: 2\nstages:\n" + data_stages("train", 6, true) +
+      "  - {type: teacher_infer, queue_capacity: 2, params: {model: " + (runs / "teacher/final.pt") +
+      "}}\n"
+      "  - {type: student_step, queue_capacity: 2, params: {" + tiny_vit(32, 1, 2) +
+      ", alpha: 0.3, temperature: 2, lr: 0.003, warmup_steps: 5, checkpoint_dir: " +
+      (runs / "student") + "}}\n");
+  CHECK(result(student, "student_step", "steps") == 60);
+  const double student_top1 =
+      result(run_config(evaluate_config(runs / "student/final.pt")), "evaluate", "top1");
+  MESSAGE("teacher top-1 " << teacher_top1 << ", student top-1 " << student_top1);
+  CHECK(student_top1 >= teacher_top1 - 0.1);
+}
+
+namespace {
+
+// Test-only: fills the images of one batch with NaN, the way a corrupt input would poison a step.
+class PoisonBatchStage final : public Map<data::Batch, data::Batch> {
+ public:
+  explicit PoisonBatchStage(const Params& params) : number_(params.get_int("batch")) {}
+  static StageDoc describe() {
+    return {"test: NaN images in one batch", {int_param("batch", 3, "batch number to poison")}};
+  }
+
+ protected:
+  std::optional<data::Batch> process(data::Batch&& batch, ItemContext&) override {
+    if (static_cast<std::int64_t>(batch.number) == number_) {
+      batch.images = torch::full_like(batch.images, NAN);
+    }
+    return std::move(batch);
+  }
+
+ private:
+  std::int64_t number_;
+};
+FLOWTRAIN_REGISTER_STAGE("test_poison_batch", PoisonBatchStage);
+
+std::string poisoned_config(const std::string& on_nonfinite) {
+  return "threads: 2\nstages:\n" + data_stages("train", 1, true) +
+         "  - {type: test_poison_batch, params: {batch: 3}}\n"
+         "  - {type: student_step, params: {" +
+         tiny_vit(32, 1, 2) + ", alpha: 1, on_nonfinite: " + on_nonfinite + "}}\n";
+}
+
+}  // namespace
+
+TEST_CASE("Train.NonFinite.FailNamesTheStep" * doctest::timeout(120)) {
+  std::string message;
+  try {
+    run_config(poisoned_config("fail"));
+  } catch (const StageError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("'student_step'") != std::string::npos);
+  CHECK(message.find("step 4 (batch 3): loss is nan") != std::string::npos);
+}
+
+TEST_CASE("Train.NonFinite.SkipCountsAndContinues" * doctest::timeout(120)) {
+  const RunReport report = run_config(poisoned_config("skip"));
+  CHECK(result(report, "student_step", "skipped_nonfinite") == 1);
+  CHECK(result(report, "student_step", "steps") == 9);  // 10 batches, one skipped
+  CHECK(std::isfinite(result(report, "student_step", "loss")));
+}
+
+TEST_CASE("Train.Supervised.AlphaBelowOneNeedsTeacher" * doctest::timeout(120)) {
+  CHECK_THROWS_WITH_AS(
+      run_config("threads: 2\nstages:\n" + data_stages("train", 1, true) +
+                 "  - {type: student_step, params: {" + tiny_vit(32, 1, 2) + ", alpha: 0.5}}\n"),
+      doctest::Contains("no teacher outputs: put a teacher_infer stage before"), StageError);
+}
+
+// The step of batch t+1 starts after the update of batch t ends, in batch order, while two
+// teacher workers run ahead and finish out of order.
+TEST_CASE("Train.TokenLoop.UpdatesStrictlyOrdered" * doctest::timeout(180)) {
+  TempDir dir;
+  torch::manual_seed(1);
+  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+                        .classes = 4});
+  save_checkpoint(dir / "teacher.pt", teacher, nullptr, {});
+
+  const PipelineConfig config = parse_pipeline_config(
+      "threads: 2\nstages:\n" + data_stages("train", 2, true) +
+          "  - {type: teacher_infer, concurrency: 2, queue_capacity: 4, params: {model: " +
+          (dir / "teacher.pt") + "}}\n  - {type: student_step, queue_capacity: 4, params: {" +
+          tiny_vit(32, 1, 2) + "}}\n",
+      "token_loop.yaml");
+  Pipeline pipeline;
+  StudentStepStage* student = nullptr;
+  for (const StageConfig& stage : config.stages) {
+    std::unique_ptr<Stage> built = Registry::global().find(stage.type)->make(stage.params);
+    if (stage.type == "student_step") student = static_cast<StudentStepStage*>(built.get());
+    pipeline.add(stage.name, std::move(built), stage.options);
+  }
+  const RunReport report = pipeline.run(config.run);
+  REQUIRE(student != nullptr);
+  const auto& history = student->history();
+  REQUIRE(history.size() == 20);
+  for (std::size_t t = 0; t < history.size(); ++t) {
+    CHECK(history[t].step == t + 1);
+    CHECK(history[t].batch_number == t);
+    if (t > 0) CHECK(history[t].begin >= history[t - 1].end);
+  }
+  CHECK(report.stages[4].name == "teacher_infer");
+  CHECK(report.stages[4].workers == 2);
+}
+
+TEST_CASE("Train.StudentStep.SerialOnly") {
+  CHECK_THROWS_WITH_AS(
+      parse_pipeline_config("stages:\n" + data_stages("train", 1, true) +
+                                "  - {type: student_step, concurrency: 2, params: {classes: 4}}\n",
+                            "serial.yaml"),
+      doctest::Contains("concurrency 2 is not allowed"), Error);
+}
+
+TEST_CASE("Train.ThreadBudget.IntraOpCountsAgainstCores") {
+  TempDir dir;
+  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+                        .classes = 4});
+  save_checkpoint(dir / "teacher.pt", teacher, nullptr, {});
+  const std::string stages = data_stages("train", 1, true) +
+                             "  - {type: teacher_infer, params: {intraop_threads: 2, model: " +
+                             (dir / "teacher.pt") +
+                             "}}\n  - {type: student_step, params: {intraop_threads: 2, " +
+                             tiny_vit(32, 1, 2) + "}}\n";
+  // Two graph threads could run teacher and student together: 4 threads on 2 cores.
+  CHECK_THROWS_WITH_AS(run_config("threads: 2\ncores: 2\nstages:\n" + stages),
+                       doctest::Contains("thread budget: up to 4 threads could run at once"),
+                       Error);
+  // One graph thread: they take turns on both cores.
+  const RunReport report = run_config("threads: 1\ncores: 2\nstages:\n" + stages);
+  CHECK(report.peak_threads == 2);
+  CHECK(report.layout().find("'teacher_infer' 1 x 2 intra-op threads") != std::string::npos);
+}
