@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo test bench bench-data images-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo test bench bench-data images-demo kd-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -35,6 +35,15 @@ bench-data: build
 images-demo: build
 	@[ -f data/synthetic-broken/manifest.csv ] || $(BUILD)/apps/flowtrain/flowtrain gen-images --out data/synthetic-broken --count 600 --size 320x240 --classes 5 --broken 0.01
 	$(BUILD)/apps/flowtrain/flowtrain run apps/flowtrain/configs/images.yaml
+
+# Knowledge distillation on generated images: teacher, evaluation, distillation, evaluation
+# (apps/flowtrain/configs/kd.yaml), then the student exported and run on one image.
+kd-demo: build
+	@[ -f data/synthetic-kd/train/manifest.csv ] || $(BUILD)/apps/flowtrain/flowtrain gen-images --out data/synthetic-kd/train --count 800 --size 72x72 --classes 10 --seed 1
+	@[ -f data/synthetic-kd/val/manifest.csv ] || $(BUILD)/apps/flowtrain/flowtrain gen-images --out data/synthetic-kd/val --count 400 --size 72x72 --classes 10 --seed 2
+	$(BUILD)/apps/flowtrain/flowtrain run apps/flowtrain/configs/kd.yaml
+	$(BUILD)/apps/flowtrain/flowtrain export runs/kd/student/final.pt --out runs/kd/student.pt
+	$(BUILD)/apps/predict/flowtrain-predict runs/kd/student.pt data/synthetic-kd/val/class_03/img_00003.jpg
 
 docs: build
 	scripts/stage-docs $(BUILD)/apps/flowtrain/flowtrain docs/config.md

@@ -4,6 +4,8 @@
 //                                                turn), print each one's stage report
 //   flowtrain check CONFIG [key.path=value ...]  validate only: exit 0, or one line naming the
 //                                                problem
+//   flowtrain export CHECKPOINT --out FILE.pt    write a trained model as TorchScript (for
+//                                                flowtrain-predict or PyTorch)
 //   flowtrain stages [--markdown]                every registered stage with its parameters
 #include <unistd.h>
 
@@ -18,6 +20,8 @@
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/synthetic.hpp"
+#include "stages/train/checkpoint.hpp"
+#include "stages/train/torchscript.hpp"
 
 namespace {
 
@@ -119,6 +123,16 @@ int pack(const std::string& out,
   return 0;
 }
 
+int export_model(const std::string& checkpoint_path, const std::string& out) {
+  const flowtrain::train::Checkpoint checkpoint = flowtrain::train::read_checkpoint(checkpoint_path);
+  flowtrain::train::ViT model = flowtrain::train::load_model(checkpoint);
+  flowtrain::train::export_torchscript(model, out);
+  std::cout << "wrote " << out << ": TorchScript of the model in " << checkpoint_path << " (step "
+            << checkpoint.state.step << ", " << flowtrain::train::parameter_count(*model)
+            << " parameters); run it with flowtrain-predict " << out << " IMAGE...\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +183,12 @@ int main(int argc, char** argv) {
   pack_cmd->add_option("--max-side", max_side, "Re-encode images whose longer side is above this")
       ->capture_default_str();
 
+  std::string export_checkpoint, export_out;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a trained model (a checkpoint, e.g. final.pt) as a TorchScript file");
+  export_cmd->add_option("checkpoint", export_checkpoint, "flowtrain checkpoint")->required();
+  export_cmd->add_option("--out", export_out, "TorchScript file to write")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -190,6 +210,7 @@ int main(int argc, char** argv) {
       }
       return pack(pack_out, pack_folder, pack_manifest, max_side);
     }
+    if (export_cmd->parsed()) return export_model(export_checkpoint, export_out);
     std::cout << (markdown ? flowtrain::stages_markdown() : flowtrain::stages_text());
     return 0;
   } catch (const std::exception& e) {

@@ -769,3 +769,36 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
         "c.yaml:2: stage 'image_folder' (image_folder): param 'uneven' must be one of pad, drop, "
         "got 'evn'");
 }
+
+// Resume: a source sought to position p emits exactly what a fresh one emits from its p-th
+// sample on (epochs, shuffles and positions included), and plans the rest of the run.
+TEST_CASE("Data.Sources.SeekContinuesTheSameStream" * doctest::timeout(60)) {
+  const SourceFixture f;
+  for (const char* type : kSourceTypes) {
+    CAPTURE(type);
+    const std::map<std::string, ParamValue> params = {{"epochs", std::int64_t{3}},
+                                                      {"seed", std::int64_t{9}}};
+    const std::vector<Sample> whole = run_source(make_source(f, type, params));
+    REQUIRE(whole.size() == 3 * SourceFixture::kCount);
+    for (std::size_t k = 0; k < whole.size(); ++k) CHECK(whole[k].position == k);
+    for (const std::uint64_t at : {std::uint64_t{0}, std::uint64_t{1}, SourceFixture::kCount - 1,
+                                   SourceFixture::kCount, SourceFixture::kCount + 3,
+                                   3 * SourceFixture::kCount}) {
+      CAPTURE(at);
+      std::unique_ptr<Stage> source = make_source(f, type, params);
+      REQUIRE(source->seek(at));
+      CHECK(source->plan(std::nullopt) == whole.size() - at);
+      const std::vector<Sample> rest = run_source(std::move(source));
+      REQUIRE(rest.size() == whole.size() - at);
+      for (std::size_t k = 0; k < rest.size(); ++k) {
+        CHECK(rest[k].index == whole[at + k].index);
+        CHECK(rest[k].epoch == whole[at + k].epoch);
+        CHECK(rest[k].position == whole[at + k].position);
+      }
+    }
+    // Past the end: refused, nothing changed.
+    std::unique_ptr<Stage> source = make_source(f, type, params);
+    CHECK_FALSE(source->seek(3 * SourceFixture::kCount + 1));
+    CHECK(source->plan(std::nullopt) == whole.size());
+  }
+}
