@@ -16,6 +16,8 @@ class CheckpointModel final : public InferenceModel {
  public:
   explicit CheckpointModel(const Checkpoint& checkpoint) : model_(load_model(checkpoint)) {}
 
+  // NoGradGuard rather than InferenceMode: the outputs feed the student's loss, and autograd
+  // refuses to save inference-mode tensors for backward.
   ViTOutput forward(const torch::Tensor& images) override {
     torch::NoGradGuard no_grad;
     return model_->forward(images);

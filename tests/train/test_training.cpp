@@ -270,3 +270,25 @@ TEST_CASE("Train.ThreadBudget.IntraOpCountsAgainstCores") {
   CHECK(report.peak_threads == 2);
   CHECK(report.layout().find("'teacher_infer' 1 x 2 intra-op threads") != std::string::npos);
 }
+
+// bf16 autocast in the teacher and the student: the run completes with finite losses, and the
+// student's numbers differ from a float32 run (so autocast really took effect).
+TEST_CASE("Train.Autocast.Bf16Runs" * doctest::timeout(120)) {
+  TempDir dir;
+  torch::manual_seed(1);
+  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+                        .classes = 4});
+  save_checkpoint(dir / "teacher.pt", teacher, nullptr, {});
+  const auto run = [&](const std::string& autocast) {
+    return run_config("threads: 2\nstages:\n" + data_stages("train", 1, true) +
+                      "  - {type: teacher_infer, params: {autocast: " + autocast +
+                      ", model: " + (dir / "teacher.pt") +
+                      "}}\n  - {type: student_step, params: {autocast: " + autocast + ", " +
+                      tiny_vit(32, 1, 2) + "}}\n");
+  };
+  const double bf16 = result(run("bf16"), "student_step", "loss");
+  const double fp32 = result(run("none"), "student_step", "loss");
+  CHECK(std::isfinite(bf16));
+  CHECK(bf16 != fp32);
+  CHECK(bf16 == doctest::Approx(fp32).epsilon(0.05));
+}
