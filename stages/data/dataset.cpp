@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "graph/error.hpp"
+#include "graph/job.hpp"
 
 namespace flowtrain::data {
 
@@ -288,8 +289,14 @@ std::vector<ParamSpec> source_param_specs(ParamSpec location) {
           int_param("epochs", 1, "passes over the dataset", 1),
           int_param("seed", 0, "shuffle seed; the order depends on (seed, epoch) only", 0),
           bool_param("shuffle", true, "shuffle the order each epoch"),
-          int_param("rank", 0, "this process's rank in data-parallel training", 0),
-          int_param("world_size", 1, "number of data-parallel ranks", 1),
+          int_param("rank", -1,
+                    "this process's rank in data-parallel training (-1: from the launcher's "
+                    "environment, RANK or SLURM_PROCID; 0 without one)",
+                    -1),
+          int_param("world_size", 0,
+                    "number of data-parallel ranks (0: from the launcher's environment, "
+                    "WORLD_SIZE or SLURM_NTASKS; 1 without one)",
+                    0),
           string_param("uneven", "pad",
                        "dataset not divisible by world_size: pad (repeat samples so every rank "
                        "gets ceil(n/world_size)) or drop (floor(n/world_size) each)",
@@ -314,8 +321,16 @@ SourceOptions read_source_options(const Params& params) {
   o.limit = static_cast<std::size_t>(read("limit", 0, kMax));
   o.order.seed = static_cast<std::uint64_t>(read("seed", 0, kMax));
   o.order.shuffle = params.get_bool("shuffle");
-  o.order.rank = static_cast<std::size_t>(read("rank", 0, kMax));
-  o.order.world_size = static_cast<std::size_t>(read("world_size", 1, kMax));
+  const std::int64_t rank = read("rank", -1, kMax);
+  const std::int64_t world_size = read("world_size", 0, kMax);
+  if (rank < 0 || world_size == 0) {
+    const JobPlacement job = job_placement_from_env();
+    o.order.rank = static_cast<std::size_t>(rank < 0 ? job.rank : rank);
+    o.order.world_size = static_cast<std::size_t>(world_size == 0 ? job.world_size : world_size);
+  } else {
+    o.order.rank = static_cast<std::size_t>(rank);
+    o.order.world_size = static_cast<std::size_t>(world_size);
+  }
   o.order.uneven = parse_uneven(params.get_string("uneven"));
   if (o.order.rank >= o.order.world_size) {
     throw Error("param 'rank' (" + std::to_string(o.order.rank) + ") must be below world_size (" +

@@ -740,10 +740,10 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
           "param 'uneven' must be 'pad' or 'drop', got 'even'");
     CHECK(error_with({{"rank", std::int64_t{2}}, {"world_size", std::int64_t{2}}}) ==
           "param 'rank' (2) must be below world_size (2)");
-    CHECK(error_with({{"world_size", std::int64_t{0}}}) ==
-          "param 'world_size' must be in [1, 9223372036854775807], got 0");
-    CHECK(error_with({{"rank", std::int64_t{-1}}}) ==
-          "param 'rank' must be in [0, 9223372036854775807], got -1");
+    CHECK(error_with({{"world_size", std::int64_t{-1}}}) ==
+          "param 'world_size' must be in [0, 9223372036854775807], got -1");
+    CHECK(error_with({{"rank", std::int64_t{-2}}}) ==
+          "param 'rank' must be in [-1, 9223372036854775807], got -2");
     CHECK(error_of([&] { make_stage(type, {}); }) ==
           "param '" + f.location_param(type) + "' is required");
   }
@@ -801,4 +801,29 @@ TEST_CASE("Data.Sources.SeekContinuesTheSameStream" * doctest::timeout(60)) {
     CHECK_FALSE(source->seek(3 * SourceFixture::kCount + 1));
     CHECK(source->plan(std::nullopt) == whole.size());
   }
+}
+
+// Without rank/world_size params a source takes its shard from the launcher's environment.
+TEST_CASE("Data.Sources.RankFromLauncherEnvironment" * doctest::timeout(60)) {
+  const SourceFixture f;
+  const auto with_env = [&](const char* rank, const char* world) {
+    ::setenv("RANK", rank, 1);
+    ::setenv("WORLD_SIZE", world, 1);
+    std::vector<std::uint64_t> indices;
+    for (const Sample& s : run_source(make_source(f, "csv_manifest"))) indices.push_back(s.index);
+    ::unsetenv("RANK");
+    ::unsetenv("WORLD_SIZE");
+    return indices;
+  };
+  const std::vector<std::uint64_t> r0 = with_env("0", "2"), r1 = with_env("1", "2");
+  CHECK(r0.size() == SourceFixture::kCount / 2);
+  CHECK(r1.size() == SourceFixture::kCount / 2);
+  std::set<std::uint64_t> all(r0.begin(), r0.end());
+  all.insert(r1.begin(), r1.end());
+  CHECK(all.size() == SourceFixture::kCount);
+  ::setenv("RANK", "2", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  CHECK(error_of([&] { make_source(f, "csv_manifest"); }) == "RANK=2 must be below WORLD_SIZE=2");
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
 }

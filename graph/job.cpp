@@ -1,0 +1,84 @@
+#include "graph/job.hpp"
+
+#include <cstdlib>
+#include <string>
+
+#include "graph/error.hpp"
+
+namespace flowtrain {
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name, int fallback, int min) {
+  const std::optional<std::string> text = env(name);
+  if (!text) return fallback;
+  std::size_t used = 0;
+  int value = 0;
+  try {
+    value = std::stoi(*text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text->size() || value < min) {
+    throw Error(std::string("environment variable ") + name + "='" + *text +
+                "' is not a whole number >= " + std::to_string(min));
+  }
+  return value;
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // The first entry ends at a comma outside brackets.
+  std::size_t end = 0;
+  int depth = 0;
+  for (; end < nodelist.size(); ++end) {
+    if (nodelist[end] == '[') ++depth;
+    if (nodelist[end] == ']') --depth;
+    if (nodelist[end] == ',' && depth == 0) break;
+  }
+  const std::string first = nodelist.substr(0, end);
+  const std::size_t open = first.find('[');
+  if (open == std::string::npos) return first;
+  // "prefix[03-05,07]": the first number of the range list, zero padding kept.
+  const std::string ranges = first.substr(open + 1);
+  const std::size_t stop = ranges.find_first_of("-,]");
+  return first.substr(0, open) + ranges.substr(0, stop);
+}
+
+JobPlacement job_placement_from_env() {
+  JobPlacement p;
+  if (env("WORLD_SIZE") || env("RANK")) {
+    p.launcher = "torchrun";
+    p.world_size = env_int("WORLD_SIZE", 1, 1);
+    p.rank = env_int("RANK", 0, 0);
+    p.local_rank = env_int("LOCAL_RANK", p.rank, 0);
+    p.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
+    p.master_port = env_int("MASTER_PORT", 0, 0);
+    if (p.rank >= p.world_size) {
+      throw Error("RANK=" + std::to_string(p.rank) + " must be below WORLD_SIZE=" +
+                  std::to_string(p.world_size));
+    }
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    p.launcher = "slurm";
+    p.world_size = env_int("SLURM_NTASKS", 1, 1);
+    p.rank = env_int("SLURM_PROCID", 0, 0);
+    p.local_rank = env_int("SLURM_LOCALID", 0, 0);
+    p.master_addr = env("MASTER_ADDR").value_or(first_slurm_host(
+        env("SLURM_JOB_NODELIST").value_or(env("SLURM_NODELIST").value_or("127.0.0.1"))));
+    p.master_port = env_int("MASTER_PORT", 0, 0);
+    if (p.rank >= p.world_size) {
+      throw Error("SLURM_PROCID=" + std::to_string(p.rank) + " must be below SLURM_NTASKS=" +
+                  std::to_string(p.world_size));
+    }
+  }
+  return p;
+}
+
+}  // namespace flowtrain

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace flowtrain {
+
+/// Where this process stands in a data-parallel job, as its launcher told it through the
+/// environment. Read by the dataset sources (to shard by rank) and the process-group set-up.
+struct JobPlacement {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;       // rank on this machine
+  std::string master_addr;  // rendezvous host (rank 0's)
+  int master_port = 0;      // rendezvous port (0: not given)
+  std::string launcher;     // "torchrun", "slurm", or "" for a single process
+
+  bool distributed() const { return world_size > 1; }
+};
+
+/// Reads the launcher's environment:
+///  - torchrun / flowtrain --nproc: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+///  - Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first host of
+///    SLURM_JOB_NODELIST ("node[03-05,07]" -> "node03"), MASTER_PORT if set;
+///  - neither: a single process (rank 0 of 1).
+/// torchrun's variables win when both are set. Throws Error naming the variable on a malformed
+/// or inconsistent value (RANK >= WORLD_SIZE, a non-number).
+JobPlacement job_placement_from_env();
+
+/// The first host name of a Slurm node list: "gpu[01-04],cpu7" -> "gpu01", "a,b" -> "a".
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace flowtrain
