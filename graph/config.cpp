@@ -66,6 +66,13 @@ class Locator {
     overrides_.emplace_back(node, std::move(text));
   }
 
+  bool is_override(const YAML::Node& node) const {
+    for (const auto& entry : overrides_) {
+      if (entry.first.is(node)) return true;
+    }
+    return false;
+  }
+
   std::string at(const YAML::Node& node) const {
     for (const auto& [n, text] : overrides_) {
       if (n.is(node)) return "override '" + text + "'";
@@ -195,13 +202,15 @@ ParamValue parse_param(const ParamSpec& spec,
       }
       return node.Scalar();
     }
-    case ParamType::kPath: {
+    case ParamType::kPath:
+    case ParamType::kOutputPath: {
       if (!node.IsScalar()) wrong();
       std::filesystem::path p = node.Scalar();
       if (p.empty()) return std::string();
-      if (p.is_relative() && !base_dir.empty()) p = base_dir / p;
+      // Relative to the config file's folder; a path given on the command line, to the shell's.
+      if (p.is_relative() && !base_dir.empty() && !loc.is_override(node)) p = base_dir / p;
       std::error_code ec;
-      if (!std::filesystem::exists(p, ec)) {
+      if (spec.type == ParamType::kPath && !std::filesystem::exists(p, ec)) {
         loc.fail(node, where + "names '" + p.string() + "', which does not exist");
       }
       return p.lexically_normal().string();

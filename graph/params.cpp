@@ -18,6 +18,8 @@ const char* to_string(ParamType type) {
       return "string";
     case ParamType::kPath:
       return "path";
+    case ParamType::kOutputPath:
+      return "output path";
     case ParamType::kFloatList:
       return "float list";
   }
@@ -69,6 +71,10 @@ ParamSpec string_param(std::string name,
   return {std::move(name), ParamType::kString, std::move(default_value),
           std::move(doc),  std::nullopt,       std::move(choices)};
 }
+ParamSpec output_path_param(std::string name, std::string doc) {
+  return {std::move(name), ParamType::kOutputPath, std::string(), std::move(doc)};
+}
+
 ParamSpec path_param(std::string name, std::string doc) {
   return {std::move(name), ParamType::kPath, std::string(), std::move(doc)};
 }

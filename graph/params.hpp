@@ -18,6 +18,7 @@ enum class ParamType {
   kBool,
   kString,
   kPath,       // a string naming a file or folder that must exist (empty = not given)
+  kOutputPath, // a file or folder the run writes, or an earlier phase wrote (need not exist)
   kFloatList,  // [0.485, 0.456, 0.406]
 };
 
@@ -53,6 +54,7 @@ ParamSpec string_param(std::string name,
                        std::string doc,
                        std::vector<std::string> choices = {});
 ParamSpec path_param(std::string name, std::string doc);
+ParamSpec output_path_param(std::string name, std::string doc);
 ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc);
 
 /// The validated parameters handed to a stage's constructor: every declared name has a value of

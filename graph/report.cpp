@@ -15,9 +15,12 @@ std::string percent(double fraction) {
   return buf;
 }
 
-std::string workers_text(const StageReport& s) {
-  return std::to_string(s.workers) + (s.workers == 1 ? " worker" : " workers");
+// "1 thread", "2 threads".
+std::string count(std::size_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
+
+std::string workers_text(const StageReport& s) { return count(s.workers, "worker"); }
 }  // namespace
 
 std::optional<std::size_t> RunReport::bottleneck() const {
@@ -49,14 +52,13 @@ std::string RunReport::verdict() const {
     line += ", while '" + waiter->name + "' waits for input " + percent(waiter->starved_fraction) +
             " of the time";
   }
-  if (s.max_concurrency == kSerial && s.threads_per_invocation > 1) {
-    line += "; it runs serially by design on " + std::to_string(s.threads_per_invocation) +
-            " intra-op threads: make each item cheaper" +
-            (s.threads_per_invocation < cores ? ", or give it more of the " +
-                                                    std::to_string(cores) + " cores"
-                                              : "");
-  } else if (s.max_concurrency == kSerial && s.kind == StageShape::Kind::kSink) {
-    line += "; it runs serially by design: make each item cheaper, or give it intra-op threads";
+  if (s.max_concurrency == kSerial && s.kind == StageShape::Kind::kSink) {
+    // A serial compute stage (a training step): only its intra-op threads can speed it up.
+    line += "; it runs serially by design on " + count(s.threads_per_invocation, "intra-op thread") +
+            (s.threads_per_invocation < cores
+                 ? ": make each item cheaper, or give it more of the " + count(cores, "core") +
+                       " (fewer graph threads, more intraop_threads)"
+                 : ": make each item cheaper, or give the run more cores");
   } else if (s.max_concurrency == kSerial) {
     line += "; it runs serially: make it cheaper, or split its work into a parallel stage after it";
   } else if (s.concurrency != kUnlimited && s.workers < s.concurrency && *b + 1 < stages.size() &&
@@ -66,21 +68,20 @@ std::string RunReport::verdict() const {
   } else if (s.workers < threads) {
     line += "; raise stages." + s.name + ".concurrency (now " + std::to_string(s.workers) + ")";
   } else {
-    line += "; it already uses all " + std::to_string(threads) +
-            " threads: make it cheaper or give the run more cores";
+    line += "; it already runs on all " + count(threads, "graph thread") +
+            ": make it cheaper or give the run more cores";
   }
   return line;
 }
 
 std::string RunReport::layout() const {
-  std::string line = std::to_string(cores) + " cores: " + std::to_string(threads) +
-                     " graph threads";
+  std::string line = count(cores, "core") + ": " + count(threads, "graph thread");
   for (const StageReport& s : stages) {
     if (s.threads_per_invocation <= 1) continue;
     line += ", '" + s.name + "' " + std::to_string(s.workers) + " x " +
             std::to_string(s.threads_per_invocation) + " intra-op threads";
   }
-  return line + "; at most " + std::to_string(peak_threads) + " threads busy at once";
+  return line + "; at most " + count(peak_threads, "thread") + " busy at once";
 }
 
 std::string format_report(const RunReport& r) {

@@ -1,7 +1,9 @@
 // flowtrain: runs, checks and lists pipelines built from registered stages.
 //
 //   flowtrain run CONFIG [key.path=value ...]    run a config's pipeline (or its phases in
-//                                                turn), print each one's stage report
+//                [--nproc N] [--timeout S]       turn), print each one's stage report; as one
+//                                                rank of a data-parallel job when the launcher's
+//                                                environment says so, or start N local ranks
 //   flowtrain check CONFIG [key.path=value ...]  validate only: exit 0, or one line naming the
 //                                                problem
 //   flowtrain export CHECKPOINT --out FILE.pt    write a trained model as TorchScript (for
@@ -12,18 +14,27 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "graph/job.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/synthetic.hpp"
+#include "stages/dist/launch.hpp"
+#include "stages/dist/world.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/torchscript.hpp"
 
 namespace {
+
+// "rank 1: " before this process's errors when it is one rank of a job.
+std::string g_rank_prefix;
 
 // A live line on a terminal; a plain line every 10 s when stderr is a file or pipe.
 void show_progress(const flowtrain::Progress& p, bool terminal) {
@@ -34,34 +45,141 @@ void show_progress(const flowtrain::Progress& p, bool terminal) {
   std::fflush(stderr);
 }
 
+// "rank 1: wall 2.31 s, 'work' busy 87%, 'student_step' steps 6 loss 0.0312": what rank 0
+// prints for every rank after a phase of a data-parallel job.
+std::string rank_summary(int rank, const flowtrain::RunReport& report) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "rank %d: wall %.2f s", rank, report.wall_s);
+  std::string line = buf;
+  if (const std::optional<std::size_t> b = report.bottleneck()) {
+    const flowtrain::StageReport& s = report.stages[*b];
+    std::snprintf(buf, sizeof buf, ", '%s' busy %.0f%%", s.name.c_str(), s.busy_fraction * 100);
+    line += buf;
+  }
+  for (const flowtrain::StageReport& s : report.stages) {
+    if (s.results.empty()) continue;
+    line += ", '" + s.name + "'";
+    for (const flowtrain::StageResult& result : s.results) {
+      std::snprintf(buf, sizeof buf, " %s %.4g", result.name.c_str(), result.value);
+      line += buf;
+    }
+  }
+  return line;
+}
+
+// What every rank of a job must agree on: the config file's text and the overrides.
+std::string config_hash(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  for (const std::string& o : overrides) text << "\n" << o;
+  return flowtrain::dist::config_fingerprint(text.str());
+}
+
 // Runs the phases in turn, each built just before it runs (so it can read what earlier ones wrote).
-int run(const std::string& path, const std::vector<std::string>& overrides) {
+// As rank R of a job: joins the world first, and after each phase rank 0 prints its report and
+// one line per rank; the other ranks print only errors.
+int run(const std::string& path, const std::vector<std::string>& overrides, double timeout_s) {
+  const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
+  if (placement.distributed()) g_rank_prefix = "rank " + std::to_string(placement.rank) + ": ";
+  // A config error is this rank's alone: say it before joining the job.
   flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
-  const bool terminal = isatty(STDERR_FILENO) != 0;
+  flowtrain::dist::World* world = nullptr;
+  if (placement.distributed()) {
+    flowtrain::dist::WorldOptions options;
+    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    options.config_hash = config_hash(path, overrides);
+    world = flowtrain::dist::World::init(placement, options);
+  }
+  const bool leader = !world || world->rank() == 0;
+  const bool terminal = leader && isatty(STDERR_FILENO) != 0;
   const std::size_t count = config.phases.size();
   for (std::size_t i = 0; i < count; ++i) {
     flowtrain::PipelineConfig& phase = config.phases[i];
-    phase.run.progress_interval_s = terminal ? 0.5 : 10;
-    phase.run.on_progress = [terminal](const flowtrain::Progress& p) {
-      show_progress(p, terminal);
-    };
-    std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
-    if (phase.name.empty()) {
-      std::cout << "running " << path << ": " << phase.stages.size() << " stages" << std::endl;
-    } else {
-      std::cout << "phase " << phase.name << " (" << i + 1 << "/" << count
-                << "): " << phase.stages.size() << " stages" << std::endl;
+    if (leader) {
+      phase.run.progress_interval_s = terminal ? 0.5 : 10;
+      phase.run.on_progress = [terminal](const flowtrain::Progress& p) {
+        show_progress(p, terminal);
+      };
     }
+    std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
+    const std::string what = phase.name.empty() ? "run" : "phase " + phase.name;
+    if (leader && phase.name.empty()) {
+      std::cout << "running " << path << ": " << phase.stages.size() << " stages";
+    } else if (leader) {
+      std::cout << "phase " << phase.name << " (" << i + 1 << "/" << count
+                << "): " << phase.stages.size() << " stages";
+    }
+    if (leader && world) std::cout << " on each of " << world->size() << " ranks";
+    if (leader) std::cout << std::endl;
     flowtrain::RunReport report;
     {
       flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
       report = pipeline->run(phase.run);
     }
     if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
-    std::cout << flowtrain::format_report(report) << std::flush;
-    if (report.stopped) return 130;  // Ctrl-C: later phases would build on an unfinished one
+    if (leader) std::cout << flowtrain::format_report(report) << std::flush;
+    if (report.stopped) {
+      // Later phases would build on an unfinished one. The other ranks were stopped too (by the
+      // launcher, or Slurm), or learn it from the store.
+      if (world) world->report_failure("stopped on request (SIGINT or SIGTERM)");
+      return 130;
+    }
+    if (world) {
+      const std::vector<std::string> lines =
+          world->gather_text("summaries of " + what, rank_summary(world->rank(), report));
+      if (leader) {
+        std::cout << "per rank:\n";
+        for (const std::string& line : lines) std::cout << "  " << line << "\n";
+        std::cout << std::flush;
+      }
+      // Every rank starts the next phase together, after whatever this one wrote.
+      world->barrier("end of " + what);
+    }
   }
+  flowtrain::dist::World::shutdown();
   return 0;
+}
+
+// `flowtrain run ... --nproc N`: the same command line without --nproc, as N local ranks.
+int launch(int nproc,
+           const std::string& path,
+           const std::vector<std::string>& overrides,
+           int argc,
+           char** argv) {
+  flowtrain::load_run_config(path, overrides);  // one line for a config error, not one per rank
+  const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
+  if (placement.distributed()) {
+    throw flowtrain::Error("--nproc starts its own ranks, but this process already is rank " +
+                           std::to_string(placement.rank) + " of " +
+                           std::to_string(placement.world_size) + " (from " + placement.launcher +
+                           "'s environment): drop --nproc");
+  }
+  flowtrain::dist::LaunchOptions options;
+  options.nproc = nproc;
+  options.program = std::filesystem::read_symlink("/proc/self/exe").string();
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--nproc") {
+      ++i;  // and its value
+    } else if (arg.rfind("--nproc=", 0) != 0) {
+      options.args.push_back(arg);
+    }
+  }
+  return flowtrain::dist::launch_local(options, std::cerr);
+}
+
+// Ends a rank that could not leave its job in order, without tearing down the process group:
+// the other ranks may be dead or hung, and its destructor could wait on them.
+[[noreturn]] void leave_now(int code) {
+  std::cout << std::flush;
+  std::cerr << std::flush;
+  std::_Exit(code);
+}
+
+// The first line of an error (c10 appends a C++ backtrace to its messages).
+std::string first_line(const std::string& message) {
+  return message.substr(0, message.find("\nException raised from"));
 }
 
 int check(const std::string& path, const std::vector<std::string>& overrides) {
@@ -146,6 +264,15 @@ int main(int argc, char** argv) {
   CLI::App* run_cmd = app.add_subcommand("run", "Run a pipeline config and print its stage report");
   run_cmd->add_option("config", config_path, "Pipeline config (YAML)")->required();
   run_cmd->add_option("overrides", overrides, "key.path=value overrides, e.g. threads=1");
+  int nproc = 0;
+  double timeout_s = 300;
+  run_cmd->add_option("--nproc", nproc, "Start N ranks of a data-parallel job on this machine")
+      ->check(CLI::PositiveNumber);
+  run_cmd
+      ->add_option("--timeout", timeout_s,
+                   "Seconds to wait for the other ranks (rendezvous, collectives, barriers)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   CLI::App* check_cmd =
       app.add_subcommand("check", "Validate a pipeline config without running it");
@@ -194,8 +321,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  flowtrain::dist::exit_with_launcher();
   try {
-    if (run_cmd->parsed()) return run(config_path, overrides);
+    if (run_cmd->parsed() && nproc > 1) return launch(nproc, config_path, overrides, argc, argv);
+    if (run_cmd->parsed()) {
+      const int code = run(config_path, overrides, timeout_s);
+      if (flowtrain::dist::World::current()) leave_now(code);  // stopped early, peers unknown
+      return code;
+    }
     if (check_cmd->parsed()) return check(config_path, overrides);
     if (gen_cmd->parsed()) {
       if (std::sscanf(size.c_str(), "%dx%d", &synthetic.width, &synthetic.height) != 2 ||
@@ -214,7 +347,16 @@ int main(int argc, char** argv) {
     std::cout << (markdown ? flowtrain::stages_markdown() : flowtrain::stages_text());
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "flowtrain: error: " << e.what() << "\n";
-    return 1;
+    flowtrain::dist::World* world = flowtrain::dist::World::current();
+    if (!world) {
+      std::cerr << "flowtrain: error: " << g_rank_prefix << first_line(e.what()) << "\n";
+      return 1;
+    }
+    // One line naming this rank, what failed, and which rank is to blame if another one is.
+    std::string message = first_line(e.what());
+    world->report_failure(message);
+    if (!dynamic_cast<const flowtrain::dist::WorldError*>(&e)) message += "; " + world->diagnose();
+    std::cerr << "flowtrain: error: " << g_rank_prefix << message << std::endl;
+    leave_now(1);
   }
 }

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 
@@ -45,6 +46,8 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"total_steps", &TrainState::total_steps},
     {"data_position", &TrainState::data_position},
     {"skipped_steps", &TrainState::skipped_steps},
+    {"world_size", &TrainState::world_size},
+    {"zero_shards", &TrainState::zero_shards},
 };
 
 void fsync_path(const std::string& path, int flags) {
@@ -205,22 +208,31 @@ void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Op
   }
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& dir) {
+std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
-  if (fs::is_regular_file(fs::path(dir) / "final.pt", ec)) return (fs::path(dir) / "final.pt").string();
-  std::optional<std::string> best;
-  std::string best_name;
+  // Newest first: final.pt, then step-N.pt by falling N (fixed width: name order is step order).
+  std::vector<std::string> names;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    // step-NNNNNNNN.pt: fixed width, so the highest step sorts last.
     if (name.size() == step_checkpoint_name(0).size() && name.rfind("step-", 0) == 0 &&
-        name.substr(name.size() - 3) == ".pt" && name > best_name) {
-      best_name = name;
-      best = entry.path().string();
+        name.substr(name.size() - 3) == ".pt") {
+      names.push_back(name);
     }
   }
-  return best;
+  std::sort(names.rbegin(), names.rend());
+  names.insert(names.begin(), "final.pt");
+  for (const std::string& name : names) {
+    const std::string path = (fs::path(dir) / name).string();
+    bool complete = true;
+    for (int r = 0; r < world_size && complete; ++r) complete = fs::is_regular_file(rank_file(path, r), ec);
+    if (complete) return path;
+  }
+  return std::nullopt;
+}
+
+std::string rank_file(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
 }
 
 std::string step_checkpoint_name(std::uint64_t step) {

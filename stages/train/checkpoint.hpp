@@ -19,6 +19,8 @@ struct TrainState {
   std::uint32_t epoch = 0;          // epoch of the last sample trained on
   std::uint64_t data_position = 0;  // source items consumed: the resumed run starts here
   std::uint64_t skipped_steps = 0;  // batches skipped for a non-finite loss
+  std::uint64_t world_size = 1;     // data-parallel ranks that trained (each writes its file)
+  std::uint64_t zero_shards = 0;    // ZeRO-1: optimizer state sharded over this many ranks
 };
 
 /// A flowtrain checkpoint file as read: the model's shape, the training state, and the archive
@@ -55,8 +57,13 @@ ViT load_model(const Checkpoint& checkpoint);
 void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer);
 
 /// The newest checkpoint in `dir`: "final.pt" if present, else the "step-N.pt" with the
-/// highest N; std::nullopt if there is none (or no folder).
-std::optional<std::string> latest_checkpoint(const std::string& dir);
+/// highest N; std::nullopt if there is none (or no folder). With world_size > 1 only a
+/// checkpoint whose files exist for every rank counts (a rank may have died before writing).
+std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size = 1);
+
+/// The file rank `rank` writes for checkpoint `path`: `path` itself for rank 0, else
+/// "path.rank<r>" (each rank keeps its own data position and, with ZeRO, optimizer shard).
+std::string rank_file(const std::string& path, int rank);
 
 /// "step-00000042.pt".
 std::string step_checkpoint_name(std::uint64_t step);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "graph/error.hpp"
+#include "stages/dist/world.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
 
@@ -21,7 +22,7 @@ EvaluateStage::~EvaluateStage() = default;
 StageDoc EvaluateStage::describe() {
   return {"Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
           "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
-          {string_param("model", "",
+          {output_path_param("model",
                         "model file: a flowtrain checkpoint or a TorchScript module; may be "
                         "written by an earlier phase"),
            intraop_threads_param(), autocast_param()}};
@@ -53,6 +54,23 @@ void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
                       .item<double>();
     regression_values_ += static_cast<std::uint64_t>(out.regression.numel());
   }
+}
+
+void EvaluateStage::finish() {
+  // Data-parallel: each rank saw its shard of the split; report the whole split on every rank.
+  dist::World* world = dist::World::current();
+  if (!world) return;
+  std::vector<torch::Tensor> sums = {torch::tensor(
+      {static_cast<double>(seen_), static_cast<double>(top1_), static_cast<double>(top5_),
+       static_cast<double>(regression_values_), abs_error_},
+      torch::kDouble)};
+  world->group().allreduce(sums)->wait();
+  const auto total = [&](int i) { return sums[0][i].item<double>(); };
+  seen_ = static_cast<std::uint64_t>(total(0));
+  top1_ = static_cast<std::uint64_t>(total(1));
+  top5_ = static_cast<std::uint64_t>(total(2));
+  regression_values_ = static_cast<std::uint64_t>(total(3));
+  abs_error_ = total(4);
 }
 
 double EvaluateStage::top1() const {

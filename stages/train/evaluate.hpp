@@ -12,7 +12,8 @@ class InferenceModel;
 
 /// Measures a model on held-out batches: top-1 and top-5 accuracy, and the mean absolute error
 /// of a regression head against the batch targets. Serial and in order, so the sums (and the
-/// results) are the same on every run.
+/// results) are the same on every run. In a data-parallel job each rank evaluates its shard
+/// and the counts are summed over the ranks at the end.
 class EvaluateStage final : public Sink<data::Batch> {
  public:
   explicit EvaluateStage(const Params& params);
@@ -35,6 +36,7 @@ class EvaluateStage final : public Sink<data::Batch> {
 
  protected:
   void consume(data::Batch&& batch, ItemContext& ctx) override;
+  void finish() override;
 
  private:
   std::unique_ptr<InferenceModel> model_;

@@ -6,12 +6,14 @@
 
 namespace flowtrain::train {
 
-std::unique_ptr<torch::optim::AdamW> make_adamw(ViT& model, const OptimizerOptions& options) {
+std::unique_ptr<torch::optim::AdamW> make_adamw(
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const OptimizerOptions& options) {
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& item : model->named_parameters()) {
+  for (const auto& [name, param] : params) {
     // Biases and LayerNorm parameters are 1-D; cls_token and pos_embed are embeddings.
-    const bool embedding = item.key() == "cls_token" || item.key() == "pos_embed";
-    (item.value().dim() >= 2 && !embedding ? decay : no_decay).push_back(item.value());
+    const bool embedding = name == "cls_token" || name == "pos_embed";
+    (param.dim() >= 2 && !embedding ? decay : no_decay).push_back(param);
   }
   auto adamw = [&](double weight_decay) {
     return std::make_unique<torch::optim::AdamWOptions>(
@@ -25,6 +27,12 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(ViT& model, const OptimizerOptio
   groups.emplace_back(no_decay, adamw(0.0));
   return std::make_unique<torch::optim::AdamW>(std::move(groups),
                                                torch::optim::AdamWOptions(options.lr));
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(ViT& model, const OptimizerOptions& options) {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+  return make_adamw(params, options);
 }
 
 double scheduled_lr(const OptimizerOptions& options, std::uint64_t step, std::uint64_t total_steps) {

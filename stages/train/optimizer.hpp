@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "stages/train/vit.hpp"
 
@@ -24,6 +27,11 @@ struct OptimizerOptions {
 /// decay on the >= 2-D weights (linear and patch projections), none on biases, LayerNorm
 /// parameters, the class token and the position embedding.
 std::unique_ptr<torch::optim::AdamW> make_adamw(ViT& model, const OptimizerOptions& options);
+
+/// The same over some named parameters (a ZeRO shard): the names decide the groups.
+std::unique_ptr<torch::optim::AdamW> make_adamw(
+    const std::vector<std::pair<std::string, torch::Tensor>>& params,
+    const OptimizerOptions& options);
 
 /// The learning rate of step `step` (0-based) of `total_steps`: linear warm-up from lr /
 /// warmup_steps to lr over the first warmup_steps steps, then a half cosine from lr down to

@@ -6,6 +6,9 @@
 #include <filesystem>
 
 #include "graph/error.hpp"
+#include "stages/dist/grad_sync.hpp"
+#include "stages/dist/world.hpp"
+#include "stages/dist/zero.hpp"
 #include "stages/train/compute.hpp"
 
 namespace flowtrain::train {
@@ -88,7 +91,20 @@ StudentStepStage::StudentStepStage(const Params& params)
   // The model's initial weights and every random draw of training follow from the seed.
   torch::manual_seed(static_cast<std::uint64_t>(params.get_int("seed")));
   model_ = ViT(vit_config_from(params));
-  optimizer_ = make_adamw(model_, optimizer_options_);
+  dist::World* world = dist::World::current();
+  if (world) {
+    rank_ = world->rank();
+    world_size_ = world->size();
+  }
+  if (params.get_bool("zero") && world) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    zero_ = std::make_unique<dist::ShardedOptimizer>(
+        named, world->group(),
+        [this](const auto& shard) { return make_adamw(shard, optimizer_options_); });
+  } else {
+    optimizer_ = make_adamw(model_, optimizer_options_);
+  }
 
   if (!checkpoint_dir_.empty()) {
     std::error_code ec;
@@ -96,14 +112,35 @@ StudentStepStage::StudentStepStage(const Params& params)
     if (ec) throw Error("cannot create checkpoint_dir " + checkpoint_dir_ + ": " + ec.message());
   }
   if (params.get_bool("resume")) {
-    if (const std::optional<std::string> path = latest_checkpoint(checkpoint_dir_)) {
-      const Checkpoint checkpoint = read_checkpoint(*path);
-      restore_training(checkpoint, model_, *optimizer_);
+    if (const std::optional<std::string> path = latest_checkpoint(checkpoint_dir_, world_size_)) {
+      const Checkpoint checkpoint = read_checkpoint(rank_file(*path, rank_));
+      if (checkpoint.state.world_size != static_cast<std::uint64_t>(world_size_) ||
+          checkpoint.state.zero_shards != (zero_ ? checkpoint.state.world_size : 0)) {
+        throw Error(checkpoint.path + " was written by " +
+                    std::to_string(checkpoint.state.world_size) + " rank(s)" +
+                    (checkpoint.state.zero_shards ? " with ZeRO" : "") + "; resume it with the "
+                    "same number of ranks and the same zero setting");
+      }
+      restore_training(checkpoint, model_, optimizer());
       state_ = checkpoint.state;
       resumed_ = true;
     }
   }
+  state_.world_size = static_cast<std::uint64_t>(world_size_);
+  state_.zero_shards = zero_ ? static_cast<std::uint64_t>(world_size_) : 0;
+  if (world) {
+    // After any restore: every rank starts from rank 0's weights.
+    sync_ = std::make_unique<dist::GradSync>(
+        *model_, world->group(),
+        dist::GradSync::Options{
+            .first_bucket_bytes = static_cast<std::int64_t>(params.get_float("first_bucket_mb") * 1e6),
+            .bucket_bytes = static_cast<std::int64_t>(params.get_float("bucket_mb") * 1e6)});
+  }
 }
+
+StudentStepStage::~StudentStepStage() = default;
+
+torch::optim::AdamW& StudentStepStage::optimizer() { return zero_ ? zero_->local() : *optimizer_; }
 
 StageDoc StudentStepStage::describe() {
   std::vector<ParamSpec> params = vit_param_specs();
@@ -127,11 +164,16 @@ StageDoc StudentStepStage::describe() {
                    {"fail", "skip"}),
       intraop_threads_param(),
       autocast_param(),
-      string_param("checkpoint_dir", "", "folder for checkpoints (empty: none written)"),
+      output_path_param("checkpoint_dir", "folder for checkpoints (empty: none written)"),
       int_param("checkpoint_every", 0, "write a checkpoint every N steps (0: only at the end)", 0),
       int_param("keep_checkpoints", 2, "step checkpoints kept (older ones are deleted)", 1),
       bool_param("resume", false,
                  "continue from the newest checkpoint in checkpoint_dir, if there is one"),
+      float_param("first_bucket_mb", 1.0,
+                  "data-parallel: size of the first gradient bucket to all-reduce (MB)", 0),
+      float_param("bucket_mb", 25.0, "data-parallel: size of the other gradient buckets (MB)", 0),
+      bool_param("zero", false,
+                 "data-parallel: shard the optimizer state across the ranks (ZeRO stage 1)"),
   };
   params.insert(params.end(), training.begin(), training.end());
   return {"Trains a ViT student, one serial step per batch in order: forward, loss "
@@ -181,14 +223,15 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
   const double loss_value = loss.total.item<double>();
   const auto forward_end = Clock::now();
 
-  optimizer_->zero_grad();
-  double grad_norm = 0;
-  if (std::isfinite(loss_value)) {
-    loss.total.backward();
-    grad_norm = torch::nn::utils::clip_grad_norm_(
-        model_->parameters(), clip_grad_norm_ > 0 ? clip_grad_norm_ : INFINITY);
-  }
+  optimizer().zero_grad();
+  // Backward even for a non-finite loss: with data parallelism every rank must take part in
+  // the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
+  loss.total.backward();
   const auto backward_end = Clock::now();
+  if (sync_) sync_->finish();
+  const auto sync_end = Clock::now();
+  const double grad_norm = torch::nn::utils::clip_grad_norm_(
+      model_->parameters(), clip_grad_norm_ > 0 ? clip_grad_norm_ : INFINITY);
 
   state_.data_position = batch.end_position;
   if (!batch.views.empty()) state_.epoch = batch.views.back().epoch;
@@ -203,20 +246,25 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
     if (!skip_nonfinite_) {
       throw Error(what + "; lower lr, or set on_nonfinite: skip to skip such steps");
     }
-    optimizer_->zero_grad();
+    optimizer().zero_grad();
     ++state_.skipped_steps;
     return;
   }
 
   const double lr = scheduled_lr(optimizer_options_, state_.step, state_.total_steps);
-  set_lr(*optimizer_, lr);
-  optimizer_->step();
+  set_lr(optimizer(), lr);
+  if (zero_) {
+    zero_->step();
+  } else {
+    optimizer_->step();
+  }
   const auto end = Clock::now();
   state_.step = step;
   ++steps_this_run_;
   forward_s_ += seconds(begin, forward_end);
   backward_s_ += seconds(forward_end, backward_end);
-  optimizer_s_ += seconds(backward_end, end);
+  sync_s_ += seconds(backward_end, sync_end);
+  optimizer_s_ += seconds(sync_end, end);
 
   const std::int64_t correct =
       logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>();
@@ -234,7 +282,9 @@ void StudentStepStage::finish() {
 
 void StudentStepStage::save(const std::string& name) {
   const auto begin = Clock::now();
-  save_checkpoint((fs::path(checkpoint_dir_) / name).string(), model_, optimizer_.get(), state_);
+  // Each rank writes its own file: its data position, and with ZeRO its optimizer shard.
+  const std::string path = (fs::path(checkpoint_dir_) / name).string();
+  save_checkpoint(rank_file(path, rank_), model_, &optimizer(), state_);
   // Keep the newest keep_checkpoints step files; final.pt is never deleted.
   std::vector<std::string> steps;
   std::error_code ec;
@@ -245,7 +295,9 @@ void StudentStepStage::save(const std::string& name) {
     }
   }
   std::sort(steps.begin(), steps.end());
-  for (std::size_t i = 0; i + keep_checkpoints_ < steps.size(); ++i) fs::remove(steps[i], ec);
+  for (std::size_t i = 0; i + keep_checkpoints_ < steps.size(); ++i) {
+    fs::remove(rank_file(steps[i], rank_), ec);
+  }
   checkpoint_s_ += seconds(begin, Clock::now());
 }
 
@@ -273,6 +325,18 @@ std::vector<StageResult> StudentStepStage::results() const {
     out.push_back({"forward_ms", forward_s_ * per_step_ms});
     out.push_back({"backward_ms", backward_s_ * per_step_ms});
     out.push_back({"optimizer_ms", optimizer_s_ * per_step_ms});
+    if (sync_) {
+      // sync_comm: all-reduce time from the first bucket's start to the last one's end;
+      // sync_wait: the part of it not hidden behind backward.
+      out.push_back({"sync_comm_ms", sync_->comm_seconds() * per_step_ms});
+      out.push_back({"sync_wait_ms", sync_s_ * per_step_ms});
+    }
+  }
+  if (world_size_ > 1) {
+    out.push_back({"rank", static_cast<double>(rank_)});
+    out.push_back({"optimizer_state_mb",
+                   static_cast<double>(dist::optimizer_state_bytes(
+                       zero_ ? zero_->local() : *optimizer_)) / 1e6});
   }
   if (checkpoint_s_ > 0) out.push_back({"checkpoint_s", checkpoint_s_});
   return out;

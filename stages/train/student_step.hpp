@@ -13,6 +13,11 @@
 #include "stages/train/optimizer.hpp"
 #include "stages/train/vit.hpp"
 
+namespace flowtrain::dist {
+class GradSync;
+class ShardedOptimizer;
+}  // namespace flowtrain::dist
+
 namespace flowtrain::train {
 
 /// One training step per batch: forward, loss (distillation when the batch carries teacher
@@ -28,6 +33,7 @@ namespace flowtrain::train {
 class StudentStepStage final : public Sink<data::Batch> {
  public:
   explicit StudentStepStage(const Params& params);
+  ~StudentStepStage() override;
   static StageDoc describe();
 
   static StageShape static_shape() {
@@ -62,9 +68,15 @@ class StudentStepStage final : public Sink<data::Batch> {
 
  private:
   void save(const std::string& name);
+  // The AdamW this rank steps: the whole one, or this rank's ZeRO shard.
+  torch::optim::AdamW& optimizer();
 
   ViT model_{nullptr};
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;     // without ZeRO
+  std::unique_ptr<dist::ShardedOptimizer> zero_;       // with ZeRO
+  std::unique_ptr<dist::GradSync> sync_;               // when running as one of several ranks
+  int rank_ = 0;
+  int world_size_ = 1;
   OptimizerOptions optimizer_options_;
   KdLossOptions loss_options_;
   double clip_grad_norm_;
@@ -80,7 +92,7 @@ class StudentStepStage final : public Sink<data::Batch> {
   bool resumed_ = false;
   std::uint64_t steps_this_run_ = 0;
   // Per-step time split, summed over this run.
-  double forward_s_ = 0, backward_s_ = 0, optimizer_s_ = 0, checkpoint_s_ = 0;
+  double forward_s_ = 0, backward_s_ = 0, sync_s_ = 0, optimizer_s_ = 0, checkpoint_s_ = 0;
   std::vector<StepRecord> history_;
 };
 

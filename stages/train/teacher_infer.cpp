@@ -22,7 +22,7 @@ StageDoc TeacherInferStage::describe() {
   return {"Runs a frozen teacher (a flowtrain checkpoint or a TorchScript module) on each batch "
           "and adds its logits (and regression outputs) to the batch, for the student's "
           "distillation loss.",
-          {string_param("model", "",
+          {output_path_param("model",
                         "teacher file: a flowtrain checkpoint (final.pt of a training run) or a "
                         "TorchScript module; may be written by an earlier phase"),
            intraop_threads_param(), autocast_param()}};

@@ -1,8 +1,5 @@
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -13,9 +10,8 @@
 #include <vector>
 
 #include "stages/train/checkpoint.hpp"
+#include "tests/process.hpp"
 #include "tests/train/training_fixture.hpp"
-
-extern char** environ;
 
 using namespace flowtrain;
 using namespace flowtrain::train;
@@ -24,35 +20,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Starts `flowtrain run config overrides...` with its output in `log`; returns the pid.
-pid_t spawn_run(const std::string& config,
-                const std::vector<std::string>& overrides,
-                const std::string& log) {
-  std::vector<std::string> args = {FLOWTRAIN_CLI, "run", config};
-  args.insert(args.end(), overrides.begin(), overrides.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, FLOWTRAIN_CLI, &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+// Starts `flowtrain run config overrides...`.
+Process start_run(const std::string& config,
+                  const std::string& override_text,
+                  const std::string& log) {
+  return spawn({FLOWTRAIN_CLI, "run", config, override_text}, {}, log);
 }
 
 bool has_step_checkpoint(const std::string& dir) {
@@ -82,24 +54,25 @@ TEST_CASE("Train.Resume.SigkillThenResumeIsBitExact" * doctest::timeout(300)) {
   };
 
   // The reference: never interrupted.
-  REQUIRE(wait_exit(spawn_run(config, {checkpoint_dir("whole")}, dir / "whole.log")) == 0);
+  REQUIRE(wait_for(start_run(config, checkpoint_dir("whole"), dir / "whole.log"), 120).code == 0);
   REQUIRE(fs::exists(dir / "whole/final.pt"));
 
   // Killed as soon as its first checkpoint is on disk.
-  const pid_t pid = spawn_run(config, {checkpoint_dir("killed")}, dir / "killed.log");
+  const Process killed = start_run(config, checkpoint_dir("killed"), dir / "killed.log");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!has_step_checkpoint(dir / "killed") && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   REQUIRE(has_step_checkpoint(dir / "killed"));
-  kill(pid, SIGKILL);
-  REQUIRE(wait_exit(pid) == 128 + SIGKILL);
+  kill(killed.pid, SIGKILL);
+  REQUIRE(wait_for(killed, 60).signal == SIGKILL);
   REQUIRE_FALSE(fs::exists(dir / "killed/final.pt"));  // it really died mid-run
   const std::uint64_t killed_at = read_checkpoint(*latest_checkpoint(dir / "killed")).state.step;
 
   // Resumed from its newest checkpoint.
-  REQUIRE(wait_exit(spawn_run(config, {checkpoint_dir("killed")}, dir / "resumed.log")) == 0);
-  const std::string log = read_text(dir / "resumed.log");
+  const Exit resumed_run = wait_for(start_run(config, checkpoint_dir("killed"), dir / "resumed.log"), 120);
+  REQUIRE(resumed_run.code == 0);
+  const std::string& log = resumed_run.output;
   CHECK(log.find("resumed_at " + std::to_string(killed_at)) != std::string::npos);
 
   const Checkpoint whole = read_checkpoint(dir / "whole/final.pt");

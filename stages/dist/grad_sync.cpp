@@ -1,0 +1,203 @@
+#include "stages/dist/grad_sync.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::dist {
+
+std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
+                                   std::int64_t element_bytes,
+                                   std::int64_t first_bucket_bytes,
+                                   std::int64_t bucket_bytes) {
+  std::vector<Bucket> buckets;
+  Bucket current;
+  for (std::size_t k = numels.size(); k-- > 0;) {
+    const std::int64_t cap = buckets.empty() ? first_bucket_bytes : bucket_bytes;
+    if (!current.params.empty() && (current.numel + numels[k]) * element_bytes > cap) {
+      buckets.push_back(std::move(current));
+      current = {};
+    }
+    current.params.push_back(k);
+    current.numel += numels[k];
+  }
+  if (!current.params.empty()) buckets.push_back(std::move(current));
+  return buckets;
+}
+
+struct GradSync::Impl {
+  c10d::ProcessGroup& group;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  std::vector<Bucket> buckets;
+  // Per parameter: its bucket and its offset in the bucket's flat buffer.
+  std::vector<std::size_t> bucket_of;
+  std::vector<std::int64_t> offset_of;
+  std::vector<torch::Tensor> flat;  // one buffer per bucket
+  std::vector<unsigned> hooks;      // per parameter, to remove them
+  std::vector<c10::intrusive_ptr<c10d::Work>> work;
+  std::vector<std::size_t> pending;  // gradients still missing, per bucket
+  std::vector<bool> ready;           // per parameter, this step
+  std::string error;                 // a problem seen inside a hook, thrown by finish()
+  std::mutex mutex;                  // hooks may run on autograd worker threads
+  double wait_s = 0;
+  double comm_s = 0;
+  std::uint64_t bytes = 0;
+  // This step: when the first bucket's reduction started, when the last one finished.
+  std::chrono::steady_clock::time_point first_launch;
+  std::atomic<std::int64_t> last_done_ns{0};
+
+  Impl(c10d::ProcessGroup& g) : group(g) {}
+
+  void reset_step() {
+    std::fill(ready.begin(), ready.end(), false);
+    for (std::size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].params.size();
+    work.assign(buckets.size(), {});
+    error.clear();
+    first_launch = {};
+    last_done_ns = 0;
+  }
+
+  void on_gradient(std::size_t k, const torch::Tensor& grad) {
+    std::lock_guard lock(mutex);
+    if (ready[k]) {
+      error = "parameter '" + names[k] +
+              "' received two gradients in one backward (used twice in the forward); "
+              "gradient sync needs each parameter used once per step";
+      return;
+    }
+    ready[k] = true;
+    const std::size_t b = bucket_of[k];
+    flat[b].narrow(0, offset_of[k], grad.numel()).copy_(grad.reshape({-1}));
+    if (--pending[b] == 0) {
+      // Average as part of the reduction: divide first, then sum across ranks.
+      flat[b].div_(group.getSize());
+      std::vector<torch::Tensor> tensors = {flat[b]};
+      if (b == 0 || first_launch == std::chrono::steady_clock::time_point{}) {
+        first_launch = std::chrono::steady_clock::now();
+      }
+      work[b] = group.allreduce(tensors);
+      // Completion time, from the backend's thread: how long communication really took.
+      work[b]->getFuture()->addCallback([this](c10::ivalue::Future&) {
+        const std::int64_t now =
+            std::chrono::steady_clock::now().time_since_epoch().count();
+        std::int64_t seen = last_done_ns.load();
+        while (now > seen && !last_done_ns.compare_exchange_weak(seen, now)) {
+        }
+      });
+    }
+  }
+};
+
+GradSync::GradSync(torch::nn::Module& model, c10d::ProcessGroup& group, Options options)
+    : impl_(std::make_unique<Impl>(group)) {
+  Impl& s = *impl_;
+  for (const auto& item : model.named_parameters()) {
+    s.names.push_back(item.key());
+    s.params.push_back(item.value());
+  }
+  // Every rank starts from rank 0's weights and buffers.
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> state = s.params;
+    for (const auto& buffer : model.buffers()) state.push_back(buffer);
+    for (torch::Tensor& t : state) {
+      std::vector<torch::Tensor> one = {t};
+      group.broadcast(one)->wait();
+    }
+  }
+
+  std::vector<std::int64_t> numels;
+  for (const torch::Tensor& p : s.params) numels.push_back(p.numel());
+  const std::int64_t element = static_cast<std::int64_t>(s.params.front().element_size());
+  s.buckets = assign_buckets(numels, element, options.first_bucket_bytes, options.bucket_bytes);
+
+  // The ranks must agree on the layout: compare a fingerprint of it across ranks.
+  std::int64_t fingerprint = static_cast<std::int64_t>(s.buckets.size());
+  for (const Bucket& b : s.buckets) {
+    for (std::size_t k : b.params) fingerprint = fingerprint * 1000003 + numels[k] + 7 * k;
+    fingerprint = fingerprint % 1000000007;
+  }
+  torch::Tensor mine = torch::full({2}, fingerprint, torch::kLong);
+  mine[1] = -fingerprint;
+  std::vector<torch::Tensor> reduce = {mine};
+  group.allreduce(reduce, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
+  if (mine[0].item<std::int64_t>() != fingerprint || -mine[1].item<std::int64_t>() != fingerprint) {
+    throw Error("the ranks built different gradient buckets (their models differ): start every "
+                "rank with the same config");
+  }
+
+  s.bucket_of.resize(s.params.size());
+  s.offset_of.resize(s.params.size());
+  for (std::size_t b = 0; b < s.buckets.size(); ++b) {
+    std::int64_t offset = 0;
+    for (std::size_t k : s.buckets[b].params) {
+      s.bucket_of[k] = b;
+      s.offset_of[k] = offset;
+      offset += numels[k];
+    }
+    s.flat.push_back(torch::zeros({s.buckets[b].numel}, s.params.front().options()));
+  }
+  s.pending.resize(s.buckets.size());
+  s.ready.resize(s.params.size());
+  s.reset_step();
+  for (std::size_t k = 0; k < s.params.size(); ++k) {
+    Impl* impl = impl_.get();
+    s.hooks.push_back(
+        s.params[k].register_hook([impl, k](torch::Tensor grad) { impl->on_gradient(k, grad); }));
+  }
+}
+
+GradSync::~GradSync() {
+  for (std::size_t k = 0; k < impl_->params.size(); ++k) {
+    impl_->params[k].remove_hook(impl_->hooks[k]);
+  }
+}
+
+void GradSync::finish() {
+  Impl& s = *impl_;
+  if (!s.error.empty()) {
+    s.reset_step();
+    throw Error(s.error);
+  }
+  for (std::size_t k = 0; k < s.params.size(); ++k) {
+    if (!s.ready[k]) {
+      // Its bucket never started; the other ranks would wait for it until the timeout.
+      const std::string name = s.names[k];
+      s.reset_step();
+      throw Error("parameter '" + name +
+                  "' got no gradient in this step (not used in the forward); gradient sync "
+                  "needs every parameter to take part");
+    }
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  for (std::size_t b = 0; b < s.buckets.size(); ++b) {
+    s.work[b]->wait();
+    s.bytes += static_cast<std::uint64_t>(s.flat[b].numel() * s.flat[b].element_size());
+  }
+  s.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const std::chrono::steady_clock::time_point last_done{
+      std::chrono::steady_clock::duration(s.last_done_ns.load())};
+  if (last_done > s.first_launch) {
+    s.comm_s += std::chrono::duration<double>(last_done - s.first_launch).count();
+  }
+  torch::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < s.params.size(); ++k) {
+    const torch::Tensor averaged =
+        s.flat[s.bucket_of[k]].narrow(0, s.offset_of[k], s.params[k].numel()).view_as(s.params[k]);
+    s.params[k].mutable_grad().copy_(averaged);
+  }
+  s.reset_step();
+}
+
+const std::vector<Bucket>& GradSync::buckets() const { return impl_->buckets; }
+double GradSync::wait_seconds() const { return impl_->wait_s; }
+double GradSync::comm_seconds() const { return impl_->comm_s; }
+std::uint64_t GradSync::reduced_bytes() const { return impl_->bytes; }
+
+}  // namespace flowtrain::dist

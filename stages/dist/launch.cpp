@@ -1,0 +1,190 @@
+#include "stages/dist/launch.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ostream>
+#include <thread>
+#include <vector>
+
+#include "graph/error.hpp"
+
+extern char** environ;
+
+namespace flowtrain::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kLauncherPidVariable = "FLOWTRAIN_LAUNCHER_PID";
+
+std::atomic<int> g_signal{0};  // the last SIGINT/SIGTERM the launcher received, to forward
+
+extern "C" void remember_signal(int signal) { g_signal.store(signal); }
+
+// This process's environment with `overrides` ("NAME=value") replacing variables of that name.
+std::vector<std::string> environment_with(const std::vector<std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('=') + 1);
+    bool replaced = false;
+    for (const std::string& o : overrides) replaced = replaced || o.rfind(name, 0) == 0;
+    if (!replaced) env.push_back(entry);
+  }
+  env.insert(env.end(), overrides.begin(), overrides.end());
+  return env;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+pid_t spawn_rank(const LaunchOptions& options, int rank, int port) {
+  std::vector<std::string> env = environment_with({
+      "RANK=" + std::to_string(rank),
+      "WORLD_SIZE=" + std::to_string(options.nproc),
+      "LOCAL_RANK=" + std::to_string(rank),
+      "LOCAL_WORLD_SIZE=" + std::to_string(options.nproc),
+      "MASTER_ADDR=127.0.0.1",
+      "MASTER_PORT=" + std::to_string(port),
+      std::string(kLauncherPidVariable) + "=" + std::to_string(getpid()),
+  });
+  std::vector<std::string> args = options.args;
+  std::vector<char*> argv = pointers(args);
+  std::vector<char*> envp = pointers(env);
+  // Each rank in its own process group: a terminal's Ctrl-C reaches the launcher only, which
+  // forwards it once (a second SIGINT would end a rank without its report).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = 0;
+  const int rc =
+      posix_spawn(&pid, options.program.c_str(), nullptr, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    throw Error("cannot start rank " + std::to_string(rank) + " (" + options.program +
+                "): " + std::strerror(rc));
+  }
+  return pid;
+}
+
+}  // namespace
+
+int launch_local(const LaunchOptions& options, std::ostream& err) {
+  if (options.nproc < 1) throw Error("--nproc must be at least 1");
+  const int port = free_local_port();
+
+  struct sigaction action {};
+  action.sa_handler = remember_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction previous_int {};
+  struct sigaction previous_term {};
+  sigaction(SIGINT, &action, &previous_int);
+  sigaction(SIGTERM, &action, &previous_term);
+  g_signal.store(0);
+
+  std::vector<pid_t> running;
+  auto stop_all = [&](int signal) {
+    for (pid_t pid : running) kill(-pid, signal);
+  };
+  std::vector<int> rank_of_pid_index;  // running[i] is rank ranks[i]
+  try {
+    for (int rank = 0; rank < options.nproc; ++rank) {
+      running.push_back(spawn_rank(options, rank, port));
+      rank_of_pid_index.push_back(rank);
+    }
+  } catch (...) {
+    stop_all(SIGKILL);
+    for (pid_t pid : running) waitpid(pid, nullptr, 0);
+    sigaction(SIGINT, &previous_int, nullptr);
+    sigaction(SIGTERM, &previous_term, nullptr);
+    throw;
+  }
+
+  int result = 0;
+  bool forwarded = false;  // the user asked the job to stop: non-zero exits are expected
+  Clock::time_point kill_at = Clock::time_point::max();  // of the stragglers
+  while (!running.empty()) {
+    if (const int signal = g_signal.exchange(0)) {
+      stop_all(signal);
+      forwarded = true;
+    }
+    for (std::size_t i = 0; i < running.size();) {
+      int status = 0;
+      if (waitpid(running[i], &status, WNOHANG) != running[i]) {
+        ++i;
+        continue;
+      }
+      const int rank = rank_of_pid_index[i];
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      rank_of_pid_index.erase(rank_of_pid_index.begin() + static_cast<std::ptrdiff_t>(i));
+      const bool killed = WIFSIGNALED(status);
+      const int code = killed ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+      if (code == 0 || result != 0) continue;
+      result = code;
+      if (!forwarded) {
+        err << "flowtrain: rank " << rank
+            << (killed ? " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+                             strsignal(WTERMSIG(status)) + ")"
+                       : " exited with code " + std::to_string(code))
+            << (running.empty() ? "" : "; stopping the other ranks") << std::endl;
+      }
+      stop_all(SIGTERM);
+      kill_at = Clock::now() + options.grace;
+    }
+    if (Clock::now() >= kill_at) {
+      stop_all(SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  sigaction(SIGINT, &previous_int, nullptr);
+  sigaction(SIGTERM, &previous_term, nullptr);
+  return result;
+}
+
+int free_local_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error(std::string("cannot open a socket: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const std::string reason = std::strerror(errno);
+    close(fd);
+    throw Error("cannot find a free port on 127.0.0.1: " + reason);
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+void exit_with_launcher() {
+  const char* launcher = std::getenv(kLauncherPidVariable);
+  if (!launcher) return;
+  const pid_t launcher_pid = static_cast<pid_t>(std::atoi(launcher));
+  unsetenv(kLauncherPidVariable);  // not for this rank's own child processes
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The launcher may have died before the line above.
+  if (getppid() != launcher_pid) raise(SIGTERM);
+}
+
+}  // namespace flowtrain::dist

@@ -1,0 +1,469 @@
+#include "stages/dist/world.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef FLOWTRAIN_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/cuda.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <algorithm>
+#include <condition_variable>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace flowtrain::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kDefaultPort = 29500;  // torchrun's
+constexpr milliseconds kHeartbeatInterval{1000};
+// A rank whose heartbeat has not advanced for this long is taken as gone (killed, or stopped
+// by a debugger). Only waits that would otherwise run into the timeout use it.
+constexpr milliseconds kStaleAfter{5000};
+
+std::unique_ptr<World> g_world;
+
+std::vector<std::uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+std::string seconds_text(milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000);
+  return buf;
+}
+
+std::int64_t unix_ms() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The first line of an exception's message (c10::Error appends a C++ backtrace).
+std::string one_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+  return message.substr(0, message.find('\n'));
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  const std::size_t shown = std::min<std::size_t>(ranks.size(), 8);
+  for (std::size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > shown) out += " and " + std::to_string(ranks.size() - shown) + " more";
+  return out;
+}
+
+std::string resolve_backend(const std::string& asked, [[maybe_unused]] int rank) {
+  bool cuda = false;
+#ifdef FLOWTRAIN_WITH_CUDA
+  cuda = torch::cuda::is_available();
+#endif
+  if (asked == "gloo") return "gloo";
+  if (asked == "auto") return cuda ? "nccl" : "gloo";
+  if (asked == "nccl") {
+#ifndef FLOWTRAIN_WITH_CUDA
+    throw Error(
+        "backend 'nccl' needs a LibTorch built with CUDA, and this flowtrain was built against a "
+        "CPU-only one: use backend 'gloo'");
+#else
+    if (!cuda) {
+      throw Error("backend 'nccl' needs a CUDA device, and rank " + std::to_string(rank) +
+                  " sees none: use backend 'gloo'");
+    }
+    return "nccl";
+#endif
+  }
+  throw Error("unknown backend '" + asked + "': use auto, gloo or nccl");
+}
+
+// The network device Gloo binds to: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback for a
+// job on this machine, else the address this machine's host name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+struct Heartbeat {
+  std::int64_t count = -1;
+  std::int64_t unix_ms = 0;
+};
+
+}  // namespace
+
+struct World::Impl {
+  int rank = 0;
+  int size = 1;
+  std::string host;
+  int port = kDefaultPort;
+  std::string backend;
+  milliseconds timeout{300000};
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  // A second connection for the heartbeat thread and diagnose(), so that neither waits behind
+  // a long operation on the main one.
+  c10::intrusive_ptr<c10d::TCPStore> monitor;
+  mutable std::mutex monitor_mutex;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  int sequence = 0;  // of barriers and gathers, which every rank calls in the same order
+
+  std::thread beat_thread;
+  std::mutex beat_mutex;
+  std::condition_variable beat_wake;
+  bool beat_stop = false;
+  std::int64_t beats = 0;
+
+  ~Impl() {
+    stop_heartbeats();
+    group.reset();
+    monitor.reset();
+    store.reset();  // on rank 0, the store's server goes last
+  }
+
+  std::string address() const { return host + ":" + std::to_string(port); }
+  std::string key(const std::string& prefix, int r) const {
+    return prefix + "/" + std::to_string(r);
+  }
+
+  void connect() {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<std::uint16_t>(port);
+    options.isServer = rank == 0;
+    options.numWorkers = size;
+    // The rendezvous below counts arrivals itself, to name the ranks that are late.
+    options.waitWorkers = false;
+    options.timeout = timeout;
+    // c10d also logs a failed connection to stderr; the error below says it in one line.
+    // (GLOG_minloglevel=0 in the environment keeps its logs.)
+    const int log_level = FLAGS_minloglevel;
+    if (!std::getenv("GLOG_minloglevel")) FLAGS_minloglevel = google::GLOG_FATAL;
+    struct RestoreLogLevel {
+      int level;
+      ~RestoreLogLevel() { FLAGS_minloglevel = level; }
+    } restore{log_level};
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(host, options);
+      options.isServer = false;
+      options.numWorkers = c10::nullopt;
+      monitor = c10::make_intrusive<c10d::TCPStore>(host, options);
+    } catch (const std::exception& e) {
+      if (rank == 0 && !store) {
+        throw WorldError("rank 0 cannot host the rendezvous store on port " + std::to_string(port) +
+                         " (" + one_line(e) +
+                         "): is another job using it? choose another MASTER_PORT");
+      }
+      throw WorldError("rank " + std::to_string(rank) + " cannot reach the rendezvous store at " +
+                       address() + " within " + seconds_text(timeout) + " (" + one_line(e) +
+                       "): is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?");
+    }
+  }
+
+  void beat() {
+    ++beats;
+    try {
+      std::lock_guard<std::mutex> lock(monitor_mutex);
+      monitor->set(key("heartbeat", rank),
+                   bytes(std::to_string(beats) + " " + std::to_string(unix_ms())));
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 exited): the failing collective and diagnose() will say so.
+    }
+  }
+
+  void start_heartbeats() {
+    beat();  // the first one before anyone can wait on it
+    beat_thread = std::thread([this] {
+      std::unique_lock<std::mutex> lock(beat_mutex);
+      while (!beat_wake.wait_for(lock, kHeartbeatInterval, [this] { return beat_stop; })) {
+        lock.unlock();
+        beat();
+        lock.lock();
+      }
+    });
+  }
+
+  void stop_heartbeats() {
+    {
+      std::lock_guard<std::mutex> lock(beat_mutex);
+      beat_stop = true;
+    }
+    beat_wake.notify_all();
+    if (beat_thread.joinable()) beat_thread.join();
+  }
+
+  Heartbeat read_heartbeat(c10d::Store& from, int r) const {
+    Heartbeat h;
+    const std::string k = key("heartbeat", r);
+    if (!from.check({k})) return h;
+    std::sscanf(text(from.get(k)).c_str(), "%lld %lld", reinterpret_cast<long long*>(&h.count),
+                reinterpret_cast<long long*>(&h.unix_ms));
+    return h;
+  }
+
+  std::string stale_text(int r, const Heartbeat& last) const {
+    const std::int64_t ago_s = std::max<std::int64_t>(0, (unix_ms() - last.unix_ms + 500) / 1000);
+    return "rank " + std::to_string(r) + " stopped responding " + std::to_string(ago_s) +
+           " s ago (killed or hung?)";
+  }
+
+  // Throws if one of `ranks` reported a failure, or its heartbeat has not advanced for
+  // kStaleAfter (as seen by earlier calls, recorded in `seen`).
+  void check_peers(const std::vector<int>& ranks,
+                   std::map<int, std::pair<Heartbeat, Clock::time_point>>& seen,
+                   const std::string& what) {
+    const Clock::time_point now = Clock::now();
+    for (int r : ranks) {
+      if (store->check({key("failed", r)})) {
+        throw WorldError("rank " + std::to_string(r) +
+                         " failed: " + text(store->get(key("failed", r))));
+      }
+      const Heartbeat h = read_heartbeat(*store, r);
+      if (h.count < 0) continue;  // not started yet (only during the rendezvous)
+      auto it = seen.find(r);
+      if (it == seen.end() || it->second.first.count != h.count) {
+        seen[r] = {h, now};
+      } else if (now - it->second.second >= kStaleAfter) {
+        throw WorldError(stale_text(r, h) + " in " + what);
+      }
+    }
+  }
+
+  // Sets `prefix/<rank>` to `value`, counts this rank in, and (with `wait`) waits until every
+  // rank did. Names the missing ranks on a timeout; with `watch`, fails as soon as a missing
+  // rank reported a failure or its heartbeat stopped.
+  void meet(const std::string& what,
+            const std::string& prefix,
+            const std::string& value,
+            bool wait,
+            bool watch) {
+    try {
+      store->set(key(prefix, rank), bytes(value));
+      store->add(prefix + "/count", 1);
+      if (wait) wait_for_all(what, prefix, watch);
+    } catch (const WorldError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw WorldError("lost the store at " + address() + " hosted by rank 0 in " + what + " (" +
+                       one_line(e) + "): rank 0 exited, was killed, or its machine is down");
+    }
+  }
+
+  void wait_for_all(const std::string& what, const std::string& prefix, bool watch) {
+    const Clock::time_point start = Clock::now();
+    Clock::time_point next_check = start + kHeartbeatInterval;
+    std::map<int, std::pair<Heartbeat, Clock::time_point>> seen;
+    milliseconds pause{1};
+    while (store->add(prefix + "/count", 0) < size) {
+      const Clock::time_point now = Clock::now();
+      const bool timed_out = now - start >= timeout;
+      if (now >= next_check || timed_out) {
+        std::vector<int> missing;
+        for (int r = 0; r < size; ++r) {
+          if (!store->check({key(prefix, r)})) missing.push_back(r);
+        }
+        if (watch) check_peers(missing, seen, what);
+        if (timed_out) {
+          throw WorldError(what + " timed out after " + seconds_text(timeout) + ": " +
+                           std::to_string(size - static_cast<int>(missing.size())) + " of " +
+                           std::to_string(size) + " ranks arrived (missing: " + rank_list(missing) +
+                           ")");
+        }
+        next_check = now + kHeartbeatInterval;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, milliseconds{100});
+    }
+  }
+
+  // Every rank arrives with its config hash; rank 0 compares them all and posts one verdict,
+  // so that every rank stops with the same message (none goes on to wait for the others).
+  void rendezvous(const std::string& config_hash) {
+    store->set(key("config_hash", rank), bytes(config_hash));
+    meet("rendezvous at " + address(), "arrived", "1", true, false);
+    if (rank == 0) {
+      std::string verdict;
+      int differing = 0;
+      for (int r = 1; r < size; ++r) {
+        const std::string theirs = text(store->get(key("config_hash", r)));
+        if (theirs == config_hash) continue;
+        if (differing++ == 0) {
+          verdict = "rank " + std::to_string(r) + "'s config differs from rank 0's (hash " +
+                    theirs + " vs " + config_hash + ")";
+        }
+      }
+      if (differing > 1) verdict += " and so do " + std::to_string(differing - 1) + " other ranks'";
+      if (differing > 0) verdict += ": start every rank with the same config and overrides";
+      store->set("config_verdict", bytes(verdict.empty() ? "ok" : verdict));
+    }
+    const Clock::time_point start = Clock::now();
+    while (!store->check({"config_verdict"})) {
+      if (Clock::now() - start >= timeout) {
+        throw WorldError("rank 0 did not compare the config hashes within " +
+                         seconds_text(timeout) + " (store at " + address() + ")");
+      }
+      std::this_thread::sleep_for(milliseconds{10});
+    }
+    const std::string verdict = text(store->get("config_verdict"));
+    // Rank 0 hosts the store: it must not leave before every rank has read the verdict.
+    meet("config check", "verdict_read", "1", rank == 0, true);
+    if (verdict != "ok") throw WorldError(verdict);
+  }
+
+  void create_group([[maybe_unused]] int local_rank) {
+    // Gloo's own rendezvous keys, apart from ours.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("pg", store);
+    try {
+      if (backend == "gloo") {
+        auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+        options->devices.push_back(gloo_device(host));
+        group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
+      } else {
+#ifdef FLOWTRAIN_WITH_CUDA
+        c10::cuda::set_device(
+            static_cast<c10::DeviceIndex>(local_rank % c10::cuda::device_count()));
+        auto options = c10d::ProcessGroupNCCL::Options::create();
+        options->timeout = timeout;
+        group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, size, options);
+#endif
+      }
+    } catch (const std::exception& e) {
+      throw WorldError("rank " + std::to_string(rank) + " cannot create the " + backend +
+                       " process group (store at " + address() + "): " + one_line(e));
+    }
+  }
+};
+
+World::World(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+World::~World() = default;
+
+World* World::init(const JobPlacement& placement, const WorldOptions& options) {
+  if (!placement.distributed()) return nullptr;
+  if (g_world) throw Error("this process already joined a job (World::init called twice)");
+  // A peer's closed socket must surface as an error of the collective, not end this process.
+  std::signal(SIGPIPE, SIG_IGN);
+  auto impl = std::make_unique<Impl>();
+  impl->rank = placement.rank;
+  impl->size = placement.world_size;
+  impl->host = placement.master_addr.empty() ? "127.0.0.1" : placement.master_addr;
+  impl->port = placement.master_port > 0 ? placement.master_port : kDefaultPort;
+  impl->timeout = options.timeout;
+  impl->backend = resolve_backend(options.backend, placement.rank);
+  impl->connect();
+  impl->start_heartbeats();
+  impl->rendezvous(options.config_hash);
+  impl->create_group(placement.local_rank);
+  g_world.reset(new World(std::move(impl)));
+  return g_world.get();
+}
+
+World* World::current() { return g_world.get(); }
+
+void World::shutdown() {
+  if (!g_world) return;
+  g_world->barrier("shutdown");
+  // Rank 0 hosts the store: it leaves last, once no other rank uses the store any more.
+  Impl& w = *g_world->impl_;
+  w.meet("shutdown", "left", "1", w.rank == 0, true);
+  g_world.reset();
+}
+
+int World::rank() const { return impl_->rank; }
+int World::size() const { return impl_->size; }
+const std::string& World::backend() const { return impl_->backend; }
+std::string World::address() const { return impl_->address(); }
+c10d::ProcessGroup& World::group() { return *impl_->group; }
+c10d::Store& World::store() { return *impl_->store; }
+std::chrono::milliseconds World::timeout() const { return impl_->timeout; }
+
+void World::barrier(const std::string& what) {
+  const std::string prefix = "barrier/" + std::to_string(impl_->sequence++);
+  impl_->meet("barrier '" + what + "'", prefix, "1", true, true);
+}
+
+std::vector<std::string> World::gather_text(const std::string& what, const std::string& text_in) {
+  const std::string prefix = "gather/" + std::to_string(impl_->sequence++);
+  impl_->meet("gather '" + what + "'", prefix, text_in, impl_->rank == 0, true);
+  if (impl_->rank != 0) return {};
+  std::vector<std::string> texts;
+  for (int r = 0; r < impl_->size; ++r)
+    texts.push_back(text(impl_->store->get(impl_->key(prefix, r))));
+  return texts;
+}
+
+std::string World::diagnose() const {
+  const Impl& w = *impl_;
+  // The monitor connection is shared with the heartbeat thread: hold it for one read at a time.
+  auto failure = [&w](int r) -> std::optional<std::string> {
+    std::lock_guard<std::mutex> lock(w.monitor_mutex);
+    if (!w.monitor->check({w.key("failed", r)})) return std::nullopt;
+    return text(w.monitor->get(w.key("failed", r)));
+  };
+  auto heartbeat = [&w](int r) {
+    std::lock_guard<std::mutex> lock(w.monitor_mutex);
+    return w.read_heartbeat(*w.monitor, r);
+  };
+  std::vector<std::string> found;
+  try {
+    std::map<int, Heartbeat> first;
+    for (int r = 0; r < w.size; ++r) {
+      if (r == w.rank) continue;
+      if (const std::optional<std::string> message = failure(r)) {
+        found.push_back("rank " + std::to_string(r) + " failed: " + *message);
+      } else {
+        first[r] = heartbeat(r);
+      }
+    }
+    // Two beats and a half: a live rank's counter moves, a dead one's does not.
+    if (!first.empty()) std::this_thread::sleep_for(kHeartbeatInterval * 5 / 2);
+    for (const auto& [r, before] : first) {
+      const Heartbeat now = heartbeat(r);
+      if (now.count == before.count) found.push_back(w.stale_text(r, now));
+    }
+  } catch (const std::exception& e) {
+    return "cannot reach the store at " + w.address() + " hosted by rank 0 (" + one_line(e) +
+           "): rank 0 exited, was killed, or its machine is down";
+  }
+  if (found.empty()) {
+    return "every other rank is alive (heartbeats current): one may be stuck or much slower";
+  }
+  std::string line;
+  for (const std::string& f : found) line += (line.empty() ? "" : "; ") + f;
+  return line;
+}
+
+void World::report_failure(const std::string& message) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(impl_->monitor_mutex);
+    impl_->monitor->set(impl_->key("failed", impl_->rank), bytes(message));
+  } catch (...) {
+    // Nobody to tell: the store is gone.
+  }
+}
+
+std::string config_fingerprint(std::string_view text_in) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a, 64 bits
+  for (const char c : text_in) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
+}  // namespace flowtrain::dist

@@ -1,0 +1,95 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "graph/job.hpp"
+
+namespace flowtrain::dist {
+
+/// How this process joins its data-parallel job.
+struct WorldOptions {
+  std::string backend = "auto";               // auto (NCCL where CUDA, else Gloo), gloo, nccl
+  std::chrono::milliseconds timeout{300000};  // rendezvous and collectives
+  std::string config_hash;                    // ranks must agree on it (checked at start)
+};
+
+/// A failure of the job rather than of this rank's own work: another rank failed or stopped
+/// responding, or a rendezvous or barrier timed out. The message already names the ranks, the
+/// store's address and the reason, so there is nothing to add from diagnose().
+class WorldError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The c10d process group of a data-parallel job: created once per process from the launcher's
+/// environment (JobPlacement), rendezvous through a c10d TCPStore on MASTER_ADDR:MASTER_PORT
+/// (hosted by rank 0). Stages find it with World::current(); a single process has none.
+///
+///   if (dist::World* world = dist::World::current()) {
+///     std::vector<at::Tensor> t = {grad};
+///     world->group().allreduce(t)->wait();
+///   }
+///
+/// Every rank writes a heartbeat to the store each second from a background thread; the waits
+/// below and diagnose() use them to name a rank that was killed or hung instead of waiting out
+/// the timeout.
+class World {
+ public:
+  /// Joins the job described by `placement` (a no-op returning nullptr for a single process).
+  /// Throws WorldError with one line: rendezvous timeout naming MASTER_ADDR:PORT and the ranks
+  /// that did not arrive, a config hash that differs from rank 0's (naming both ranks); Error
+  /// for a backend this LibTorch lacks.
+  static World* init(const JobPlacement& placement, const WorldOptions& options);
+  /// The world of this process, or nullptr when it runs alone.
+  static World* current();
+  /// Leaves the job (waits for the other ranks first, so nobody sees a vanished peer; rank 0,
+  /// which hosts the store, leaves last). Throws WorldError if a rank does not arrive; the
+  /// world is then kept, for diagnose().
+  static void shutdown();
+
+  int rank() const;
+  int size() const;
+  const std::string& backend() const;  // "gloo" or "nccl"
+  std::string address() const;         // "MASTER_ADDR:PORT" of the store
+  c10d::ProcessGroup& group();
+  c10d::Store& store();
+  std::chrono::milliseconds timeout() const;
+
+  /// Waits until every rank has called barrier() (in the same order on every rank), through
+  /// the store. `what` names it in errors: "barrier 'end of phase main' timed out after 300 s:
+  /// 1 of 2 ranks arrived (missing: rank 1)", or sooner "rank 1 stopped responding 5 s ago".
+  void barrier(const std::string& what);
+
+  /// Every rank contributes `text`; rank 0 gets them all in rank order (waiting as barrier()
+  /// does), the other ranks get an empty vector at once. For per-rank summaries.
+  std::vector<std::string> gather_text(const std::string& what, const std::string& text);
+
+  /// After a failed collective: one line naming the ranks that failed (see report_failure) or
+  /// stopped responding (from their heartbeats in the store), e.g. "rank 1 stopped responding
+  /// 12 s ago (killed or hung?)"; or that the store on rank 0 is unreachable. Takes ~2.5 s
+  /// (it watches the heartbeats for two beats).
+  std::string diagnose() const;
+
+  /// Tells the other ranks why this one is about to exit (their waits and diagnose() then say
+  /// "rank 1 failed: <message>"). Never throws.
+  void report_failure(const std::string& message) noexcept;
+
+  ~World();
+
+ private:
+  struct Impl;
+  explicit World(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A short fingerprint of a config (64-bit FNV-1a, 16 hex digits) for WorldOptions::config_hash.
+std::string config_fingerprint(std::string_view text);
+
+}  // namespace flowtrain::dist

@@ -1,0 +1,137 @@
+#include <doctest/doctest.h>
+#include <unistd.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "stages/dist/grad_sync.hpp"
+#include "stages/dist/zero.hpp"
+#include "stages/train/checkpoint.hpp"
+#include "tests/process.hpp"
+#include "tests/train/training_fixture.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::train;
+using namespace flowtrain::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs `flowtrain run args...` to completion.
+Exit run_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), {FLOWTRAIN_CLI, "run"});
+  static int runs = 0;
+  return wait_for(spawn(args, {}, fs::temp_directory_path() /
+                                      ("flowtrain-dp-" + std::to_string(::getpid()) + "-" +
+                                       std::to_string(runs++) + ".log")),
+                  300);
+}
+
+// The largest absolute difference between the weights of two checkpoints.
+double max_weight_difference(const std::string& a_path, const std::string& b_path) {
+  const ViT a = load_model(read_checkpoint(a_path)), b = load_model(read_checkpoint(b_path));
+  const auto pa = a->named_parameters(), pb = b->named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  double worst = 0;
+  for (const auto& item : pa) {
+    worst = std::max(worst, (item.value() - pb[item.key()]).abs().max().item<double>());
+  }
+  return worst;
+}
+
+// A number printed in rank 0's report, e.g. "optimizer_state_mb 1.23".
+double printed(const std::string& log, const std::string& name) {
+  std::smatch m;
+  REQUIRE(std::regex_search(log, m, std::regex(name + " ([0-9.e+-]+)")));
+  return std::stod(m[1]);
+}
+
+// 320 images: 10 steps of 32 on one rank, or of 16 per rank on two (the same samples: rank r
+// takes positions r, r + 2, ... of the shuffled order). Buckets are tiny and uneven.
+std::string write_config(const TempDir& dir) {
+  const std::string path = dir / "dp.yaml";
+  std::ofstream(path) << "threads: 2\nstages:\n" + data_stages("train", 1, true) +
+                             "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
+                             "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
+                             "alpha: 1, lr: 0.002, warmup_steps: 2, first_bucket_mb: 0.01, "
+                             "bucket_mb: 0.03}}\n";
+  return path;
+}
+
+std::vector<std::string> args(const std::string& config,
+                              const std::string& dir,
+                              int batch,
+                              std::vector<std::string> extra = {}) {
+  std::vector<std::string> out = {config, "stages.collate.params.batch_size=" + std::to_string(batch),
+                                  "stages.student_step.params.checkpoint_dir=" + dir};
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+
+}  // namespace
+
+// Two ranks averaging gradients over 16 samples each end where one rank with the combined 32
+// ends, within floating-point tolerance; ZeRO-1 ends where unsharded does, with about half the
+// optimizer state per rank; and a ZeRO run resumes from its sharded checkpoints exactly.
+TEST_CASE("Dist.DataParallel.TwoRanksMatchOneRankAndZero" * doctest::timeout(600)) {
+  TempDir dir("dp");
+  const std::string config = write_config(dir);
+
+  REQUIRE(run_cli(args(config, dir / "one", 32)).code == 0);
+  const Exit two = run_cli(args(config, dir / "two", 16, {"--nproc", "2"}));
+  REQUIRE(two.code == 0);
+  const double dp = max_weight_difference(dir / "one/final.pt", dir / "two/final.pt");
+  MESSAGE("1 rank x 32 vs 2 ranks x 16: largest weight difference " << dp);
+  CHECK(dp < 1e-4);
+  CHECK(read_checkpoint(dir / "two/final.pt").state.step == 10);
+
+  const std::vector<std::string> zero_args = {"--nproc", "2",
+                                             "stages.student_step.params.zero=true",
+                                             "stages.student_step.params.checkpoint_every=2",
+                                             "stages.student_step.params.keep_checkpoints=3",
+                                             "stages.student_step.params.resume=true"};
+  const Exit zero_run = run_cli(args(config, dir / "zero", 16, zero_args));
+  REQUIRE(zero_run.code == 0);
+  const double zero = max_weight_difference(dir / "two/final.pt", dir / "zero/final.pt");
+  MESSAGE("ZeRO-1 vs unsharded: largest weight difference " << zero);
+  CHECK(zero < 1e-6);
+  const double full_mb = printed(two.output, "optimizer_state_mb");
+  const double shard_mb = printed(zero_run.output, "optimizer_state_mb");
+  MESSAGE("optimizer state per rank: " << full_mb << " MB unsharded, " << shard_mb << " MB ZeRO-1");
+  CHECK(shard_mb / full_mb == doctest::Approx(0.5).epsilon(0.15));
+
+  // Resume the ZeRO run from its step-6 files (each rank reads its own optimizer shard).
+  fs::copy_file(dir / "zero/final.pt", dir / "zero-whole.pt");
+  for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
+    for (const std::string file : {name, name + ".rank1"}) REQUIRE(fs::remove(dir / ("zero/" + file)));
+  }
+  const Exit resumed = run_cli(args(config, dir / "zero", 16, zero_args));
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.output.find("resumed_at 6") != std::string::npos);
+  CHECK(max_weight_difference(dir / "zero-whole.pt", dir / "zero/final.pt") == 0);
+}
+
+TEST_CASE("Dist.Buckets.ReverseOrderCapsAndUnevenEnds") {
+  // Sizes in elements of 4 bytes; first bucket 40 bytes (10 elements), others 100 (25).
+  const std::vector<std::int64_t> numels = {3, 30, 4, 4, 8, 2, 5};
+  const std::vector<dist::Bucket> buckets = dist::assign_buckets(numels, 4, 40, 100);
+  REQUIRE(buckets.size() == 4);
+  CHECK(buckets[0].params == std::vector<std::size_t>{6, 5});     // 7 elements; +8 would be 15
+  CHECK(buckets[1].params == std::vector<std::size_t>{4, 3, 2});  // 16; +30 would be 46
+  CHECK(buckets[2].params == std::vector<std::size_t>{1});        // 30 > 25: alone
+  CHECK(buckets[3].params == std::vector<std::size_t>{0});
+  std::int64_t total = 0;
+  for (const auto& b : buckets) total += b.numel;
+  CHECK(total == 56);
+}
+
+TEST_CASE("Dist.Zero.PartitionBalancesElements") {
+  // ZeroRedundancyOptimizer's greedy rule: each parameter, in order, to the least loaded rank.
+  CHECK(dist::partition_parameters({10, 1, 1, 1, 8, 3}, 2) == std::vector<int>{0, 1, 1, 1, 1, 0});
+  CHECK(dist::partition_parameters({5, 5, 5, 5}, 2) == std::vector<int>{0, 1, 0, 1});
+  CHECK(dist::partition_parameters({7}, 3) == std::vector<int>{0});
+}
