@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo test bench bench-data bench-kd images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo test bench bench-data bench-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -33,6 +33,10 @@ bench: build bench-data
 # Knowledge-distillation training throughput per core layout (makes its own data; 3-7 min).
 bench-kd: build
 	$(BUILD)/bench/bench_kd --reps 3
+
+# Data-parallel step time: 1 rank vs 2 ranks of one core each (about 2 min).
+bench-dp: build
+	bench/bench_data_parallel.sh $(BUILD) 3 12
 
 # Benchmark inputs (never committed): the food photos, and 640x360 synthetic JPEGs.
 bench-data: build
