@@ -39,7 +39,7 @@ run() {
   local line wall
   line=$(grep -m1 "results of 'student_step'" "$log")
   wall=$(grep -m1 "^wall" "$log" | awk '{print $2}')
-  get() { echo "$line" | grep -o "$1 [0-9.e+-]*" | awk '{print $2}'; }
+  get() { local v; v=$(echo "$line" | grep -o "$1 [0-9.e+-]*" | awk '{print $2}'); echo "${v:-0}"; }
   echo "$ranks $wall $(get steps) $(get forward_ms) $(get backward_ms) $(get sync_wait_ms) $(get sync_comm_ms) $(get optimizer_ms)"
 }
 

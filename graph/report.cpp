@@ -68,8 +68,8 @@ std::string RunReport::verdict() const {
   } else if (s.workers < threads) {
     line += "; raise stages." + s.name + ".concurrency (now " + std::to_string(s.workers) + ")";
   } else {
-    line += "; it already runs on all " + count(threads, "graph thread") +
-            ": make it cheaper or give the run more cores";
+    line += "; it already runs on every graph thread (" + std::to_string(threads) +
+            "): make it cheaper or give the run more cores";
   }
   return line;
 }
