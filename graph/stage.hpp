@@ -239,4 +239,18 @@ class Sink : public Stage {
   }
 };
 
+/// A sink that takes one item at a time, in sequence order: for stages whose result depends on
+/// the order (a training step, an evaluation that must sum the same way every run).
+template <class In>
+class SerialSink : public Sink<In> {
+ public:
+  static StageShape static_shape() {
+    StageShape shape = Sink<In>::static_shape();
+    shape.max_concurrency = kSerial;
+    return shape;
+  }
+  StageShape shape() const override { return static_shape(); }
+  bool requires_order() const override { return true; }
+};
+
 }  // namespace flowtrain

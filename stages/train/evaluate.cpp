@@ -12,9 +12,7 @@ namespace flowtrain::train {
 EvaluateStage::EvaluateStage(const Params& params)
     : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
       bf16_(wants_bf16(params)) {
-  const std::string path = params.get_string("model");
-  if (path.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
-  model_ = InferenceModel::load(path);
+  model_ = InferenceModel::load(params);
 }
 
 EvaluateStage::~EvaluateStage() = default;
@@ -22,9 +20,7 @@ EvaluateStage::~EvaluateStage() = default;
 StageDoc EvaluateStage::describe() {
   return {"Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
           "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
-          {output_path_param("model",
-                        "model file: a flowtrain checkpoint or a TorchScript module; may be "
-                        "written by an earlier phase"),
+          {model_param(),
            intraop_threads_param(), autocast_param()}};
 }
 

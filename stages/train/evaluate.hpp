@@ -14,19 +14,12 @@ class InferenceModel;
 /// of a regression head against the batch targets. Serial and in order, so the sums (and the
 /// results) are the same on every run. In a data-parallel job each rank evaluates its shard
 /// and the counts are summed over the ranks at the end.
-class EvaluateStage final : public Sink<data::Batch> {
+class EvaluateStage final : public SerialSink<data::Batch> {
  public:
   explicit EvaluateStage(const Params& params);
   ~EvaluateStage() override;
   static StageDoc describe();
 
-  static StageShape static_shape() {
-    StageShape shape = Sink<data::Batch>::static_shape();
-    shape.max_concurrency = kSerial;
-    return shape;
-  }
-  StageShape shape() const override { return static_shape(); }
-  bool requires_order() const override { return true; }
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   std::vector<StageResult> results() const override;
 

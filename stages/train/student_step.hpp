@@ -30,19 +30,12 @@ namespace flowtrain::train {
 /// Checkpoints (model, optimizer, RNG, step, epoch, data position, schedule) go to
 /// checkpoint_dir every checkpoint_every steps and at the end (final.pt); with resume: true the
 /// newest one is restored and the run continues exactly where it stopped.
-class StudentStepStage final : public Sink<data::Batch> {
+class StudentStepStage final : public SerialSink<data::Batch> {
  public:
   explicit StudentStepStage(const Params& params);
   ~StudentStepStage() override;
   static StageDoc describe();
 
-  static StageShape static_shape() {
-    StageShape shape = Sink<data::Batch>::static_shape();
-    shape.max_concurrency = kSerial;
-    return shape;
-  }
-  StageShape shape() const override { return static_shape(); }
-  bool requires_order() const override { return true; }
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t> batches) override;
   std::optional<std::uint64_t> resume_position() const override;

@@ -11,9 +11,7 @@ namespace flowtrain::train {
 TeacherInferStage::TeacherInferStage(const Params& params)
     : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
       bf16_(wants_bf16(params)) {
-  const std::string path = params.get_string("model");
-  if (path.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
-  model_ = InferenceModel::load(path);
+  model_ = InferenceModel::load(params);
 }
 
 TeacherInferStage::~TeacherInferStage() = default;
@@ -22,9 +20,7 @@ StageDoc TeacherInferStage::describe() {
   return {"Runs a frozen teacher (a flowtrain checkpoint or a TorchScript module) on each batch "
           "and adds its logits (and regression outputs) to the batch, for the student's "
           "distillation loss.",
-          {output_path_param("model",
-                        "teacher file: a flowtrain checkpoint (final.pt of a training run) or a "
-                        "TorchScript module; may be written by an earlier phase"),
+          {model_param(),
            intraop_threads_param(), autocast_param()}};
 }
 
