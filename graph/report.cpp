@@ -109,7 +109,8 @@ std::string format_report(const RunReport& r) {
                   rate, queue.c_str());
     out += buf;
   }
-  std::snprintf(buf, sizeof buf, "wall %.2f s on %zu threads%s\n", r.wall_s, r.threads,
+  std::snprintf(buf, sizeof buf, "wall %.2f s on %s%s\n", r.wall_s,
+                count(r.threads, "thread").c_str(),
                 r.stopped ? "; stopped early on request (SIGINT): the counts above are what "
                             "was completed"
                           : "");
