@@ -118,11 +118,14 @@ GradSync::GradSync(torch::nn::Module& model, c10d::ProcessGroup& group, Options 
   s.buckets = assign_buckets(numels, element, options.first_bucket_bytes, options.bucket_bytes);
 
   // The ranks must agree on the layout: compare a fingerprint of it across ranks.
-  std::int64_t fingerprint = static_cast<std::int64_t>(s.buckets.size());
+  std::uint64_t hash = s.buckets.size();  // unsigned: overflow wraps, as a hash should
   for (const Bucket& b : s.buckets) {
-    for (std::size_t k : b.params) fingerprint = fingerprint * 1000003 + numels[k] + 7 * k;
-    fingerprint = fingerprint % 1000000007;
+    for (std::size_t k : b.params) {
+      hash = hash * 1000003 + static_cast<std::uint64_t>(numels[k]) + 7 * k;
+    }
+    hash = hash * 31 + 1;  // bucket boundary
   }
+  const auto fingerprint = static_cast<std::int64_t>(hash % 1000000007);
   torch::Tensor mine = torch::full({2}, fingerprint, torch::kLong);
   mine[1] = -fingerprint;
   std::vector<torch::Tensor> reduce = {mine};
