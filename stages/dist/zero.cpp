@@ -34,6 +34,7 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 struct ShardedOptimizer::Impl {
   c10d::ProcessGroup& group;
   std::vector<std::vector<torch::Tensor>> by_owner;  // [rank] -> the parameters it owns
+  std::vector<torch::Tensor> flat;                   // [rank] -> one buffer for its shard
   std::unique_ptr<torch::optim::AdamW> local;
   std::size_t owned = 0;
 
@@ -54,6 +55,10 @@ ShardedOptimizer::ShardedOptimizer(const Named& params,
     if (owner[k] == group.getRank()) mine.push_back(params[k]);
   }
   impl_->owned = mine.size();
+  for (const std::vector<torch::Tensor>& shard : impl_->by_owner) {
+    impl_->flat.push_back(shard.empty() ? torch::Tensor()
+                                        : torch::utils::flatten_dense_tensors(shard));
+  }
   impl_->local = make(mine);
 }
 
@@ -61,17 +66,29 @@ ShardedOptimizer::~ShardedOptimizer() = default;
 
 void ShardedOptimizer::step() {
   impl_->local->step();
-  // Every rank gets each shard from its owner: one flat broadcast per owner.
+  // Every rank gets each shard from its owner: one broadcast per owner, through a buffer made
+  // once. The owner packs its updated parameters; the others unpack what arrives.
   torch::NoGradGuard no_grad;
+  const auto rank = static_cast<std::size_t>(impl_->group.getRank());
   for (std::size_t r = 0; r < impl_->by_owner.size(); ++r) {
     const std::vector<torch::Tensor>& shard = impl_->by_owner[r];
     if (shard.empty()) continue;
-    std::vector<torch::Tensor> flat = {torch::utils::flatten_dense_tensors(shard)};
+    torch::Tensor& flat = impl_->flat[r];
+    std::int64_t offset = 0;
+    for (const torch::Tensor& p : shard) {
+      if (r == rank) flat.narrow(0, offset, p.numel()).copy_(p.reshape({-1}));
+      offset += p.numel();
+    }
+    std::vector<torch::Tensor> buffer = {flat};
     c10d::BroadcastOptions options;
     options.rootRank = static_cast<int64_t>(r);
-    impl_->group.broadcast(flat, options)->wait();
-    const std::vector<torch::Tensor> values = torch::utils::unflatten_dense_tensors(flat[0], shard);
-    for (std::size_t k = 0; k < shard.size(); ++k) shard[k].copy_(values[k]);
+    impl_->group.broadcast(buffer, options)->wait();
+    if (r == rank) continue;
+    offset = 0;
+    for (const torch::Tensor& p : shard) {
+      p.copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+      offset += p.numel();
+    }
   }
 }
 

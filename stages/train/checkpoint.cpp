@@ -123,30 +123,27 @@ void save_checkpoint(const std::string& path,
 }
 
 bool is_checkpoint(const std::string& path) {
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(path);
-    c10::IValue format;
-    return archive.try_read(kFormatKey, format);
-  } catch (const c10::Error&) {
-    return false;
-  }
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) && try_read_checkpoint(path).has_value();
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
+  if (std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) return std::move(*checkpoint);
+  throw Error(path + ": not a flowtrain checkpoint (a TorchScript model, or not a LibTorch file)");
+}
+
+std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw Error(path + ": no such checkpoint file");
   Checkpoint checkpoint;
   checkpoint.path = path;
   try {
     checkpoint.archive.load_from(path);
-  } catch (const c10::Error& e) {
-    throw Error(path + ": not a flowtrain checkpoint (cannot open it as a LibTorch archive)");
+  } catch (const c10::Error&) {
+    return std::nullopt;
   }
   c10::IValue format;
-  if (!checkpoint.archive.try_read(kFormatKey, format)) {
-    throw Error(path + ": not a flowtrain checkpoint (a TorchScript model? load it as one)");
-  }
+  if (!checkpoint.archive.try_read(kFormatKey, format)) return std::nullopt;
   if (!format.isInt() || format.toInt() != kFormatVersion) {
     throw Error(path + ": checkpoint format " + format.toStringRef() + " is not supported");
   }
@@ -208,24 +205,33 @@ void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Op
   }
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size) {
+std::vector<std::string> step_checkpoints(const std::string& dir) {
+  std::vector<std::string> paths;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return std::nullopt;
-  // Newest first: final.pt, then step-N.pt by falling N (fixed width: name order is step order).
-  std::vector<std::string> names;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.size() == step_checkpoint_name(0).size() && name.rfind("step-", 0) == 0 &&
         name.substr(name.size() - 3) == ".pt") {
-      names.push_back(name);
+      paths.push_back(entry.path().string());
     }
   }
-  std::sort(names.rbegin(), names.rend());
-  names.insert(names.begin(), "final.pt");
-  for (const std::string& name : names) {
-    const std::string path = (fs::path(dir) / name).string();
+  // Fixed-width numbers: name order is step order.
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  // Newest first: final.pt, then the step files by falling step.
+  std::vector<std::string> paths = step_checkpoints(dir);
+  std::reverse(paths.begin(), paths.end());
+  paths.insert(paths.begin(), (fs::path(dir) / "final.pt").string());
+  for (const std::string& path : paths) {
     bool complete = true;
-    for (int r = 0; r < world_size && complete; ++r) complete = fs::is_regular_file(rank_file(path, r), ec);
+    for (int r = 0; r < world_size && complete; ++r) {
+      complete = fs::is_regular_file(rank_file(path, r), ec);
+    }
     if (complete) return path;
   }
   return std::nullopt;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "stages/train/vit.hpp"
 
@@ -49,12 +50,19 @@ bool is_checkpoint(const std::string& path);
 /// not a flowtrain checkpoint.
 Checkpoint read_checkpoint(const std::string& path);
 
+/// The same, but std::nullopt for an existing file of another kind (a TorchScript module, a
+/// text file), so a caller can try it as something else without reading it twice.
+std::optional<Checkpoint> try_read_checkpoint(const std::string& path);
+
 /// A model built from the checkpoint's config with its weights, in eval mode.
 ViT load_model(const Checkpoint& checkpoint);
 
 /// Puts the checkpoint's weights into `model`, its state into `optimizer`, and restores the
 /// global CPU random generator. Throws Error if the model's shape differs from the file's.
 void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer);
+
+/// The "step-N.pt" files in `dir` (rank 0's), oldest first; empty if none or no folder.
+std::vector<std::string> step_checkpoints(const std::string& dir);
 
 /// The newest checkpoint in `dir`: "final.pt" if present, else the "step-N.pt" with the
 /// highest N; std::nullopt if there is none (or no folder). With world_size > 1 only a

@@ -58,7 +58,9 @@ std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path) {
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error(path + ": no such model file (train or export one first)");
   }
-  if (is_checkpoint(path)) return std::make_unique<CheckpointModel>(read_checkpoint(path));
+  if (const std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) {
+    return std::make_unique<CheckpointModel>(*checkpoint);
+  }
   return std::make_unique<TorchScriptModel>(path);
 }
 

@@ -286,15 +286,8 @@ void StudentStepStage::save(const std::string& name) {
   const std::string path = (fs::path(checkpoint_dir_) / name).string();
   save_checkpoint(rank_file(path, rank_), model_, &optimizer(), state_);
   // Keep the newest keep_checkpoints step files; final.pt is never deleted.
-  std::vector<std::string> steps;
+  const std::vector<std::string> steps = step_checkpoints(checkpoint_dir_);
   std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(checkpoint_dir_, ec)) {
-    const std::string file = entry.path().filename().string();
-    if (file.rfind("step-", 0) == 0 && file.size() == step_checkpoint_name(0).size()) {
-      steps.push_back(entry.path().string());
-    }
-  }
-  std::sort(steps.begin(), steps.end());
   for (std::size_t i = 0; i + keep_checkpoints_ < steps.size(); ++i) {
     fs::remove(rank_file(steps[i], rank_), ec);
   }

@@ -27,14 +27,7 @@ Process start_run(const std::string& config,
   return spawn({FLOWTRAIN_CLI, "run", config, override_text}, {}, log);
 }
 
-bool has_step_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && name.size() == step_checkpoint_name(0).size()) return true;
-  }
-  return false;
-}
+bool has_step_checkpoint(const std::string& dir) { return !step_checkpoints(dir).empty(); }
 
 }  // namespace
 

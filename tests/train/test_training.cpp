@@ -27,6 +27,14 @@ std::string tiny_vit(int dim, int depth, int heads) {
          ", depth: " + std::to_string(depth) + ", heads: " + std::to_string(heads);
 }
 
+// A randomly initialised teacher (seed 1) for the 32 px, 4-class data, saved as a checkpoint.
+void write_tiny_teacher(const std::string& path) {
+  torch::manual_seed(1);
+  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+                        .classes = 4});
+  save_checkpoint(path, teacher, nullptr, {});
+}
+
 std::string evaluate_config(const std::string& model) {
   return "threads: 2\nstages:\n" + data_stages("val", 1, false) +
          "  - {type: evaluate, params: {model: " + model + "}}\n";
@@ -212,10 +220,7 @@ TEST_CASE("Train.Supervised.AlphaBelowOneNeedsTeacher" * doctest::timeout(120)) 
 // teacher workers run ahead and finish out of order.
 TEST_CASE("Train.TokenLoop.UpdatesStrictlyOrdered" * doctest::timeout(180)) {
   TempDir dir;
-  torch::manual_seed(1);
-  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
-                        .classes = 4});
-  save_checkpoint(dir / "teacher.pt", teacher, nullptr, {});
+  write_tiny_teacher(dir / "teacher.pt");
 
   const PipelineConfig config = parse_pipeline_config(
       "threads: 2\nstages:\n" + data_stages("train", 2, true) +
@@ -253,9 +258,7 @@ TEST_CASE("Train.StudentStep.SerialOnly") {
 
 TEST_CASE("Train.ThreadBudget.IntraOpCountsAgainstCores") {
   TempDir dir;
-  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
-                        .classes = 4});
-  save_checkpoint(dir / "teacher.pt", teacher, nullptr, {});
+  write_tiny_teacher(dir / "teacher.pt");
   const std::string stages = data_stages("train", 1, true) +
                              "  - {type: teacher_infer, params: {intraop_threads: 2, model: " +
                              (dir / "teacher.pt") +
@@ -275,10 +278,7 @@ TEST_CASE("Train.ThreadBudget.IntraOpCountsAgainstCores") {
 // student's numbers differ from a float32 run (so autocast really took effect).
 TEST_CASE("Train.Autocast.Bf16Runs" * doctest::timeout(120)) {
   TempDir dir;
-  torch::manual_seed(1);
-  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
-                        .classes = 4});
-  save_checkpoint(dir / "teacher.pt", teacher, nullptr, {});
+  write_tiny_teacher(dir / "teacher.pt");
   const auto run = [&](const std::string& autocast) {
     return run_config("threads: 2\nstages:\n" + data_stages("train", 1, true) +
                       "  - {type: teacher_infer, params: {autocast: " + autocast +
