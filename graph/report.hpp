@@ -22,11 +22,30 @@ struct QueueSample {
   double occupancy = 0;
 };
 
+/// One stage in a Progress snapshot.
+struct StageProgress {
+  std::string name;
+  double busy_fraction = 0;          // since the run started, per worker (as in StageReport)
+  std::vector<StageResult> live;     // the stage's live_results()
+};
+
 /// A snapshot of a running pipeline, for progress lines.
 struct Progress {
   double elapsed_s = 0;
   std::uint64_t produced = 0;   // items the source emitted
   std::uint64_t completed = 0;  // items the sink consumed
+  std::uint64_t expected = 0;   // items the sink expects in all (Stage::plan), 0 if unknown
+  std::vector<StageProgress> stages;  // in pipeline order
+};
+
+/// CPU utilisation of each core of the machine (all processes, from /proc/stat), sampled
+/// during a run.
+struct CpuReport {
+  double interval_s = 0;                  // between samples
+  std::vector<double> times_s;            // sample times since the run started
+  std::vector<std::vector<double>> cores; // [core][sample]: busy fraction 0..1 in the interval
+  std::vector<double> core_mean;          // [core]: busy fraction over the whole run
+  double process_cpu_s = 0;               // CPU time of this process during the run (user+sys)
 };
 
 /// What one stage did during a run.
@@ -68,6 +87,9 @@ struct RunReport {
   bool stopped = false;     // stopped early by request_stop() (SIGINT)
   std::vector<StageReport> stages;
   std::string trace_path;  // Chrome trace written, if asked for
+  CpuReport cpu;
+  /// Prefix of config keys in the verdict ("phases.distill." for a phase of a multi-phase config).
+  std::string key_prefix;
 
   /// Index of the stage with the highest busy fraction per worker, if any work was done.
   std::optional<std::size_t> bottleneck() const;

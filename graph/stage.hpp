@@ -121,6 +121,9 @@ class Stage {
 
   /// What the stage reports after the run, in display order (printed under the stage table).
   virtual std::vector<StageResult> results() const { return {}; }
+  /// A few numbers shown on the live progress line while the run lasts (step, epoch, loss...).
+  /// Called from the pipeline's sampler thread while the stage runs: must be thread-safe.
+  virtual std::vector<StageResult> live_results() const { return {}; }
 
  private:
   friend struct detail::StageAccess;

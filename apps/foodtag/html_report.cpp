@@ -1,0 +1,1 @@
+#include "apps/foodtag/html_report.hpp"

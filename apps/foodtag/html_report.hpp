@@ -1,0 +1,56 @@
+#pragma once
+
+// The self-contained HTML report of a foodtag run: inline SVG charts, no scripts, no network.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/report.hpp"
+
+namespace foodtag {
+
+/// A named series of (x, y) points for a line chart.
+struct Curve {
+  std::string name;
+  std::vector<double> x, y;
+};
+
+/// What one model is and how well and fast it does.
+struct ModelFacts {
+  std::string name;             // "teacher", "student"
+  std::int64_t parameters = 0;
+  double file_mb = 0;           // TorchScript file size
+  double top1 = -1, top5 = -1;  // validation accuracy 0..1 (-1: not measured)
+  double mae_kcal = -1;         // validation mean absolute error of the energy estimate
+  double images_per_s = 0;      // inference throughput (batch inference on this machine)
+  double ms_per_image = 0;      // latency of one image at batch 1
+};
+
+/// One phase's profile (the RunReport of its pipeline).
+struct PhaseProfile {
+  std::string name;  // "teacher", "distill", ...
+  flowtrain::RunReport report;
+};
+
+/// Everything the report shows.
+struct ReportData {
+  std::string title = "foodtag run";
+  std::string created;  // "2026-11-22 09:30 UTC"
+  std::string machine;  // "2 cores, 24 GiB, Debian 12"
+  std::vector<Curve> loss;      // training loss per step, one curve per model
+  std::vector<Curve> accuracy;  // training top-1 per epoch, one curve per model
+  std::vector<ModelFacts> models;
+  std::vector<PhaseProfile> phases;
+  std::string verdict;        // the profiler's one-line verdict for the distillation phase
+  std::string config_text;    // the effective config (shown in a <pre>)
+};
+
+/// The whole report as one HTML document (charts as inline SVG; text escaped).
+std::string render_html(const ReportData& data);
+
+/// Writes render_html(data) to `path` atomically (a temporary file renamed over it).
+/// Throws flowtrain::Error naming the path if it cannot.
+void write_html_report(const ReportData& data, const std::string& path);
+
+}  // namespace foodtag
