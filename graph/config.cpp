@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "graph/error.hpp"
@@ -66,11 +67,14 @@ class Locator {
     overrides_.emplace_back(node, std::move(text));
   }
 
-  bool is_override(const YAML::Node& node) const {
+  bool is_override(const YAML::Node& node) const { return override_of(node) != nullptr; }
+
+  // The override that set `node`, if one did.
+  const std::string* override_of(const YAML::Node& node) const {
     for (const auto& entry : overrides_) {
-      if (entry.first.is(node)) return true;
+      if (entry.first.is(node)) return &entry.second;
     }
-    return false;
+    return nullptr;
   }
 
   std::string at(const YAML::Node& node) const {
@@ -158,12 +162,12 @@ std::size_t parse_concurrency(const YAML::Node& node, const std::string& ctx, co
   return static_cast<std::size_t>(v);
 }
 
+// Reads one declared value; `where` starts messages about it ("stage 'x' (spin): param 'n' ").
 ParamValue parse_param(const ParamSpec& spec,
                        const YAML::Node& node,
-                       const std::string& ctx,
+                       const std::string& where,
                        const std::filesystem::path& base_dir,
                        const Locator& loc) {
-  const std::string where = ctx + "param '" + spec.name + "' ";
   auto wrong = [&]() {
     loc.fail(node, where + "must be " + (spec.type == ParamType::kInt ? "an " : "a ") +
                        to_string(spec.type) + ", got " + scalar_text(node));
@@ -387,7 +391,8 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
         if (!spec) {
           loc.fail_key(it, stage_ctx + "unknown param '" + key + "'" + suggestion(key, declared));
         }
-        stage.params.set(key, parse_param(*spec, it->second, stage_ctx, base_dir, loc));
+        stage.params.set(
+            key, parse_param(*spec, it->second, stage_ctx + "param '" + key + "' ", base_dir, loc));
       }
     }
 
@@ -416,15 +421,175 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
   return config;
 }
 
+// Validates an application's section: a map of its declared keys, each optional.
+Params validate_section(const YAML::Node& root,
+                        const ConfigSection& section,
+                        const std::filesystem::path& base_dir,
+                        const Locator& loc) {
+  Params params = Params::defaults(section.params);
+  const YAML::Node map = root[section.key];
+  if (!map || map.IsNull()) return params;
+  if (!map.IsMap()) loc.fail(map, section.key + " must be a map of key: value");
+  std::vector<std::string> declared;
+  for (const ParamSpec& spec : section.params) declared.push_back(spec.name);
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const std::string key = it->first.as<std::string>();
+    const auto spec = std::find_if(section.params.begin(), section.params.end(),
+                                   [&](const ParamSpec& p) { return p.name == key; });
+    if (spec == section.params.end()) {
+      loc.fail_key(it, section.key + ": unknown key '" + key + "'" + suggestion(key, declared));
+    }
+    params.set(key, parse_param(*spec, it->second, section.key + "." + key + " ", base_dir, loc));
+  }
+  return params;
+}
+
+// Writes every path param the config gives as the absolute form of its resolved value, so the
+// effective text does not depend on the folder it is read from.
+void write_resolved_paths(const YAML::Node& root,
+                          const RunConfig& config,
+                          const Registry& registry,
+                          const std::vector<ConfigSection>& sections) {
+  auto absolute = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::absolute(path, ec);
+    return ec ? path : p.lexically_normal().string();
+  };
+  auto rewrite = [&](YAML::Node map, const std::vector<ParamSpec>& specs, const Params& values) {
+    if (!map.IsMap()) return;
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      for (const ParamSpec& spec : specs) {
+        if (spec.name != key) continue;
+        if (spec.type != ParamType::kPath && spec.type != ParamType::kOutputPath) break;
+        const std::string value = values.get_string(key);
+        if (!value.empty()) it->second = absolute(value);
+      }
+    }
+  };
+  // Lookups through const nodes, which never add keys; the values are rewritten in place.
+  const bool single = static_cast<bool>(root["stages"]);
+  for (std::size_t i = 0; i < config.phases.size(); ++i) {
+    const YAML::Node stages = single ? root["stages"] : root["phases"][i]["stages"];
+    const std::vector<StageConfig>& validated = config.phases[i].stages;
+    for (std::size_t j = 0; j < validated.size() && j < stages.size(); ++j) {
+      const YAML::Node params = stages[j]["params"];
+      const StageInfo* info = registry.find(validated[j].type);
+      if (params && info) rewrite(params, info->doc.params, validated[j].params);
+    }
+  }
+  for (const ConfigSection& section : sections) {
+    if (const YAML::Node map = root[section.key]) {
+      rewrite(map, section.params, config.sections.at(section.key));
+    }
+  }
+}
+
+// The YAML of the config after overrides, headed by a comment saying where it came from.
+std::string effective_text(const YAML::Node& root,
+                           const std::string& origin,
+                           const std::vector<std::string>& overrides) {
+  std::string out = "# effective config of " + origin;
+  if (overrides.empty()) out += " (no overrides)";
+  for (std::size_t i = 0; i < overrides.size(); ++i) {
+    out += (i == 0 ? " with overrides: " : ", ") + overrides[i];
+  }
+  YAML::Emitter emitter;
+  emitter << root;
+  return out + "\n" + emitter.c_str() + "\n";
+}
+
+// The scalar at a dotted key path of `root` ("data.folder"), if there is one.
+std::optional<YAML::Node> scalar_at(const YAML::Node& root, const std::string& path) {
+  YAML::Node node = root;
+  std::size_t begin = 0;
+  while (node.IsMap()) {
+    const std::size_t dot = path.find('.', begin);
+    const YAML::Node child = static_cast<const YAML::Node&>(node)[path.substr(begin, dot - begin)];
+    if (!child) return std::nullopt;
+    node.reset(child);
+    if (dot == std::string::npos) {
+      return node.IsScalar() ? std::optional<YAML::Node>(node) : std::nullopt;
+    }
+    begin = dot + 1;
+  }
+  return std::nullopt;
+}
+
+// Replaces every `${key.path}` in the config's strings by the value of that key (a scalar of
+// the config, after the overrides), as OmegaConf does: `manifest: ${data.folder}/train.csv`.
+// A value taken from an override keeps that origin, so a relative path given on the command
+// line stays relative to the shell's folder.
+void interpolate(YAML::Node node, const YAML::Node& root, Locator& loc) {
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) interpolate(it->second, root, loc);
+  } else if (node.IsSequence()) {
+    for (YAML::Node child : node) interpolate(child, root, loc);
+  } else if (node.IsScalar() && node.Scalar().find("${") != std::string::npos) {
+    std::string text = node.Scalar();
+    const std::string* from_override = nullptr;
+    for (std::size_t at = text.find("${"); at != std::string::npos; at = text.find("${", at)) {
+      const std::size_t end = text.find('}', at);
+      if (end == std::string::npos) loc.fail(node, "unclosed '${' in '" + node.Scalar() + "'");
+      const std::string key = text.substr(at + 2, end - at - 2);
+      const std::optional<YAML::Node> found = scalar_at(root, key);
+      if (!found) loc.fail(node, "'${" + key + "}' names no key with a value in the config");
+      const YAML::Node& value = *found;
+      if (value.Scalar().find("${") != std::string::npos) {
+        loc.fail(node, "'${" + key + "}' refers to a value that itself uses '${...}'");
+      }
+      if (const std::string* o = loc.override_of(value)) from_override = o;
+      text.replace(at, end - at + 1, value.Scalar());
+      at += value.Scalar().size();
+    }
+    node = text;
+    if (from_override) loc.add_override(node, *from_override);
+  }
+}
+
+// Reads config text, applies the overrides, then the `${...}` references.
+YAML::Node load_root(const std::string& text,
+                     const std::string& origin,
+                     const std::vector<std::string>& overrides,
+                     Locator& loc) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsDefined() || root.IsNull()) throw Error(origin + ": the config is empty");
+  for (const std::string& text_override : overrides) {
+    if (!root.IsMap()) break;  // validate() reports it
+    apply_override(root, text_override, loc);
+  }
+  interpolate(root, root, loc);
+  return root;
+}
+
+std::string read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw Error("cannot read config '" + path +
+                "': " + (std::filesystem::exists(path) ? "permission denied" : "no such file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 // Validates a whole config: one pipeline (`stages`) or several run in turn (`phases`), each
 // phase inheriting the top-level run options. Every phase is checked before any runs.
 RunConfig validate(const YAML::Node& root,
                    const std::string& origin,
                    const std::filesystem::path& base_dir,
                    const Locator& loc,
-                   const Registry& registry) {
+                   const Registry& registry,
+                   const std::vector<ConfigSection>& sections) {
   if (!root.IsMap()) loc.fail(root, "a config must be a map with a 'stages' or a 'phases' list");
-  check_keys(root, kTopKeys, "", loc);
+  std::vector<std::string> top_keys = kTopKeys;
+  for (const ConfigSection& section : sections) top_keys.push_back(section.key);
+  check_keys(root, top_keys, "", loc);
   const YAML::Node stages = root["stages"];
   const YAML::Node phases = root["phases"];
   if (stages && phases) {
@@ -442,6 +607,9 @@ RunConfig validate(const YAML::Node& root,
 
   RunConfig config;
   config.origin = origin;
+  for (const ConfigSection& section : sections) {
+    config.sections[section.key] = validate_section(root, section, base_dir, loc);
+  }
   if (stages) {
     config.phases.push_back(validate_pipeline(root, {}, "", base_dir, loc, registry));
   } else {
@@ -467,6 +635,7 @@ RunConfig validate(const YAML::Node& root,
       }
       config.phases.push_back(validate_pipeline(entry, defaults, ctx, base_dir, loc, registry));
       config.phases.back().name = name.Scalar();
+      config.phases.back().run.key_prefix = "phases." + name.Scalar() + ".";
     }
   }
   for (PipelineConfig& phase : config.phases) phase.origin = origin;
@@ -477,21 +646,20 @@ RunConfig parse(const std::string& text,
                 const std::string& origin,
                 const std::filesystem::path& base_dir,
                 const std::vector<std::string>& overrides,
-                const Registry& registry) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+                const Registry& registry,
+                const std::vector<ConfigSection>& sections) {
+  for (const ConfigSection& section : sections) {
+    if (std::find(kTopKeys.begin(), kTopKeys.end(), section.key) != kTopKeys.end()) {
+      throw Error("config section '" + section.key + "' has the name of a built-in key");
+    }
   }
-  if (!root.IsDefined() || root.IsNull()) throw Error(origin + ": the config is empty");
   Locator loc(origin);
-  for (const std::string& text_override : overrides) {
-    if (!root.IsMap()) break;  // validate() reports it
-    apply_override(root, text_override, loc);
-  }
+  const YAML::Node root = load_root(text, origin, overrides, loc);
   try {
-    return validate(root, origin, base_dir, loc, registry);
+    RunConfig config = validate(root, origin, base_dir, loc, registry, sections);
+    write_resolved_paths(root, config, registry, sections);
+    config.effective_text = effective_text(root, origin, overrides);
+    return config;
   } catch (const YAML::Exception& e) {
     throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
@@ -506,27 +674,72 @@ PipelineConfig single_pipeline(RunConfig config) {
   return std::move(config.phases[0]);
 }
 
+// A Markdown table of declared values (`column` names the first column), or `none`.
+std::string params_markdown(const std::vector<ParamSpec>& specs,
+                            const std::string& column,
+                            const std::string& none) {
+  if (specs.empty()) return none + "\n\n";
+  std::string out = "| " + column + " | type | default | meaning |\n|---|---|---|---|\n";
+  for (const ParamSpec& p : specs) {
+    std::string doc = p.doc;
+    if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
+    out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " + doc +
+           " |\n";
+  }
+  return out + "\n";
+}
+
 }  // namespace
 
 RunConfig load_run_config(const std::string& path,
                           const std::vector<std::string>& overrides,
                           const Registry& registry) {
-  std::ifstream in(path);
-  if (!in) {
-    throw Error("cannot read config '" + path +
-                "': " + (std::filesystem::exists(path) ? "permission denied" : "no such file"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
+  return load_run_config(path, overrides, {}, registry);
+}
+
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::string>& overrides,
+                          const std::vector<ConfigSection>& sections,
+                          const Registry& registry) {
   // Relative paths inside a config are relative to the config file's folder.
-  return parse(text.str(), path, std::filesystem::path(path).parent_path(), overrides, registry);
+  return parse(read_config_file(path), path, std::filesystem::path(path).parent_path(), overrides, registry,
+               sections);
+}
+
+std::map<std::string, Params> load_config_sections(const std::string& path,
+                                                   const std::vector<std::string>& overrides,
+                                                   const std::vector<ConfigSection>& sections) {
+  Locator loc(path);
+  const YAML::Node root = load_root(read_config_file(path), path, overrides, loc);
+  if (!root.IsMap()) loc.fail(root, "a config must be a map with a 'stages' or a 'phases' list");
+  std::vector<std::string> top_keys = kTopKeys;
+  for (const ConfigSection& section : sections) top_keys.push_back(section.key);
+  std::map<std::string, Params> out;
+  try {
+    check_keys(root, top_keys, "", loc);
+    for (const ConfigSection& section : sections) {
+      out[section.key] =
+          validate_section(root, section, std::filesystem::path(path).parent_path(), loc);
+    }
+  } catch (const YAML::Exception& e) {
+    throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  return out;
 }
 
 RunConfig parse_run_config(const std::string& text,
                            const std::string& origin,
                            const std::vector<std::string>& overrides,
                            const Registry& registry) {
-  return parse(text, origin, {}, overrides, registry);
+  return parse(text, origin, {}, overrides, registry, {});
+}
+
+RunConfig parse_run_config(const std::string& text,
+                           const std::string& origin,
+                           const std::vector<std::string>& overrides,
+                           const std::vector<ConfigSection>& sections,
+                           const Registry& registry) {
+  return parse(text, origin, {}, overrides, registry, sections);
 }
 
 PipelineConfig load_pipeline_config(const std::string& path,
@@ -567,18 +780,16 @@ std::string stages_markdown(const Registry& registry) {
     if (!info->shape.input.is_none()) out += "; takes `" + info->shape.input.name() + "`";
     if (!info->shape.output.is_none()) out += "; emits `" + info->shape.output.name() + "`";
     out += ".\n\n";
-    if (info->doc.params.empty()) {
-      out += "No parameters.\n\n";
-      continue;
-    }
-    out += "| param | type | default | meaning |\n|---|---|---|---|\n";
-    for (const ParamSpec& p : info->doc.params) {
-      std::string doc = p.doc;
-      if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
-      out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " +
-             doc + " |\n";
-    }
-    out += "\n";
+    out += params_markdown(info->doc.params, "param", "No parameters.");
+  }
+  return out;
+}
+
+std::string sections_markdown(const std::vector<ConfigSection>& sections) {
+  std::string out;
+  for (const ConfigSection& section : sections) {
+    out += "### `" + section.key + "`\n\n" + section.doc + "\n\n";
+    out += params_markdown(section.params, "key", "No keys.");
   }
   return out;
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,22 @@ struct PipelineConfig {
   std::vector<StageConfig> stages;
 };
 
+/// A top-level map an application reads from its config beside `stages:`/`phases:` (foodtag's
+/// `data:`), declared like stage params: validated (unknown key with did-you-mean, types,
+/// file:line) and documented from one source.
+///
+///   const std::vector<ConfigSection> kSections = {
+///       {"data", "where the photos are and how they are split",
+///        {path_param("folder", "prepared data folder"),
+///         float_param("val_fraction", 0.2, "share held out for validation", 0)}}};
+///   const RunConfig config = load_run_config("foodtag.yaml", overrides, kSections);
+///   const double val = config.sections.at("data").get_float("val_fraction");
+struct ConfigSection {
+  std::string key;
+  std::string doc;
+  std::vector<ParamSpec> params;
+};
+
 /// A config of pipelines run one after another, every one validated before the first runs.
 /// A single-pipeline config (with `stages:`) gives one phase with an empty name; a multi-phase
 /// config lists them under `phases:`, each inheriting the top-level threads, cores and metrics:
@@ -53,20 +70,48 @@ struct PipelineConfig {
 struct RunConfig {
   std::string origin;
   std::vector<PipelineConfig> phases;
+  /// Each declared ConfigSection by key, present even if the config omits it: defaults filled
+  /// in, paths resolved against the config's folder as for stage params.
+  std::map<std::string, Params> sections;
+  /// The config after the overrides, as YAML to save beside a run's outputs: a comment line
+  /// naming the origin and the overrides, then the keys. Path params (of stages and sections)
+  /// are written resolved and absolute, so the text reads the same from any folder.
+  std::string effective_text;
 };
 
 /// Reads and validates a config file with `stages:` or `phases:`. `overrides` are
 /// `key.path=value` strings applied first (`threads=1`, `stages.work.concurrency=4`,
-/// `phases.distill.stages.student.params.lr=0.01`). Throws Error with one line naming the file,
-/// line, phase, stage and key of the first problem.
+/// `phases.distill.stages.student.params.lr=0.01`, `data.val_fraction=0.3`). Throws Error with
+/// one line naming the file, line, phase, stage and key of the first problem.
 RunConfig load_run_config(const std::string& path,
                           const std::vector<std::string>& overrides = {},
                           const Registry& registry = Registry::global());
+
+/// The same, also accepting the application's own top-level `sections` beside the known keys
+/// (a top-level key that is neither fails, with did-you-mean over both).
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<std::string>& overrides,
+                          const std::vector<ConfigSection>& sections,
+                          const Registry& registry = Registry::global());
+
+/// Only the application's `sections` of a config file (overrides and `${...}` applied, the
+/// top-level keys checked), without validating its stages: for work that must happen before
+/// the stages' inputs exist (foodtag's prepare writes the manifests its phases read).
+std::map<std::string, Params> load_config_sections(const std::string& path,
+                                                   const std::vector<std::string>& overrides,
+                                                   const std::vector<ConfigSection>& sections);
 
 /// The same for config text; `origin` names it in messages.
 RunConfig parse_run_config(const std::string& text,
                            const std::string& origin,
                            const std::vector<std::string>& overrides = {},
+                           const Registry& registry = Registry::global());
+
+/// The same for config text with application sections; `origin` names it in messages.
+RunConfig parse_run_config(const std::string& text,
+                           const std::string& origin,
+                           const std::vector<std::string>& overrides,
+                           const std::vector<ConfigSection>& sections,
                            const Registry& registry = Registry::global());
 
 /// Reads and validates a single-pipeline config file (one with `stages:`; a config with
@@ -89,6 +134,11 @@ std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
 
 /// Markdown reference of every registered stage and its parameters (docs/config.md embeds it).
 std::string stages_markdown(const Registry& registry = Registry::global());
+
+/// Markdown reference of application config sections: per section a heading, its doc and a
+/// table of its keys (type, default, meaning) like the stage params of stages_markdown.
+///   out << sections_markdown(foodtag::config_sections());
+std::string sections_markdown(const std::vector<ConfigSection>& sections);
 
 /// Plain-text listing of every registered stage, for `flowtrain stages`.
 std::string stages_text(const Registry& registry = Registry::global());

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "graph/cpu_usage.hpp"
+
 namespace flowtrain::detail {
 
 void StageCounters::record_drop(std::uint64_t seq, std::string reason) {
@@ -34,7 +36,8 @@ Sampler::Sampler(const std::vector<std::unique_ptr<StageCounters>>& counters,
                  double interval_ms,
                  Clock::time_point start,
                  ProgressFn on_progress,
-                 double progress_interval_s)
+                 double progress_interval_s,
+                 std::uint64_t expected)
     : counters_(counters),
       geometry_(std::move(geometry)),
       interval_(std::max<std::int64_t>(100, static_cast<std::int64_t>(interval_ms * 1000))),
@@ -43,6 +46,8 @@ Sampler::Sampler(const std::vector<std::unique_ptr<StageCounters>>& counters,
       progress_interval_(std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double>(progress_interval_s))),
       next_progress_(start + progress_interval_),
+      expected_(expected),
+      cpu_(std::make_unique<CpuRecorder>(start)),
       acc_(geometry_.size()),
       thread_([this] { loop(); }) {}
 
@@ -61,7 +66,9 @@ void Sampler::loop() {
   std::unique_lock lock(mutex_);
   while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
     sample_once();
-    if (on_progress_ && Clock::now() >= next_progress_) report_progress();
+    const Clock::time_point now = Clock::now();
+    cpu_->poll(now);
+    if (on_progress_ && now >= next_progress_) report_progress();
   }
 }
 
@@ -71,6 +78,23 @@ void Sampler::report_progress() {
   p.elapsed_s = std::chrono::duration<double>(Clock::now() - start_).count();
   p.produced = counters_.front()->items_out.load(std::memory_order_relaxed);
   p.completed = counters_.back()->items_in.load(std::memory_order_relaxed);
+  p.expected = expected_;
+  p.stages.reserve(geometry_.size());
+  for (std::size_t i = 0; i < geometry_.size(); ++i) {
+    const StageGeometry& geo = geometry_[i];
+    StageProgress stage;
+    stage.name = geo.name;
+    const double busy_s =
+        static_cast<double>(counters_[i]->busy_ns.load(std::memory_order_relaxed)) / 1e9;
+    if (p.elapsed_s > 0) {
+      // An invocation's time is counted when it ends, so a slow one can end past the moment
+      // the elapsed time was read.
+      stage.busy_fraction =
+          std::min(1.0, busy_s / (p.elapsed_s * static_cast<double>(geo.workers)));
+    }
+    if (geo.stage) stage.live = geo.stage->live_results();
+    p.stages.push_back(std::move(stage));
+  }
   on_progress_(p);
 }
 
@@ -109,7 +133,9 @@ void Sampler::sample_once() {
   ++samples_;
 }
 
-void Sampler::fill(std::vector<StageReport>& stages) {
+void Sampler::fill(RunReport& report) {
+  report.cpu = cpu_->finish();
+  std::vector<StageReport>& stages = report.stages;
   for (std::size_t i = 0; i < stages.size() && i < acc_.size(); ++i) {
     StageReport& s = stages[i];
     const Accumulated& a = acc_[i];

@@ -67,24 +67,32 @@ struct StageGeometry {
   std::size_t workers = 1;       // concurrency the stage can reach
   std::size_t out_capacity = 0;  // capacity of the queue after it (0: it is the sink)
   bool has_input = true;         // false for the source
+  std::string name;              // for progress snapshots
+  const Stage* stage = nullptr;  // asked for live_results() in progress snapshots
 };
+
+class CpuRecorder;
 
 /// Samples every stage at a fixed interval on its own thread (not a TBB worker): input queue
 /// occupancy, and for each idle worker slot whether it is starved (no input) or blocked
-/// (input waiting but the output queue full).
+/// (input waiting but the output queue full). On the same thread: the machine's per-core CPU
+/// use (every CpuRecorder interval) and the progress snapshots.
 class Sampler {
  public:
   using ProgressFn = std::function<void(const Progress&)>;
+  /// `expected`: items the sink expects in all (from the plan), 0 if unknown.
   Sampler(const std::vector<std::unique_ptr<StageCounters>>& counters,
           std::vector<StageGeometry> geometry,
           double interval_ms,
           Clock::time_point start,
           ProgressFn on_progress = {},
-          double progress_interval_s = 1);
+          double progress_interval_s = 1,
+          std::uint64_t expected = 0);
   ~Sampler();
   void stop();
-  /// Fills starved/blocked fractions and queue statistics of `stages` (call after stop()).
-  void fill(std::vector<StageReport>& stages);
+  /// Fills starved/blocked fractions and queue statistics of `report.stages` (as many as it
+  /// has) and `report.cpu`. Call once, after stop().
+  void fill(RunReport& report);
 
  private:
   void loop();
@@ -98,6 +106,8 @@ class Sampler {
   ProgressFn on_progress_;
   Clock::duration progress_interval_;
   Clock::time_point next_progress_;
+  std::uint64_t expected_;
+  std::unique_ptr<CpuRecorder> cpu_;
 
   struct Accumulated {
     double starved_slots = 0;

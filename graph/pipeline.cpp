@@ -141,6 +141,7 @@ class Pipeline::Runtime {
   Runtime(Pipeline& pipeline, const RunOptions& options)
       : nodes_(pipeline.nodes_),
         stop_(pipeline.stop_),
+        key_prefix_(options.key_prefix),
         threads_(options.threads > 0 ? options.threads : hardware_threads()),
         // Unless granted explicitly, the cores are the machine's (or `threads`, if more).
         cores_(options.cores > 0 ? options.cores : std::max(hardware_threads(), threads_)),
@@ -151,7 +152,7 @@ class Pipeline::Runtime {
     }
     if (!options.trace_path.empty()) trace_.emplace(start_);
     sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_, options.on_progress,
-                     options.progress_interval_s);
+                     options.progress_interval_s, pipeline.expected_);
   }
 
   RunReport run(const std::string& trace_path) {
@@ -289,6 +290,8 @@ class Pipeline::Runtime {
       geo.workers = workers(i);
       geo.out_capacity = last ? 0 : nodes_[i + 1].options.queue_capacity;
       geo.has_input = i > 0;
+      geo.name = nodes_[i].name;
+      geo.stage = nodes_[i].stage.get();
       out.push_back(geo);
     }
     return out;
@@ -438,6 +441,7 @@ class Pipeline::Runtime {
     report.cores = cores_;
     report.peak_threads = peak_threads();
     report.stopped = stop_.load();
+    report.key_prefix = key_prefix_;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       detail::StageCounters& c = *counters_[i];
       StageReport s;
@@ -462,12 +466,13 @@ class Pipeline::Runtime {
       s.peak_active = c.peak_active.load();
       report.stages.push_back(std::move(s));
     }
-    sampler_->fill(report.stages);
+    sampler_->fill(report);
     return report;
   }
 
   std::vector<Node>& nodes_;
   std::atomic<bool>& stop_;
+  const std::string key_prefix_;
   const std::size_t threads_;
   const std::size_t cores_;
   const detail::Clock::time_point start_;
@@ -511,8 +516,12 @@ void Pipeline::prepare() {
                 std::to_string(*position) + ", but source '" + nodes_[0].name +
                 "' cannot seek; use a dataset source or start without the checkpoint");
   }
+  // The count each stage passes on; what reaches the sink is what the progress line expects.
   std::optional<std::uint64_t> expected;
-  for (const Node& node : nodes_) expected = node.stage->plan(expected);
+  for (const Node& node : nodes_) {
+    if (&node == &nodes_.back()) expected_ = expected.value_or(0);
+    expected = node.stage->plan(expected);
+  }
 }
 
 namespace {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +35,10 @@ struct RunOptions {
   /// Called every `progress_interval_s` from a background thread while the run lasts.
   std::function<void(const Progress&)> on_progress;
   double progress_interval_s = 1;
+  /// Where this pipeline's keys sit in its config, copied to RunReport::key_prefix for the
+  /// verdict's advice: "phases.distill." for a phase of a multi-phase config (its
+  /// PipelineConfig::run has it), empty for a single pipeline.
+  std::string key_prefix;
 };
 
 /// Returns a one-line problem if `next` cannot follow `prev`, else an empty string.
@@ -98,6 +103,7 @@ class Pipeline {
   std::vector<Node> nodes_;
   std::atomic<bool> stop_{false};
   bool ran_ = false;
+  std::uint64_t expected_ = 0;  // items the sink expects in all, from prepare() (0: unknown)
 };
 
 /// Stops `pipeline` on SIGINT and SIGTERM while in scope; a second signal ends the process the

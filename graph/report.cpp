@@ -21,6 +21,21 @@ std::string count(std::size_t n, const char* noun) {
 }
 
 std::string workers_text(const StageReport& s) { return count(s.workers, "worker"); }
+
+// "core 0 93%, core 1 88% (this process 1.78 CPU-s per wall-s)"
+std::string cpu_text(const RunReport& r) {
+  std::string line;
+  for (std::size_t c = 0; c < r.cpu.core_mean.size(); ++c) {
+    line += (c ? ", core " : "core ") + std::to_string(c) + " " + percent(r.cpu.core_mean[c]);
+  }
+  if (r.wall_s > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " (this process %.2f CPU-s per wall-s)",
+                  r.cpu.process_cpu_s / r.wall_s);
+    line += buf;
+  }
+  return line;
+}
 }  // namespace
 
 std::optional<std::size_t> RunReport::bottleneck() const {
@@ -63,10 +78,11 @@ std::string RunReport::verdict() const {
     line += "; it runs serially: make it cheaper, or split its work into a parallel stage after it";
   } else if (s.concurrency != kUnlimited && s.workers < s.concurrency && *b + 1 < stages.size() &&
              s.workers == stages[*b + 1].queue_capacity) {
-    line += "; raise stages." + stages[*b + 1].name + ".queue_capacity (now " +
+    line += "; raise " + key_prefix + "stages." + stages[*b + 1].name + ".queue_capacity (now " +
             std::to_string(stages[*b + 1].queue_capacity) + ") so it can use more workers";
   } else if (s.workers < threads) {
-    line += "; raise stages." + s.name + ".concurrency (now " + std::to_string(s.workers) + ")";
+    line += "; raise " + key_prefix + "stages." + s.name + ".concurrency (now " +
+            std::to_string(s.workers) + ")";
   } else {
     line += "; it already runs on every graph thread (" + std::to_string(threads) +
             "): make it cheaper or give the run more cores";
@@ -134,6 +150,7 @@ std::string format_report(const RunReport& r) {
     }
     out += "\n";
   }
+  if (!r.cpu.core_mean.empty()) out += "cpu: " + cpu_text(r) + "\n";
   out += "layout: " + r.layout() + "\n";
   out += "verdict: " + r.verdict() + "\n";
   if (!r.trace_path.empty()) out += "trace: " + r.trace_path + " (open in ui.perfetto.dev)\n";

@@ -294,6 +294,10 @@ TEST_CASE("Config.Phases.InheritDefaults") {
   CHECK(student.run.cores == 4);
   CHECK(eval.run.cores == 1);
   CHECK(teacher.run.trace_path == "run.json");
+  // The verdict of a phase names its keys under the phase.
+  CHECK(teacher.run.key_prefix == "phases.teacher.");
+  CHECK(eval.run.key_prefix == "phases.eval.");
+  CHECK(parse_run_config(kGood, "cfg.yaml", {}, test_registry()).phases[0].run.key_prefix.empty());
   CHECK(student.run.trace_path == "student.json");
   CHECK(student.run.sample_interval_ms == 5);
   // Stage names need only be unique within a phase; locations are the file's lines.
@@ -389,4 +393,190 @@ TEST_CASE("Config.Phases.Overrides") {
   CHECK(run_error_of(kPhases, {"phases.eval.cores=none"}) ==
         "override 'phases.eval.cores=none': phase 'eval': cores must be a whole number >= 1, got "
         "'none'");
+}
+
+namespace {
+
+const std::vector<ConfigSection> kSections = {
+    {"data",
+     "where the photos are and how they are split",
+     {path_param("folder", "prepared data folder"),
+      float_param("val_fraction", 0.2, "share held out for validation", 0),
+      int_param("seed", 1, "seed of the split"),
+      output_path_param("runs", "where runs are written")}},
+    {"report", "the HTML report", {bool_param("open", false, "open it when done")}},
+};
+
+// kGood with a `data:` section after `threads:`, at lines 2-4.
+std::string with_data(const std::string& data = "  val_fraction: 0.3\n  seed: 7\n") {
+  return replace(kGood, "threads: 2\n", "threads: 2\ndata:\n" + data);
+}
+
+std::string section_error_of(const std::string& text,
+                             const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_run_config(text, "cfg.yaml", overrides, kSections, test_registry());
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find('\n') == std::string::npos);  // always one line
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Config.Sections.DefaultsAndGivenValues") {
+  const RunConfig c = parse_run_config(with_data(), "cfg.yaml", {}, kSections, test_registry());
+  REQUIRE(c.sections.size() == 2);
+  const Params& data = c.sections.at("data");
+  CHECK(data.get_float("val_fraction") == 0.3);
+  CHECK(data.get_int("seed") == 7);
+  CHECK(data.get_string("folder").empty());                  // not given: the default
+  CHECK(c.sections.at("report").get_bool("open") == false);  // absent section: all defaults
+  CHECK(c.phases[0].stages.size() == 4);                     // the pipeline is read as before
+
+  // An empty section is all defaults; without declared sections there are none.
+  CHECK(parse_run_config(replace(kGood, "threads: 2\n", "threads: 2\ndata:\n"), "cfg.yaml", {},
+                         kSections, test_registry())
+            .sections.at("data")
+            .get_int("seed") == 1);
+  CHECK(parse_run_config(kGood, "cfg.yaml", {}, test_registry()).sections.empty());
+}
+
+TEST_CASE("Config.Sections.Overrides") {
+  const RunConfig c =
+      parse_run_config(with_data(), "cfg.yaml", {"data.val_fraction=0.5", "report.open=true"},
+                       kSections, test_registry());
+  CHECK(c.sections.at("data").get_float("val_fraction") == 0.5);
+  CHECK(c.sections.at("data").get_int("seed") == 7);
+  CHECK(c.sections.at("report").get_bool("open") == true);  // a section the file lacks
+  CHECK(section_error_of(with_data(), {"data.val_fracton=0.5"}) ==
+        "override 'data.val_fracton=0.5': data: unknown key 'val_fracton' (did you mean "
+        "'val_fraction'?)");
+  CHECK(section_error_of(with_data(), {"data.seed=many"}) ==
+        "override 'data.seed=many': data.seed must be an int, got 'many'");
+}
+
+TEST_CASE("Config.Sections.Errors") {
+  SUBCASE("misspelled key names its line and suggests") {
+    CHECK(section_error_of(with_data("  val_fracton: 0.3\n")) ==
+          "cfg.yaml:3: data: unknown key 'val_fracton' (did you mean 'val_fraction'?)");
+  }
+  SUBCASE("wrong type") {
+    CHECK(section_error_of(with_data("  val_fraction: lots\n")) ==
+          "cfg.yaml:3: data.val_fraction must be a float, got 'lots'");
+    CHECK(section_error_of(with_data("  val_fraction: -1\n")) ==
+          "cfg.yaml:3: data.val_fraction must be >= 0, got -1");
+  }
+  SUBCASE("not a map") {
+    CHECK(section_error_of(replace(kGood, "threads: 2\n", "threads: 2\nreport: yes\n")) ==
+          "cfg.yaml:2: report must be a map of key: value");
+  }
+  SUBCASE("missing path") {
+    CHECK(section_error_of(with_data("  folder: /no/such/folder\n")) ==
+          "cfg.yaml:3: data.folder names '/no/such/folder', which does not exist");
+  }
+  SUBCASE("unknown top-level key suggests among keys and sections") {
+    CHECK(section_error_of(replace(kGood, "threads: 2\n", "threads: 2\ndta: {}\n")) ==
+          "cfg.yaml:2: unknown key 'dta' (did you mean 'data'?)");
+    CHECK(section_error_of(replace(kGood, "threads: 2\n", "thread: 2\n")) ==
+          "cfg.yaml:1: unknown key 'thread' (did you mean 'threads'?)");
+    // Undeclared, a section is an unknown key like any other.
+    CHECK(error_of(with_data()).rfind("cfg.yaml:2: unknown key 'data' (known: threads, ", 0) == 0);
+  }
+  SUBCASE("a section named like a built-in key") {
+    CHECK_THROWS_WITH_AS(
+        parse_run_config(kGood, "cfg.yaml", {}, std::vector<ConfigSection>{{"threads", "", {}}}),
+        "config section 'threads' has the name of a built-in key", Error);
+  }
+}
+
+TEST_CASE("Config.Sections.PathsAndEffectiveText") {
+  const auto dir = std::filesystem::temp_directory_path() / "flowtrain_sections_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "photos");
+  std::filesystem::create_directories(dir / "saved");
+  std::ofstream(dir / "data.txt") << "x\n";
+  const std::string path = (dir / "app.yaml").string();
+  std::ofstream(path) << "threads: 2\n"
+                         "data: {folder: photos, runs: out/runs}\n"
+                         "stages:\n"
+                         "  - type: lines\n"
+                         "    params: {path: data.txt}\n"
+                         "  - type: discard\n";
+  const std::vector<std::string> overrides = {"data.val_fraction=0.4", "threads=1"};
+  const RunConfig c = load_run_config(path, overrides, kSections, test_registry());
+  // Paths are relative to the config's folder, for sections as for stage params.
+  CHECK(c.sections.at("data").get_string("folder") == (dir / "photos").string());
+  CHECK(c.sections.at("data").get_string("runs") == (dir / "out/runs").string());
+  CHECK(c.sections.at("data").get_float("val_fraction") == 0.4);
+
+  // The effective text says where it came from and reads back to the same values, also from
+  // another folder.
+  CHECK(c.effective_text.rfind(
+            "# effective config of " + path + " with overrides: data.val_fraction=0.4, threads=1\n",
+            0) == 0);
+  CHECK(c.effective_text.find("val_fraction: 0.4") != std::string::npos);
+  std::ofstream(dir / "saved" / "config.yaml") << c.effective_text;
+  for (const RunConfig& again :
+       {parse_run_config(c.effective_text, "again.yaml", {}, kSections, test_registry()),
+        load_run_config((dir / "saved" / "config.yaml").string(), {}, kSections,
+                        test_registry())}) {
+    CHECK(again.phases[0].run.threads == 1);
+    REQUIRE(again.phases[0].stages.size() == 2);
+    CHECK(again.phases[0].stages[0].params.values() == c.phases[0].stages[0].params.values());
+    CHECK(again.sections.at("data").values() == c.sections.at("data").values());
+    CHECK(again.sections.at("report").values() == c.sections.at("report").values());
+  }
+  const RunConfig plain = parse_run_config(kGood, "cfg.yaml", {}, test_registry());
+  CHECK(plain.effective_text.rfind("# effective config of cfg.yaml (no overrides)\n", 0) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Config.Sections.Markdown") {
+  const std::string md = sections_markdown(kSections);
+  CHECK(md.rfind("### `data`\n\nwhere the photos are and how they are split\n\n"
+                 "| key | type | default | meaning |\n|---|---|---|---|\n"
+                 "| `folder` | path | `\"\"` | prepared data folder |\n"
+                 "| `val_fraction` | float | `0.2` | share held out for validation |\n",
+                 0) == 0);
+  CHECK(md.find("### `report`\n\nthe HTML report\n\n| key |") != std::string::npos);
+  CHECK(md.find("| `open` | bool | `false` | open it when done |\n") != std::string::npos);
+  // The stage reference keeps its own shape.
+  CHECK(stages_markdown(test_registry()).find("| param | type | default | meaning |") !=
+        std::string::npos);
+}
+
+TEST_CASE("Config.Interpolation.ReferencesResolveAfterOverrides") {
+  const auto dir = std::filesystem::temp_directory_path() / "flowtrain_interpolation_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "photos");
+  std::filesystem::create_directories(dir / "other");
+  std::ofstream(dir / "photos" / "data.txt") << "x\n";
+  std::ofstream(dir / "other" / "data.txt") << "y\n";
+  const std::string path = (dir / "app.yaml").string();
+  std::ofstream(path) << "data: {folder: photos, runs: out}\n"
+                         "stages:\n"
+                         "  - type: lines\n"
+                         "    params: {path: \"${data.folder}/data.txt\"}\n"
+                         "  - type: discard\n";
+  const RunConfig c = load_run_config(path, {}, kSections, test_registry());
+  CHECK(c.phases[0].stages[0].params.get_string("path") == (dir / "photos/data.txt").string());
+  // Only the sections, for work before the stages' inputs exist.
+  CHECK(load_config_sections(path, {}, kSections).at("data").get_string("folder") ==
+        (dir / "photos").string());
+
+  // A value given on the command line keeps its origin: relative to the shell's folder.
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir / "other");
+  const RunConfig moved = load_run_config(path, {"data.folder=."}, kSections, test_registry());
+  std::filesystem::current_path(cwd);
+  CHECK(moved.phases[0].stages[0].params.get_string("path") == "data.txt");
+  CHECK(moved.effective_text.find("${") == std::string::npos);
+
+  // A reference to no key names it.
+  CHECK_THROWS_WITH_AS(load_run_config(path, {"stages.lines.params.path=\"${data.fodler}/x\""}, kSections,
+                                       test_registry()),
+                       doctest::Contains("'${data.fodler}' names no key with a value"), Error);
+  std::filesystem::remove_all(dir);
 }

@@ -1,11 +1,14 @@
 #include <doctest/doctest.h>
+#include <time.h>
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <thread>
 
+#include "graph/cpu_usage.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/util/batch.hpp"
@@ -303,12 +306,17 @@ TEST_CASE("Pipeline.Metrics.BottleneckVerdictNamesTheSlowStage" * doctest::timeo
   p.add("cheap", identity_map(), {.concurrency = 2});
   p.add("slow", identity_map(500), {.concurrency = 1});
   p.add("sink", null_sink());
-  const RunReport r = p.run({.threads = 2});
+  const RunReport r = p.run({.threads = 2, .key_prefix = "phases.main."});
   REQUIRE(r.bottleneck().has_value());
   CHECK(r.stages[*r.bottleneck()].name == "slow");
   CHECK(r.stages[2].busy_fraction > 0.8);
+  CHECK(r.key_prefix == "phases.main.");
   CHECK(r.verdict().rfind("'slow' is the bottleneck", 0) == 0);
-  CHECK(r.verdict().find("raise stages.slow.concurrency") != std::string::npos);
+  // The advice names the key as the config spells it: under its phase, or at the top.
+  CHECK(r.verdict().find("raise phases.main.stages.slow.concurrency (now 1)") != std::string::npos);
+  RunReport single = r;
+  single.key_prefix.clear();
+  CHECK(single.verdict().find("; raise stages.slow.concurrency (now 1)") != std::string::npos);
 }
 
 TEST_CASE("Pipeline.Trace.WritesChromeTraceEvents" * doctest::timeout(60)) {
@@ -387,4 +395,202 @@ TEST_CASE("Pipeline.Progress.ReportedWhileRunning" * doctest::timeout(60)) {
     CHECK(seen[i].completed <= seen[i].produced);
   }
   CHECK(seen.back().completed > 0);
+}
+
+namespace {
+
+// Emits 0 .. count-1 and plans that many, as a dataset source does.
+class PlannedSource final : public Source<std::uint64_t> {
+ public:
+  explicit PlannedSource(std::uint64_t count) : count_(count) {}
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t>) override { return count_; }
+
+ protected:
+  std::optional<std::uint64_t> next() override {
+    return next_ < count_ ? std::optional(next_++) : std::nullopt;
+  }
+
+ private:
+  std::uint64_t count_;
+  std::uint64_t next_ = 0;
+};
+
+// A map that sleeps per item and shows how many items it finished as a live result.
+class CountingMap final : public Map<std::uint64_t, std::uint64_t> {
+ public:
+  explicit CountingMap(std::int64_t sleep_micros) : sleep_micros_(sleep_micros) {}
+  std::vector<StageResult> live_results() const override {
+    return {{"done", static_cast<double>(done_.load())}};
+  }
+
+ protected:
+  std::optional<std::uint64_t> process(std::uint64_t&& v, ItemContext&) override {
+    sleep_us(sleep_micros_);
+    done_.fetch_add(1);
+    return v;
+  }
+
+ private:
+  std::int64_t sleep_micros_;
+  std::atomic<std::uint64_t> done_{0};
+};
+
+// A map that keeps its thread on the CPU for `cpu_ms` of thread time per item.
+std::unique_ptr<Stage> spin_map(double cpu_ms) {
+  return std::make_unique<ProbeMap<>>([cpu_ms](std::uint64_t&& v, ItemContext&) {
+    auto thread_ms = [] {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+    };
+    const double until = thread_ms() + cpu_ms;
+    volatile std::uint64_t x = v;
+    while (thread_ms() < until) x = x + 1;
+    return std::optional<std::uint64_t>(v);
+  });
+}
+
+// The CPU part of a report is internally consistent: a series per core, of equal lengths.
+void check_cpu_shape(const CpuReport& cpu) {
+  REQUIRE(!cpu.core_mean.empty());
+  CHECK(cpu.cores.size() == cpu.core_mean.size());
+  for (const std::vector<double>& core : cpu.cores) {
+    CHECK(core.size() == cpu.times_s.size());
+    for (const double v : core) CHECK((v >= 0.0 && v <= 1.0));
+  }
+  for (const double v : cpu.core_mean) CHECK((v >= 0.0 && v <= 1.0));
+  for (std::size_t i = 1; i < cpu.times_s.size(); ++i) CHECK(cpu.times_s[i] > cpu.times_s[i - 1]);
+  CHECK(cpu.interval_s == doctest::Approx(0.25));
+}
+
+}  // namespace
+
+TEST_CASE("Pipeline.Progress.StagesExpectedAndLiveResults" * doctest::timeout(60)) {
+  std::vector<Progress> seen;  // called from one background thread only
+  Pipeline p;
+  p.add("source", std::make_unique<PlannedSource>(300));
+  p.add("count", std::make_unique<CountingMap>(1000), {.concurrency = 2});
+  p.add("sink", null_sink());
+  RunOptions options{.threads = 2};
+  options.progress_interval_s = 0.02;
+  options.on_progress = [&](const Progress& pr) { seen.push_back(pr); };
+  p.run(options);
+
+  REQUIRE(seen.size() >= 3);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    const Progress& pr = seen[i];
+    CHECK(pr.expected == 300);
+    REQUIRE(pr.stages.size() == 3);
+    CHECK(pr.stages[0].name == "source");
+    CHECK(pr.stages[1].name == "count");
+    CHECK(pr.stages[2].name == "sink");
+    for (const StageProgress& s : pr.stages) CHECK((s.busy_fraction >= 0 && s.busy_fraction <= 1));
+    CHECK(pr.stages[0].live.empty());
+    REQUIRE(pr.stages[1].live.size() == 1);
+    CHECK(pr.stages[1].live[0].name == "done");
+    CHECK(pr.stages[1].live[0].value <= 300);
+    if (i > 0) CHECK(pr.stages[1].live[0].value >= seen[i - 1].stages[1].live[0].value);
+  }
+  CHECK(seen.back().stages[1].live[0].value > seen.front().stages[1].live[0].value);
+  // The sleeping map keeps both its workers busy most of the time.
+  CHECK(seen.back().stages[1].busy_fraction > 0.3);
+}
+
+TEST_CASE("Pipeline.Progress.ExpectedUnknownIsZero" * doctest::timeout(60)) {
+  std::vector<Progress> seen;
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(100));  // plans nothing
+  p.add("work", identity_map(1000), {.concurrency = 2});
+  p.add("sink", null_sink());
+  RunOptions options{.threads = 2};
+  options.progress_interval_s = 0.01;
+  options.on_progress = [&](const Progress& pr) { seen.push_back(pr); };
+  p.run(options);
+  REQUIRE(!seen.empty());
+  CHECK(seen.back().expected == 0);
+  CHECK(seen.back().stages.size() == 3);
+}
+
+TEST_CASE("Pipeline.Cpu.BusyCoresAndProcessTime" * doctest::timeout(60)) {
+  if (!detail::read_core_ticks()) return;  // no /proc/stat: the report stays empty (tested below)
+  // 40 items of 25 ms CPU each on two workers: ~1 CPU-s, ~0.5 s of wall on two free cores.
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(40));
+  p.add("spin", spin_map(25), {.concurrency = 2});
+  p.add("sink", null_sink());
+  const RunReport r = p.run({.threads = 2});
+
+  check_cpu_shape(r.cpu);
+  CHECK(r.cpu.times_s.size() >= 1);
+  // This process alone kept the CPUs busy for a whole CPU-second...
+  CHECK(r.cpu.process_cpu_s > 0.9);
+  CHECK(r.cpu.process_cpu_s < 2.0 * r.wall_s + 0.5);
+  // ... so the cores together were busy at least that much of the wall time (ticks are 10 ms).
+  double summed = 0;
+  for (const double v : r.cpu.core_mean) summed += v;
+  CHECK(summed > 0.8 * r.cpu.process_cpu_s / r.wall_s);
+  const std::string text = format_report(r);
+  CHECK(text.find("\ncpu: core 0 ") != std::string::npos);
+  CHECK(text.find(" CPU-s per wall-s)\n") != std::string::npos);
+}
+
+TEST_CASE("Pipeline.Cpu.ShortRunStillHasMeans" * doctest::timeout(60)) {
+  if (!detail::read_core_ticks()) return;
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(5));
+  p.add("sink", null_sink());
+  const RunReport r = p.run({.threads = 1});
+  check_cpu_shape(r.cpu);
+  CHECK(r.cpu.times_s.empty());  // shorter than one interval: no sample, only the means
+  CHECK(r.cpu.process_cpu_s >= 0);
+}
+
+TEST_CASE("Pipeline.Cpu.RecorderSeriesCappedAndUnreadableIsEmpty") {
+  const auto dir = std::filesystem::temp_directory_path() / "flowtrain_cpu_test";
+  std::filesystem::create_directories(dir);
+  const std::string stat = (dir / "stat").string();
+  // Core 0 is busy one tick in two, core 1 never; the summary line 'cpu' is not a core.
+  auto write_stat = [&](std::uint64_t step) {
+    std::ofstream(stat) << "cpu  9 9 9 9 9 9 9 9 0 0\n"
+                        << "cpu0 " << step << " 0 0 " << step << " 0 0 0 0 0 0\n"
+                        << "cpu1 0 0 0 " << 2 * step << " 0 0 0 0 0 0\n"
+                        << "intr 1 2 3\n";
+  };
+  write_stat(0);
+  const auto start = detail::Clock::now();
+  const auto interval = std::chrono::milliseconds(1);
+  detail::CpuRecorder cpu(start, interval, stat);
+  constexpr std::uint64_t kSamples = 3000;
+  for (std::uint64_t i = 1; i <= kSamples; ++i) {
+    write_stat(i);
+    cpu.poll(start + i * interval);
+  }
+  const CpuReport report = cpu.finish();
+  REQUIRE(report.core_mean.size() == 2);
+  CHECK(report.core_mean[0] == doctest::Approx(0.5));
+  CHECK(report.core_mean[1] == 0.0);
+  REQUIRE(report.cores.size() == 2);
+  // Averaged down as it grew, like the queue series: at most ~2 x 512 points, all consistent.
+  CHECK(report.times_s.size() >= 512);
+  CHECK(report.times_s.size() < 1024);
+  CHECK(report.cores[0].size() == report.times_s.size());
+  CHECK(report.cores[1].size() == report.times_s.size());
+  CHECK(report.cores[0].front() == doctest::Approx(0.5));
+  CHECK(report.cores[0].back() == doctest::Approx(0.5));
+  CHECK(report.cores[1].back() == 0.0);
+  CHECK(report.times_s.back() <= kSamples * 1e-3 + 1e-9);
+  CHECK(report.interval_s == doctest::Approx(1e-3));
+
+  detail::CpuRecorder missing(start, interval, (dir / "no_such_stat").string());
+  missing.poll(start + 10 * interval);
+  const CpuReport empty = missing.finish();
+  CHECK(empty.core_mean.empty());
+  CHECK(empty.cores.empty());
+  CHECK(empty.times_s.empty());
+  CHECK(empty.process_cpu_s == 0.0);
+  RunReport r;
+  r.wall_s = 1;
+  r.cpu = empty;
+  CHECK(format_report(r).find("cpu:") == std::string::npos);
+  std::filesystem::remove_all(dir);
 }

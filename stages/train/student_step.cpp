@@ -41,6 +41,10 @@ std::vector<ParamSpec> vit_param_specs() {
       int_param("image_size", 112, "input side in pixels (augment's size)", 1),
       int_param("classes", 0, "number of classes (required)", 0),
       int_param("regression_outputs", 0, "size of the regression head (0: none)", 0),
+      float_param("regression_scale", 1.0,
+                  "the regression head predicts target / scale, multiplied back in its output "
+                  "(so targets like 350 kcal train at order one; the loss is on that scale)",
+                  1e-9),
       int_param("patch_size", 0, "patch side (0: the preset's)", 0),
       int_param("dim", 0, "embedding width (0: the preset's)", 0),
       int_param("depth", 0, "number of blocks (0: the preset's)", 0),
@@ -63,6 +67,7 @@ ViTConfig vit_config_from(const Params& params) {
   override_with("heads", config.heads);
   config.regression_outputs = static_cast<int>(params.get_int("regression_outputs"));
   config.dropout = params.get_float("dropout");
+  config.regression_scale = params.get_float("regression_scale");
   config.validate();
   return config;
 }
@@ -205,6 +210,11 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
   model_->train();
   const std::uint64_t step = state_.step + 1;
   const auto begin = Clock::now();
+  if (steps_this_run_ == 0) {
+    run_begin_ = begin;
+  } else {
+    data_wait_s_ += seconds(last_step_end_, begin);
+  }
 
   ViTOutput out;
   {
@@ -212,9 +222,11 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
     out = model_->forward(batch.images);
   }
   const torch::Tensor logits = out.logits.to(torch::kFloat);
+  // The loss sees the regression at the head's own scale (order one), not the targets' units.
+  const double scale = model_->config().regression_scale;
   const torch::Tensor regression =
-      out.regression.defined() ? out.regression.to(torch::kFloat) : torch::Tensor();
-  const torch::Tensor targets = regression.defined() ? batch.targets : torch::Tensor();
+      out.regression.defined() ? out.regression.to(torch::kFloat) / scale : torch::Tensor();
+  const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
   const KdLoss loss =
       batch.teacher_logits.defined()
           ? kd_loss(logits, batch.teacher_logits, batch.labels, loss_options_, regression, targets)
@@ -248,6 +260,7 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
     }
     optimizer().zero_grad();
     ++state_.skipped_steps;
+    last_step_end_ = Clock::now();
     return;
   }
 
@@ -270,12 +283,49 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
       logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>();
   history_.push_back({step, batch.number, loss_value, lr, static_cast<std::uint64_t>(correct),
                       static_cast<std::uint64_t>(batch.size()), begin, end});
+  log_step(history_.back(), state_.epoch);
+  const double smoothed = steps_this_run_ == 1 ? loss_value : 0.9 * live_loss_.load() + 0.1 * loss_value;
+  live_loss_.store(smoothed, std::memory_order_relaxed);
+  live_images_.fetch_add(static_cast<std::uint64_t>(batch.size()), std::memory_order_relaxed);
+  live_epoch_.store(state_.epoch + 1, std::memory_order_relaxed);
+  live_step_.store(step, std::memory_order_relaxed);
 
   if (checkpoint_every_ > 0 && step % checkpoint_every_ == 0) save(step_checkpoint_name(step));
+  last_step_end_ = Clock::now();
+}
+
+void StudentStepStage::log_step(const StepRecord& record, std::uint32_t epoch) {
+  if (checkpoint_dir_.empty() || rank_ != 0) return;
+  if (!step_log_.is_open()) {
+    // A resumed run continues the log (rows of steps redone after the checkpoint repeat: the
+    // last row of a step counts); a new run starts it afresh.
+    const std::string path = (fs::path(checkpoint_dir_) / "steps.csv").string();
+    fs::create_directories(checkpoint_dir_);
+    const bool fresh = !resumed_ || !fs::exists(path);
+    step_log_.open(path, fresh ? std::ios::trunc : std::ios::app);
+    if (!step_log_) throw Error("cannot write " + path);
+    if (fresh) step_log_ << "step,epoch,loss,correct,seen,lr,time_s\n";
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "%llu,%u,%.6g,%llu,%llu,%.6g,%.3f\n",
+                static_cast<unsigned long long>(record.step), epoch + 1, record.loss,
+                static_cast<unsigned long long>(record.correct),
+                static_cast<unsigned long long>(record.seen), record.lr,
+                seconds(run_begin_, record.end));
+  step_log_ << line;
+}
+
+std::vector<StageResult> StudentStepStage::live_results() const {
+  return {{"step", static_cast<double>(live_step_.load(std::memory_order_relaxed))},
+          {"total_steps", static_cast<double>(state_.total_steps)},
+          {"epoch", static_cast<double>(live_epoch_.load(std::memory_order_relaxed))},
+          {"loss", live_loss_.load(std::memory_order_relaxed)},
+          {"images", static_cast<double>(live_images_.load(std::memory_order_relaxed))}};
 }
 
 void StudentStepStage::finish() {
   if (checkpoint_dir_.empty() || steps_this_run_ == 0) return;
+  step_log_.flush();
   // A run that reached the end of its data is final; one stopped early is a resumable step.
   save(state_.step >= state_.total_steps ? "final.pt" : step_checkpoint_name(state_.step));
 }
@@ -284,6 +334,7 @@ void StudentStepStage::save(const std::string& name) {
   const auto begin = Clock::now();
   // Each rank writes its own file: its data position, and with ZeRO its optimizer shard.
   const std::string path = (fs::path(checkpoint_dir_) / name).string();
+  step_log_.flush();
   save_checkpoint(rank_file(path, rank_), model_, &optimizer(), state_);
   // Keep the newest keep_checkpoints step files; final.pt is never deleted.
   const std::vector<std::string> steps = step_checkpoints(checkpoint_dir_);
@@ -309,12 +360,16 @@ std::vector<StageResult> StudentStepStage::results() const {
     out.push_back({"loss", loss / static_cast<double>(n)});
     out.push_back({"train_top1", seen ? static_cast<double>(correct) / seen : 0});
     out.push_back({"lr", history_.back().lr});
+    out.push_back({"images", static_cast<double>(live_images_.load(std::memory_order_relaxed))});
   }
   if (state_.skipped_steps > 0) {
     out.push_back({"skipped_nonfinite", static_cast<double>(state_.skipped_steps)});
   }
   if (steps_this_run_ > 0) {
     const double per_step_ms = 1e3 / static_cast<double>(steps_this_run_);
+    if (steps_this_run_ > 1) {
+      out.push_back({"data_wait_ms", data_wait_s_ * 1e3 / static_cast<double>(steps_this_run_ - 1)});
+    }
     out.push_back({"forward_ms", forward_s_ * per_step_ms});
     out.push_back({"backward_ms", backward_s_ * per_step_ms});
     out.push_back({"optimizer_ms", optimizer_s_ * per_step_ms});

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <fstream>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -40,6 +42,8 @@ class StudentStepStage final : public SerialSink<data::Batch> {
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t> batches) override;
   std::optional<std::uint64_t> resume_position() const override;
   std::vector<StageResult> results() const override;
+  /// step, total_steps, epoch (1-based), loss (smoothed over recent steps), images.
+  std::vector<StageResult> live_results() const override;
 
   /// One finished step, as recorded for tests and reports.
   struct StepRecord {
@@ -61,6 +65,8 @@ class StudentStepStage final : public SerialSink<data::Batch> {
 
  private:
   void save(const std::string& name);
+  // Appends one row to checkpoint_dir/steps.csv (rank 0), the curves of a run's report.
+  void log_step(const StepRecord& record, std::uint32_t epoch);
   // The AdamW this rank steps: the whole one, or this rank's ZeRO shard.
   torch::optim::AdamW& optimizer();
 
@@ -85,8 +91,15 @@ class StudentStepStage final : public SerialSink<data::Batch> {
   bool resumed_ = false;
   std::uint64_t steps_this_run_ = 0;
   // Per-step time split, summed over this run.
+  // data_wait: from the end of one step to the start of the next (the input was not ready).
   double forward_s_ = 0, backward_s_ = 0, sync_s_ = 0, optimizer_s_ = 0, checkpoint_s_ = 0;
+  double data_wait_s_ = 0;
+  std::chrono::steady_clock::time_point last_step_end_, run_begin_;
   std::vector<StepRecord> history_;
+  std::ofstream step_log_;
+  // What live_results() shows: written after each step, read by the progress sampler's thread.
+  std::atomic<std::uint64_t> live_step_{0}, live_epoch_{0}, live_images_{0};
+  std::atomic<double> live_loss_{0};
 };
 
 /// The ViT a training stage builds from its params: a preset (model, image_size, classes,

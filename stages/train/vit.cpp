@@ -75,6 +75,10 @@ void ViTConfig::validate() const {
     throw Error("ViTConfig: regression_outputs must be >= 0 (got " +
                 std::to_string(regression_outputs) + ")");
   }
+  if (!(regression_scale > 0)) {
+    throw Error("ViTConfig: regression_scale must be > 0 (got " + std::to_string(regression_scale) +
+                ")");
+  }
   if (!(dropout >= 0 && dropout < 1)) {
     throw Error("ViTConfig: dropout must be in [0, 1) (got " + std::to_string(dropout) + ")");
   }
@@ -224,6 +228,7 @@ ViTOutput ViTImpl::forward(const torch::Tensor& images) {
   out.logits = head_(cls);
   if (regression_head_) {
     out.regression = regression_head_(cls);
+    if (config_.regression_scale != 1) out.regression = out.regression * config_.regression_scale;
   }
   return out;
 }

@@ -30,8 +30,11 @@ struct ViTConfig {
   int classes = 0;
   int regression_outputs = 0;  // 0: no regression head
   double dropout = 0;          // after the position embedding, attention output and MLP layers
+  /// The regression head's outputs are multiplied by this, so that it learns targets of order
+  /// one while predicting in the targets' units (energy in kcal, say).
+  double regression_scale = 1;
 
-  /// Throws flowtrain::Error unless every size is > 0 (regression_outputs >= 0), image_size is
+  /// Throws flowtrain::Error unless every size is > 0 (regression_outputs >= 0, regression_scale > 0), image_size is
   /// divisible by patch_size, dim by heads, and 0 <= dropout < 1.
   void validate() const;
 

@@ -107,7 +107,7 @@ TEST_CASE("Dist.DataParallel.TwoRanksMatchOneRankAndZero" * doctest::timeout(600
   // Resume the ZeRO run from its step-6 files (each rank reads its own optimizer shard).
   fs::copy_file(dir / "zero/final.pt", dir / "zero-whole.pt");
   for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
-    for (const std::string file : {name, name + ".rank1"}) REQUIRE(fs::remove(dir / ("zero/" + file)));
+    for (const std::string& file : {name, name + ".rank1"}) REQUIRE(fs::remove(dir / ("zero/" + file)));
   }
   const Exit resumed = run_cli(args(config, dir / "zero", 16, zero_args));
   REQUIRE(resumed.code == 0);

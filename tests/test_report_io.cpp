@@ -1,0 +1,182 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+#include "graph/report_io.hpp"
+#include "tests/test_stages.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::testing;
+
+namespace {
+
+// A sink that reports a few numbers after the run.
+class ResultSink final : public Sink<std::uint64_t> {
+ public:
+  std::vector<StageResult> results() const override {
+    return {{"items", static_cast<double>(count_.load())}, {"loss", 0.1 + 0.2}, {"top1", 1.0 / 3}};
+  }
+
+ protected:
+  void consume(std::uint64_t&&, ItemContext&) override { count_.fetch_add(1); }
+
+ private:
+  std::atomic<std::uint64_t> count_{0};
+};
+
+// A report with every field filled: a real run with drops, a queue series and results, plus
+// the fields a run leaves empty here.
+RunReport full_report() {
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(300));
+  p.add("filter: odd \"ones\"",
+        std::make_unique<ProbeMap<>>(
+            [](std::uint64_t&& v, ItemContext& ctx) -> std::optional<std::uint64_t> {
+              if (v % 2) return ctx.drop("odd: value " + std::to_string(v) + " # 'quoted'");
+              sleep_us(200);
+              return v;
+            }),
+        {.concurrency = 2});
+  p.add("sink", std::make_unique<ResultSink>());
+  RunReport r = p.run({.threads = 2, .key_prefix = "phases.distill."});
+  r.trace_path = "runs/1/trace.json";
+  r.stopped = true;
+  r.stages[0].busy_fraction = std::numeric_limits<double>::infinity();  // survives as .inf
+  if (r.cpu.core_mean.empty()) {  // no /proc/stat here: fill it by hand
+    r.cpu = {0.25, {0.25, 0.5}, {{0.9, 1}, {0, 0.125}}, {0.95, 0.0625}, 0.7};
+  }
+  return r;
+}
+
+void check_same(const RunReport& a, const RunReport& b) {
+  CHECK(a.wall_s == b.wall_s);
+  CHECK(a.threads == b.threads);
+  CHECK(a.cores == b.cores);
+  CHECK(a.peak_threads == b.peak_threads);
+  CHECK(a.stopped == b.stopped);
+  CHECK(a.trace_path == b.trace_path);
+  CHECK(a.key_prefix == b.key_prefix);
+  CHECK(a.cpu.interval_s == b.cpu.interval_s);
+  CHECK(a.cpu.times_s == b.cpu.times_s);
+  CHECK(a.cpu.cores == b.cpu.cores);
+  CHECK(a.cpu.core_mean == b.cpu.core_mean);
+  CHECK(a.cpu.process_cpu_s == b.cpu.process_cpu_s);
+  REQUIRE(a.stages.size() == b.stages.size());
+  for (std::size_t i = 0; i < a.stages.size(); ++i) {
+    const StageReport& x = a.stages[i];
+    const StageReport& y = b.stages[i];
+    CAPTURE(x.name);
+    CHECK(x.name == y.name);
+    CHECK(x.kind == y.kind);
+    CHECK(x.concurrency == y.concurrency);
+    CHECK(x.max_concurrency == y.max_concurrency);
+    CHECK(x.workers == y.workers);
+    CHECK(x.queue_capacity == y.queue_capacity);
+    CHECK(x.threads_per_invocation == y.threads_per_invocation);
+    CHECK(x.items_in == y.items_in);
+    CHECK(x.items_out == y.items_out);
+    CHECK(x.dropped == y.dropped);
+    REQUIRE(x.drops.size() == y.drops.size());
+    for (std::size_t j = 0; j < x.drops.size(); ++j) {
+      CHECK(x.drops[j].seq == y.drops[j].seq);
+      CHECK(x.drops[j].reason == y.drops[j].reason);
+    }
+    CHECK(x.busy_s == y.busy_s);
+    CHECK(x.busy_fraction == y.busy_fraction);
+    CHECK(x.starved_fraction == y.starved_fraction);
+    CHECK(x.blocked_fraction == y.blocked_fraction);
+    CHECK(x.peak_active == y.peak_active);
+    CHECK(x.queue_mean == y.queue_mean);
+    CHECK(x.queue_max == y.queue_max);
+    REQUIRE(x.queue_series.size() == y.queue_series.size());
+    for (std::size_t j = 0; j < x.queue_series.size(); ++j) {
+      CHECK(x.queue_series[j].time_s == y.queue_series[j].time_s);
+      CHECK(x.queue_series[j].occupancy == y.queue_series[j].occupancy);
+    }
+    REQUIRE(x.results.size() == y.results.size());
+    for (std::size_t j = 0; j < x.results.size(); ++j) {
+      CHECK(x.results[j].name == y.results[j].name);
+      CHECK(x.results[j].value == y.results[j].value);
+    }
+  }
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    report_from_yaml(text, "r.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("ReportIo.RoundTrip.EveryFieldAndTheTextsBuiltFromThem" * doctest::timeout(60)) {
+  const RunReport original = full_report();
+  REQUIRE(original.stages[1].dropped == 150);
+  REQUIRE(!original.stages[1].queue_series.empty());
+  REQUIRE(original.stages[2].results.size() == 3);
+
+  const std::string text = report_to_yaml(original);
+  CHECK(text.rfind("flowtrain_report: 1\n", 0) == 0);
+  const RunReport again = report_from_yaml(text, "r.yaml");
+  check_same(original, again);
+  CHECK(again.verdict() == original.verdict());
+  CHECK(again.layout() == original.layout());
+  CHECK(format_report(again) == format_report(original));
+  CHECK(report_to_yaml(again) == text);
+
+  // An empty report too.
+  check_same(report_from_yaml(report_to_yaml(RunReport{}), "empty.yaml"), RunReport{});
+}
+
+TEST_CASE("ReportIo.File.WriteAtomicallyAndReadBack" * doctest::timeout(60)) {
+  const auto dir = std::filesystem::temp_directory_path() / "flowtrain_report_io_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "distill.report.yaml").string();
+  const RunReport original = full_report();
+  std::ofstream(path) << "an older file, replaced whole\n";
+  write_report_file(original, path);
+  CHECK(!std::filesystem::exists(path + ".tmp"));
+  const RunReport again = read_report_file(path);
+  check_same(original, again);
+  CHECK(format_report(again) == format_report(original));
+
+  const std::string unwritable = (dir / "no/such/r.yaml").string();
+  const std::string unwritable_error = "cannot write run report '" + unwritable + "'";
+  CHECK_THROWS_WITH_AS(write_report_file(original, unwritable),
+                       doctest::Contains(unwritable_error.c_str()), Error);
+  CHECK_THROWS_WITH_AS(
+      read_report_file((dir / "missing.yaml").string()),
+      ("cannot read run report '" + (dir / "missing.yaml").string() + "': no such file").c_str(),
+      Error);
+  const std::string config = (dir / "config.yaml").string();
+  std::ofstream(config) << "threads: 2\nstages: []\n";
+  CHECK_THROWS_WITH_AS(read_report_file(config),
+                       (config + ": not a run report (no 'flowtrain_report' key)").c_str(), Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("ReportIo.Errors.NameTheOriginLineAndField") {
+  CHECK(error_of("flowtrain_report: [1\n")
+            .rfind("r.yaml:2: not a run report: YAML syntax error", 0) == 0);
+  CHECK(error_of("- 1\n- 2\n") == "r.yaml: not a run report (no 'flowtrain_report' key)");
+  CHECK(error_of("flowtrain_report: 9\n") ==
+        "r.yaml:1: run report format 9 is not the one this build reads (1)");
+  CHECK(error_of("flowtrain_report: 1\nwall_s: long\n") ==
+        "r.yaml:2: 'wall_s' must be a number, got 'long'");
+  CHECK(error_of("flowtrain_report: 1\nstages:\n  - name: a\n    busy_s: fast\n") ==
+        "r.yaml:4: 'stages[0].busy_s' must be a number, got 'fast'");
+  CHECK(error_of("flowtrain_report: 1\nstages:\n  - name: a\n    kind: pump\n") ==
+        "r.yaml:4: 'stages[0].kind' must be source, map, flat map or sink");
+  CHECK(error_of("flowtrain_report: 1\ncpu: {cores: [[0.5, x]]}\n") ==
+        "r.yaml:2: 'cpu.cores[0][1]' must be a number");
+  CHECK(error_of("flowtrain_report: 1\nthreads: -2\n") ==
+        "r.yaml:2: 'threads' must be a whole number >= 0, got '-2'");
+}
