@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo test bench bench-data bench-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test bench bench-data bench-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -16,8 +16,18 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j$(JOBS)
 
-# The main job until the foodtag app lands: knowledge distillation on generated images.
-demo: kd-demo
+# The main job: the foodtag app on its default config (apps/foodtag/configs/foodtag.yaml):
+# fetch the food photos, train the teacher, distil the student, evaluate, export, report
+# (about 15 minutes on 2 cores), then tag one photo with the student.
+FOODTAG := $(BUILD)/apps/foodtag/foodtag
+demo: build
+	$(FOODTAG) run
+	$(FOODTAG) predict data/foodtag/packages/pictures/package/assets/E004.jpeg
+	@echo "report: $(CURDIR)/runs/foodtag/report.html"
+
+# Render the report to a PNG with headless Chromium (runs/foodtag/report.png).
+demo-png:
+	scripts/render-report runs/foodtag/report.html runs/foodtag/report.png
 
 # The graph alone: a no-op pipeline and its stage report.
 graph-demo: build
@@ -59,6 +69,7 @@ kd-demo: build
 
 docs: build
 	scripts/stage-docs $(BUILD)/apps/flowtrain/flowtrain docs/config.md
+	scripts/stage-docs $(BUILD)/apps/foodtag/foodtag apps/foodtag/README.md keys
 
 # The graph tests under AddressSanitizer+UndefinedBehaviorSanitizer, and ThreadSanitizer.
 sanitize-address:

@@ -19,6 +19,7 @@
 #include "stages/data/sample.hpp"
 #include "stages/data/shard.hpp"
 #include "tests/test_stages.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::data;
@@ -27,27 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder under the system temp dir, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "flowtrain-data-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using flowtrain::testing::TempDir;
 
 void write_file(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());

@@ -18,6 +18,7 @@
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/synthetic.hpp"
 #include "tests/test_stages.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::data;
@@ -25,28 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using flowtrain::testing::TempDir;
+
 using Bytes = std::vector<std::uint8_t>;
-
-/// A scratch folder removed with its contents at the end of the test.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() /
-              ("flowtrain_decode_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
 
 Bytes read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -14,6 +14,7 @@
 #include "apps/foodtag/html_report.hpp"
 #include "graph/error.hpp"
 #include "tests/process.hpp"
+#include "tests/temp_dir.hpp"
 
 using flowtrain::StageReport;
 using foodtag::Curve;
@@ -21,6 +22,8 @@ using foodtag::ReportData;
 using Kind = flowtrain::StageShape::Kind;
 
 namespace {
+
+using flowtrain::testing::TempDir;
 
 namespace fs = std::filesystem;
 
@@ -116,13 +119,6 @@ ReportData sample_report() {
       "phases:\n  distill:\n    stages: {decode: {concurrency: 2}}  # <b>not bold</b> & \"q\"\n";
   return d;
 }
-
-// A scratch directory, removed with its contents at the end of the test.
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("foodtag-report-" + std::to_string(getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // Renders `html_path` with scripts/render-report; fails the test with the script's output if it
 // could not (for one, when Chromium is missing).
@@ -285,12 +281,12 @@ TEST_CASE("Foodtag.Report.DegenerateDataGetsNotesNotBrokenCharts") {
 
 TEST_CASE("Foodtag.Report.WrittenAtomicallyOrNamesThePath") {
   TempDir dir;
-  const std::string path = (dir.path / "report.html").string();
+  const std::string path = (dir.path() / "report.html").string();
   foodtag::write_html_report(sample_report(), path);
   CHECK(flowtrain::testing::read_text(path) == foodtag::render_html(sample_report()));
   CHECK_FALSE(fs::exists(path + ".tmp"));
 
-  const std::string missing = (dir.path / "no-such-dir" / "report.html").string();
+  const std::string missing = (dir.path() / "no-such-dir" / "report.html").string();
   CHECK_THROWS_WITH_AS(foodtag::write_html_report(sample_report(), missing),
                        ("cannot write report " + missing + ": No such file or directory").c_str(),
                        flowtrain::Error);
@@ -298,7 +294,7 @@ TEST_CASE("Foodtag.Report.WrittenAtomicallyOrNamesThePath") {
 
 TEST_CASE("Foodtag.Report.ChromiumDrawsTheCharts" * doctest::timeout(120)) {
   TempDir dir;
-  const fs::path html = dir.path / "report.html";
+  const fs::path html = dir.path() / "report.html";
   foodtag::write_html_report(sample_report(), html.string());
   const cv::Mat png = render_png(html);
 
@@ -317,7 +313,7 @@ TEST_CASE("Foodtag.Report.ChromiumDrawsTheCurveShapes" * doctest::timeout(120)) 
   ReportData d;
   d.loss = loss_curves();
   TempDir dir;
-  const fs::path html = dir.path / "loss.html";
+  const fs::path html = dir.path() / "loss.html";
   foodtag::write_html_report(d, html.string());
   const cv::Mat png = render_png(html);
 

@@ -19,31 +19,13 @@
 #include "graph/error.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace {
 
+using flowtrain::testing::TempDir;
+
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() /
-              ("flowtrain_prepare_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  std::string str(const std::string& sub) const { return (path_ / sub).string(); }
-
- private:
-  fs::path path_;
-};
 
 /// Sets an environment variable for a scope, then restores it.
 class ScopedEnv {

@@ -354,4 +354,9 @@ TEST_CASE("TorchScript.Fixture.PredictModel" * doctest::timeout(120)) {
   for (const char* label : {"apple", "bread", "cheese", "dates", "eggs"}) labels << label << "\n";
   labels.close();
   CHECK(ScriptedModel((folder / "vit.pt").string()).image_size() == 32);
+  // A TorchScript file that is not an image model, for the CLIs' error tests.
+  torch::jit::Module text(c10::QualifiedName("__torch__.NotAModel"));
+  text.register_attribute("training", c10::BoolType::get(), false);
+  text.define("def forward(self, images: Tensor) -> str:\n    return 'not logits'\n");
+  text.save((folder / "not_a_model.pt").string());
 }
