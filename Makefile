@@ -22,7 +22,7 @@ build: configure
 FOODTAG := $(BUILD)/apps/foodtag/foodtag
 demo: build
 	$(FOODTAG) run
-	$(FOODTAG) predict data/foodtag/packages/pictures/package/assets/E004.jpeg
+	$(FOODTAG) predict data/foodtag/packages/pictures/package/assets/P002.jpeg
 	@echo "report: $(CURDIR)/runs/foodtag/report.html"
 
 # Render the report to a PNG with headless Chromium (runs/foodtag/report.png).

@@ -284,9 +284,12 @@ torch::jit::Module build_vit(ViT& model) {
   vit.register_attribute("classes", c10::IntType::get(), std::int64_t{config.classes});
   vit.register_attribute("regression_outputs", c10::IntType::get(),
                          std::int64_t{config.regression_outputs});
+  vit.register_attribute("regression_scale", c10::FloatType::get(), config.regression_scale);
   std::string source =
       replace_all(kViTSourceHead, "{RETURN_TYPE}", regression ? "Tuple[Tensor, Tensor]" : "Tensor");
-  source += regression ? "    return self.head.forward(cls), self.regression_head.forward(cls)\n"
+  // As ViT::forward: the regression head's outputs in the targets' units.
+  source += regression ? "    return self.head.forward(cls), "
+                         "self.regression_head.forward(cls) * self.regression_scale\n"
                        : "    return self.head.forward(cls)\n";
   builder.define(vit, source);
   return vit;

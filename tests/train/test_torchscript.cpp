@@ -121,7 +121,9 @@ TEST_CASE("TorchScript.Export.MatchesModel" * doctest::timeout(120)) {
   for (const int regression_outputs : {0, 1}) {
     CAPTURE(regression_outputs);
     torch::manual_seed(regression_outputs);
-    ViT model(small_config(regression_outputs));
+    ViTConfig config = small_config(regression_outputs);
+    config.regression_scale = 100;  // outputs in the targets' units, in the file as in C++
+    ViT model(config);
     model->eval();
     const torch::Tensor images = torch::randn({3, 3, 32, 32});
     const ViTOutput expected = model(images);
