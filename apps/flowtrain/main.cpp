@@ -33,9 +33,6 @@
 
 namespace {
 
-// "rank 1: " before this process's errors when it is one rank of a job.
-std::string g_rank_prefix;
-
 // A live line on a terminal; a plain line every 10 s when stderr is a file or pipe.
 void show_progress(const flowtrain::Progress& p, bool terminal) {
   const double rate = p.elapsed_s > 0 ? static_cast<double>(p.completed) / p.elapsed_s : 0;
@@ -67,28 +64,18 @@ std::string rank_summary(int rank, const flowtrain::RunReport& report) {
   return line;
 }
 
-// What every rank of a job must agree on: the config file's text and the overrides.
-std::string config_hash(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  for (const std::string& o : overrides) text << "\n" << o;
-  return flowtrain::dist::config_fingerprint(text.str());
-}
-
 // Runs the phases in turn, each built just before it runs (so it can read what earlier ones wrote).
 // As rank R of a job: joins the world first, and after each phase rank 0 prints its report and
 // one line per rank; the other ranks print only errors.
 int run(const std::string& path, const std::vector<std::string>& overrides, double timeout_s) {
   const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
-  if (placement.distributed()) g_rank_prefix = "rank " + std::to_string(placement.rank) + ": ";
   // A config error is this rank's alone: say it before joining the job.
   flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
   flowtrain::dist::World* world = nullptr;
   if (placement.distributed()) {
     flowtrain::dist::WorldOptions options;
     options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
-    options.config_hash = config_hash(path, overrides);
+    options.config_hash = flowtrain::dist::config_file_fingerprint(path, overrides);
     world = flowtrain::dist::World::init(placement, options);
   }
   const bool leader = !world || world->rank() == 0;
@@ -158,28 +145,8 @@ int launch(int nproc,
   flowtrain::dist::LaunchOptions options;
   options.nproc = nproc;
   options.program = std::filesystem::read_symlink("/proc/self/exe").string();
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--nproc") {
-      ++i;  // and its value
-    } else if (arg.rfind("--nproc=", 0) != 0) {
-      options.args.push_back(arg);
-    }
-  }
+  options.args = flowtrain::dist::args_without_nproc(argc, argv);
   return flowtrain::dist::launch_local(options, std::cerr);
-}
-
-// Ends a rank that could not leave its job in order, without tearing down the process group:
-// the other ranks may be dead or hung, and its destructor could wait on them.
-[[noreturn]] void leave_now(int code) {
-  std::cout << std::flush;
-  std::cerr << std::flush;
-  std::_Exit(code);
-}
-
-// The first line of an error (c10 appends a C++ backtrace to its messages).
-std::string first_line(const std::string& message) {
-  return message.substr(0, message.find("\nException raised from"));
 }
 
 int check(const std::string& path, const std::vector<std::string>& overrides) {
@@ -326,7 +293,8 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed() && nproc > 1) return launch(nproc, config_path, overrides, argc, argv);
     if (run_cmd->parsed()) {
       const int code = run(config_path, overrides, timeout_s);
-      if (flowtrain::dist::World::current()) leave_now(code);  // stopped early, peers unknown
+      // Stopped early: the peers' state is unknown.
+      if (flowtrain::dist::World::current()) flowtrain::dist::leave_now(code);
       return code;
     }
     if (check_cmd->parsed()) return check(config_path, overrides);
@@ -347,16 +315,7 @@ int main(int argc, char** argv) {
     std::cout << (markdown ? flowtrain::stages_markdown() : flowtrain::stages_text());
     return 0;
   } catch (const std::exception& e) {
-    flowtrain::dist::World* world = flowtrain::dist::World::current();
-    if (!world) {
-      std::cerr << "flowtrain: error: " << g_rank_prefix << first_line(e.what()) << "\n";
-      return 1;
-    }
     // One line naming this rank, what failed, and which rank is to blame if another one is.
-    std::string message = first_line(e.what());
-    world->report_failure(message);
-    if (!dynamic_cast<const flowtrain::dist::WorldError*>(&e)) message += "; " + world->diagnose();
-    std::cerr << "flowtrain: error: " << g_rank_prefix << message << std::endl;
-    leave_now(1);
+    return flowtrain::dist::exit_on_error(e, "flowtrain");
   }
 }

@@ -21,6 +21,9 @@
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/report_io.hpp"
+#include "graph/job.hpp"
+#include "stages/dist/launch.hpp"
+#include "stages/dist/world.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/predictor.hpp"
@@ -164,15 +167,37 @@ std::uint64_t source_epochs(const flowtrain::PipelineConfig& phase) {
   return epochs ? static_cast<std::uint64_t>(*epochs) : 0;
 }
 
-// Runs the named phases of the config in turn: a progress line while each runs, its profiler
-// report after, and the report saved under profile/ for `foodtag report`.
-void run_phases(const Context& ctx, const std::vector<std::string>& names) {
+// What a phase command needs before it starts: the models of earlier commands, the data, a
+// writable run folder, a valid config.
+flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command) {
+  if (command == "distill" || command == "eval") {
+    check_model(ctx.teacher_checkpoint(), "train-teacher");
+  }
+  if (command == "eval") check_model(ctx.student_checkpoint(), "distill");
   check_prepared(ctx);
   check_output_dir(ctx);
-  flowtrain::RunConfig config =
-      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
-  write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
-  const bool terminal = isatty(STDERR_FILENO) != 0;
+  return flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+}
+
+// Runs the named phases of the config in turn: a progress line while each runs, its profiler
+// report after, and the report saved under profile/ for `foodtag report`. As a rank of a job
+// (the launcher's environment says so), it joins the job first; then rank 0 alone prints and
+// writes, and every rank starts a phase together.
+void run_phases(const Context& ctx, const std::string& command) {
+  flowtrain::RunConfig config = check_phases(ctx, command);
+  const std::vector<std::string>& names = command_phases().at(command);
+  flowtrain::dist::World* world = nullptr;
+  if (const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
+      placement.distributed()) {
+    flowtrain::dist::WorldOptions options;
+    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(ctx.in.timeout_s * 1e3));
+    options.config_hash =
+        flowtrain::dist::config_file_fingerprint(ctx.in.config_path, ctx.in.overrides);
+    world = flowtrain::dist::World::init(placement, options);
+  }
+  const bool leader = !world || world->rank() == 0;
+  if (leader) write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
+  const bool terminal = leader && isatty(STDERR_FILENO) != 0;
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto it = std::find_if(config.phases.begin(), config.phases.end(),
                                  [&](const auto& p) { return p.name == names[i]; });
@@ -184,28 +209,55 @@ void run_phases(const Context& ctx, const std::vector<std::string>& names) {
     auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
     phase.run.progress_interval_s =
         terminal ? 0.5 : ctx.section("output").get_float("progress_interval_s");
-    phase.run.on_progress = [line, terminal](const flowtrain::Progress& p) {
-      const std::string text = line->next(p);
-      std::fprintf(stderr, terminal ? "\r%s\x1b[K" : "%s\n", text.c_str());
-      std::fflush(stderr);
-    };
-    if (ctx.section("output").get_bool("trace")) {
+    if (leader) {
+      phase.run.on_progress = [line, terminal](const flowtrain::Progress& p) {
+        const std::string text = line->next(p);
+        std::fprintf(stderr, terminal ? "\r%s\x1b[K" : "%s\n", text.c_str());
+        std::fflush(stderr);
+      };
+    }
+    if (leader && ctx.section("output").get_bool("trace")) {
       phase.run.trace_path = (ctx.out_dir / ("trace-" + phase.name + ".json")).string();
     }
     std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
-    std::cout << "phase " << phase.name << " (" << i + 1 << "/" << names.size()
-              << "): " << phase.stages.size() << " stages" << std::endl;
+    if (leader) {
+      std::cout << "phase " << phase.name << " (" << i + 1 << "/" << names.size()
+                << "): " << phase.stages.size() << " stages";
+      if (world) std::cout << " on each of " << world->size() << " ranks";
+      std::cout << std::endl;
+    }
     flowtrain::RunReport report;
     {
       flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
       report = pipeline->run(phase.run);
     }
-    if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
-    std::cout << flowtrain::format_report(report);
-    if (const std::string split = step_split(report); !split.empty()) std::cout << split << "\n";
-    std::cout << std::flush;
-    flowtrain::write_report_file(report, ctx.profile(phase.name).string());
-    if (report.stopped) throw Error("stopped on request (Ctrl-C) during phase " + phase.name);
+    if (report.stopped) {
+      if (world) world->report_failure("stopped on request (SIGINT or SIGTERM)");
+      throw Error("stopped on request (Ctrl-C) during phase " + phase.name);
+    }
+    if (leader) {
+      if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
+      std::cout << flowtrain::format_report(report);
+      if (const std::string split = step_split(report); !split.empty()) std::cout << split << "\n";
+      std::cout << std::flush;
+      flowtrain::write_report_file(report, ctx.profile(phase.name).string());
+    }
+    if (world) world->barrier("end of phase " + phase.name);
+  }
+  flowtrain::dist::World::shutdown();
+}
+
+// Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
+void launch_phases(const Context& ctx, const std::string& command) {
+  check_phases(ctx, command);  // one line for a problem, not one per rank
+  std::vector<std::string> args = {ctx.in.program, command, "-c", ctx.in.config_path,
+                                   "--timeout", std::to_string(ctx.in.timeout_s)};
+  args.insert(args.end(), ctx.in.overrides.begin(), ctx.in.overrides.end());
+  const int code = flowtrain::dist::launch_local(
+      {.nproc = ctx.in.nproc, .program = ctx.in.program, .args = args}, std::cerr);
+  if (code != 0) {
+    throw Error(command + " on " + std::to_string(ctx.in.nproc) + " ranks failed (exit code " +
+                std::to_string(code) + ")");
   }
 }
 
@@ -495,6 +547,11 @@ int predict_command(const Context& ctx) {
 
 }  // namespace
 
+void check_command(const std::string& command, const Invocation& in) {
+  const Context ctx = load_context(in);
+  if (command_phases().count(command) != 0) check_phases(ctx, command);
+}
+
 std::string keys_text(bool markdown) {
   if (markdown) return flowtrain::sections_markdown(sections());
   std::string out;
@@ -525,13 +582,8 @@ int run_command(const std::string& command, Invocation in) {
   if (command == "export") return export_command(ctx);
   if (command == "report") return report_command(ctx);
   if (command == "predict") return predict_command(ctx);
-  if (const auto it = command_phases().find(command); it != command_phases().end()) {
-    if (command == "distill") check_model(ctx.teacher_checkpoint(), "train-teacher");
-    if (command == "eval") {
-      check_model(ctx.teacher_checkpoint(), "train-teacher");
-      check_model(ctx.student_checkpoint(), "distill");
-    }
-    run_phases(ctx, it->second);
+  if (command_phases().count(command) != 0) {
+    run_phases(ctx, command);
     return 0;
   }
   if (command == "run") {
@@ -545,9 +597,9 @@ int run_command(const std::string& command, Invocation in) {
       times.emplace_back(step, std::chrono::duration<double>(Clock::now() - start).count());
     };
     timed("prepare", [&] { prepare_command(ctx); });
-    timed("train-teacher", [&] { run_phases(ctx, {"teacher"}); });
-    timed("distill", [&] { run_phases(ctx, {"distill"}); });
-    timed("eval", [&] { run_phases(ctx, {"teacher_eval", "student_eval"}); });
+    for (const char* step : {"train-teacher", "distill", "eval"}) {
+      timed(step, [&] { ctx.in.nproc > 1 ? launch_phases(ctx, step) : run_phases(ctx, step); });
+    }
     timed("export", [&] { export_command(ctx); });
     timed("report", [&] { report_command(ctx); });
     std::cout << "done in " << duration_text(std::chrono::duration<double>(Clock::now() - begin).count())

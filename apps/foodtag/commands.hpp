@@ -15,11 +15,18 @@ struct Invocation {
   std::vector<std::string> images;  // predict (a key.path=value among them is an override)
   std::string model;                // predict: "" = OUTPUT/student.pt
   int top = 3;                      // predict
+  int nproc = 0;          // train-teacher, distill, eval, run: ranks of a local data-parallel job
+  double timeout_s = 300;  // how long a rank waits for the others
+  std::string program;     // this executable, to start the ranks of --nproc
 };
 
 /// Runs "prepare", "train-teacher", "distill", "eval", "export", "report", "predict" or "run".
 /// Returns the exit code; throws flowtrain::Error with one line for any problem.
 int run_command(const std::string& command, Invocation in);
+
+/// Checks what `command` needs (config, data, models, output folder) without running it: the
+/// launcher of --nproc calls it so that a mistake is said once, not once per rank.
+void check_command(const std::string& command, const Invocation& in);
 
 /// The app's config sections (data, output, report) as text or a Markdown table.
 std::string keys_text(bool markdown);

@@ -25,16 +25,8 @@
 #include <iostream>
 
 #include "apps/foodtag/commands.hpp"
-#include "graph/error.hpp"
-
-namespace {
-
-// The first line of an error (c10 appends a C++ backtrace to its messages).
-std::string first_line(const std::string& message) {
-  return message.substr(0, message.find("\nException raised from"));
-}
-
-}  // namespace
+#include "stages/dist/launch.hpp"
+#include "stages/dist/world.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"foodtag: distil a ViT teacher into a small ViT student that tags food photos"};
@@ -49,13 +41,24 @@ int main(int argc, char** argv) {
                     "phases.distill.stages.source.params.epochs=5");
     return cmd;
   };
+  // The commands that run phases may run them as N local ranks of a data-parallel job.
+  auto add_job = [&](CLI::App* cmd) {
+    cmd->add_option("--nproc", in.nproc, "Run the phases as N ranks of a data-parallel job")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--timeout", in.timeout_s,
+                    "Seconds a rank waits for the others (rendezvous, collectives)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+  };
   add_common(app.add_subcommand("prepare", "Fetch the food photos and tables; write manifests"));
-  add_common(app.add_subcommand("train-teacher", "Train the teacher (phase teacher)"));
-  add_common(app.add_subcommand("distill", "Distil the teacher into the student (phase distill)"));
-  add_common(app.add_subcommand("eval", "Validation accuracy of teacher and student"));
+  add_job(add_common(app.add_subcommand("train-teacher", "Train the teacher (phase teacher)")));
+  add_job(add_common(
+      app.add_subcommand("distill", "Distil the teacher into the student (phase distill)")));
+  add_job(add_common(app.add_subcommand("eval", "Validation accuracy of teacher and student")));
   add_common(app.add_subcommand("export", "Write both models as TorchScript; measure their speed"));
   add_common(app.add_subcommand("report", "Write the HTML report of the run folder"));
-  add_common(app.add_subcommand("run", "prepare, train-teacher, distill, eval, export, report"));
+  add_job(add_common(
+      app.add_subcommand("run", "prepare, train-teacher, distill, eval, export, report")));
   CLI::App* predict = app.add_subcommand("predict", "Tag photos with the student");
   predict->add_option("-c,--config", in.config_path, "foodtag config (YAML)")->capture_default_str();
   predict
@@ -75,16 +78,27 @@ int main(int argc, char** argv) {
     std::cerr << "foodtag: error: " << e.what() << " (see --help)\n";
     return 1;
   }
+  flowtrain::dist::exit_with_launcher();
   const std::string command = app.get_subcommands()[0]->get_name();
+  in.program = std::filesystem::read_symlink("/proc/self/exe").string();
   try {
     if (command == "keys") {
       std::cout << foodtag::keys_text(markdown);
       return 0;
     }
-    return foodtag::run_command(command, in);
+    if (in.nproc > 1 && command != "run") {
+      foodtag::check_command(command, in);  // one line for a bad config, not one per rank
+      return flowtrain::dist::launch_local(
+          {.nproc = in.nproc, .program = in.program,
+           .args = flowtrain::dist::args_without_nproc(argc, argv)},
+          std::cerr);
+    }
+    const int code = foodtag::run_command(command, in);
+    // Stopped early as a rank of a job: the peers' state is unknown.
+    if (code != 0 && flowtrain::dist::World::current()) flowtrain::dist::leave_now(code);
+    return code;
   } catch (const std::exception& e) {
     std::cout << std::flush;
-    std::cerr << "foodtag " << command << ": error: " << first_line(e.what()) << "\n";
-    return 1;
+    return flowtrain::dist::exit_on_error(e, "foodtag " + command);
   }
 }

@@ -117,10 +117,11 @@ std::string step_split(const flowtrain::RunReport& report) {
   if (images > 0 && report.wall_s > 0) line += format(", %.1f images/s", images / report.wall_s);
   line += ")";
   if (teacher && teacher->items_in > 0) {
-    line += format("; teacher %.0f ms per batch on each of %.0f worker",
-                   teacher->busy_s * 1e3 / static_cast<double>(teacher->items_in),
-                   static_cast<double>(teacher->workers));
-    if (teacher->workers != 1) line += "s";
+    line += format("; teacher %.0f ms per batch", teacher->busy_s * 1e3 /
+                                                       static_cast<double>(teacher->items_in));
+    line += teacher->workers == 1 ? " on 1 worker"
+                                  : format(" on each of %.0f workers",
+                                           static_cast<double>(teacher->workers));
     line += ", ahead of the student";
   }
   return line;

@@ -187,4 +187,17 @@ void exit_with_launcher() {
   if (getppid() != launcher_pid) raise(SIGTERM);
 }
 
+std::vector<std::string> args_without_nproc(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--nproc") {
+      ++i;  // and its value
+    } else if (arg.rfind("--nproc=", 0) != 0) {
+      args.push_back(arg);
+    }
+  }
+  return args;
+}
+
 }  // namespace flowtrain::dist

@@ -26,6 +26,9 @@ struct LaunchOptions {
 ///   return launch_local({.nproc = 2, .program = "/proc/self/exe", .args = argv}, std::cerr);
 int launch_local(const LaunchOptions& options, std::ostream& err);
 
+/// argv without its `--nproc N` / `--nproc=N`: the command line each rank of a local job runs.
+std::vector<std::string> args_without_nproc(int argc, char** argv);
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close).
 int free_local_port();
 

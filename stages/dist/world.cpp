@@ -16,9 +16,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 namespace flowtrain::dist {
@@ -453,6 +456,42 @@ void World::report_failure(const std::string& message) noexcept {
   } catch (...) {
     // Nobody to tell: the store is gone.
   }
+}
+
+std::string config_file_fingerprint(const std::string& path,
+                                     const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  for (const std::string& o : overrides) text << "\n" << o;
+  return config_fingerprint(text.str());
+}
+
+std::string rank_prefix() {
+  if (const World* world = World::current()) return "rank " + std::to_string(world->rank()) + ": ";
+  const JobPlacement placement = job_placement_from_env();
+  return placement.distributed() ? "rank " + std::to_string(placement.rank) + ": " : "";
+}
+
+void leave_now(int code) {
+  std::cout << std::flush;
+  std::cerr << std::flush;
+  std::_Exit(code);
+}
+
+int exit_on_error(const std::exception& e, const std::string& program) {
+  // The first line only: c10 appends a C++ backtrace to its messages.
+  std::string message = e.what();
+  message = message.substr(0, message.find("\nException raised from"));
+  World* world = World::current();
+  if (!world) {
+    std::cerr << program << ": error: " << rank_prefix() << message << "\n";
+    return 1;
+  }
+  world->report_failure(message);
+  if (!dynamic_cast<const WorldError*>(&e)) message += "; " + world->diagnose();
+  std::cerr << program << ": error: " << rank_prefix() << message << std::endl;
+  leave_now(1);
 }
 
 std::string config_fingerprint(std::string_view text_in) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -91,5 +92,26 @@ class World {
 
 /// A short fingerprint of a config (64-bit FNV-1a, 16 hex digits) for WorldOptions::config_hash.
 std::string config_fingerprint(std::string_view text);
+
+/// The fingerprint of what every rank of a job must agree on: a config file's text and the
+/// command line's overrides.
+std::string config_file_fingerprint(const std::string& path,
+                                     const std::vector<std::string>& overrides);
+
+/// "rank 1: " when this process is a rank of a job (World::current(), else the launcher's
+/// environment), else "": the prefix of this process's error lines.
+std::string rank_prefix();
+
+/// An app's last words on an error: prints "`program`: error: rank 1: <first line of what>"
+/// to stderr and returns 1; as a rank of a job it first tells the other ranks (report_failure),
+/// adds which rank is to blame when another one is (diagnose), and ends the process at once
+/// (std::_Exit: the process group's destructor could wait on dead or hung peers).
+///
+///   catch (const std::exception& e) { return flowtrain::dist::exit_on_error(e, "flowtrain"); }
+int exit_on_error(const std::exception& e, const std::string& program);
+
+/// Ends a rank that cannot leave its job in order (stopped early, peers unknown): flushes the
+/// standard streams and std::_Exit(code), without tearing down the process group.
+[[noreturn]] void leave_now(int code);
 
 }  // namespace flowtrain::dist
