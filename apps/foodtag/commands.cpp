@@ -103,10 +103,6 @@ Context load_context(Invocation in) {
   ctx.sections = flowtrain::load_config_sections(in.config_path, in.overrides, sections());
   ctx.data_dir = ctx.section("data").get_string("folder");
   ctx.out_dir = ctx.section("output").get_string("dir");
-  if (ctx.section("data").get_float("val_fraction") >= 1) {
-    throw Error(in.config_path + ": data.val_fraction must be below 1 (got " +
-                std::to_string(ctx.section("data").get_float("val_fraction")) + ")");
-  }
   ctx.in = std::move(in);
   return ctx;
 }
@@ -143,6 +139,17 @@ void check_output_dir(const Context& ctx) {
   fs::remove(probe, ec);
 }
 
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read " + path.string());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
 void check_prepared(const Context& ctx) {
   for (const char* name : {"train.csv", "val.csv", "labels.txt"}) {
     if (!fs::exists(ctx.data_dir / name)) {
@@ -176,7 +183,27 @@ flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command
   if (command == "eval") check_model(ctx.student_checkpoint(), "distill");
   check_prepared(ctx);
   check_output_dir(ctx);
-  return flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  flowtrain::RunConfig config =
+      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  // The models' class count must be the prepared data's number of food groups.
+  const std::size_t groups = read_lines(ctx.data_dir / "labels.txt").size();
+  const std::vector<std::string>& names = command_phases().at(command);
+  for (const flowtrain::PipelineConfig& phase : config.phases) {
+    if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
+    for (const flowtrain::StageConfig& stage : phase.stages) {
+      const auto classes = stage.params.values().find("classes");
+      if (classes == stage.params.values().end() ||
+          std::get<std::int64_t>(classes->second) == static_cast<std::int64_t>(groups)) {
+        continue;
+      }
+      throw Error(stage.location + ": stage '" + stage.name + "' has classes " +
+                  std::to_string(std::get<std::int64_t>(classes->second)) + ", but " +
+                  (ctx.data_dir / "labels.txt").string() + " lists " + std::to_string(groups) +
+                  " food groups: set phases." + phase.name + ".stages." + stage.name +
+                  ".params.classes=" + std::to_string(groups));
+    }
+  }
+  return config;
 }
 
 // Runs the named phases of the config in turn: a progress line while each runs, its profiler
@@ -288,16 +315,6 @@ int prepare_command(const Context& ctx) {
   return 0;
 }
 
-std::vector<std::string> read_lines(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot read " + path.string());
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) lines.push_back(line);
-  }
-  return lines;
-}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
