@@ -7,7 +7,6 @@
 #include <limits>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -180,11 +179,15 @@ Ends ends_of(const std::vector<cv::Point>& pixels) {
 
 // The coordinates of every polyline: numbers only (a NaN or an infinity would show as letters).
 std::vector<std::string> polyline_points(const std::string& html) {
+  // A plain scan: std::regex recurses per character and overflows the stack on long attributes.
   std::vector<std::string> out;
-  const std::regex points("<polyline[^>]* points=\"([^\"]*)\"");
-  for (auto it = std::sregex_iterator(html.begin(), html.end(), points);
-       it != std::sregex_iterator(); ++it) {
-    out.push_back((*it)[1]);
+  for (std::size_t at = html.find("<polyline"); at != std::string::npos;
+       at = html.find("<polyline", at + 1)) {
+    const std::size_t end = html.find('>', at);
+    const std::size_t begin = html.find(" points=\"", at);
+    if (begin == std::string::npos || begin > end) continue;
+    const std::size_t first = begin + 9;
+    out.push_back(html.substr(first, html.find('"', first) - first));
   }
   return out;
 }
