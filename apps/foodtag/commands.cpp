@@ -174,6 +174,15 @@ std::uint64_t source_epochs(const flowtrain::PipelineConfig& phase) {
   return epochs ? static_cast<std::uint64_t>(*epochs) : 0;
 }
 
+std::optional<double> stage_result(const flowtrain::RunReport& report, const std::string& name) {
+  for (const flowtrain::StageReport& s : report.stages) {
+    for (const flowtrain::StageResult& r : s.results) {
+      if (r.name == name) return r.value;
+    }
+  }
+  return std::nullopt;
+}
+
 // What a phase command needs before it starts: the models of earlier commands, the data, a
 // writable run folder, a valid config.
 flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command) {
@@ -204,6 +213,49 @@ flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command
     }
   }
   return config;
+}
+
+// Validation along the training: each snapshot of the model the training wrote
+// (`snapshot_every`) and its final model, through the eval phase; then one line of top-1s,
+// MODEL/validation.csv for the report, and the snapshots deleted (they were only for this).
+void validate_snapshots(const Context& ctx,
+                        const flowtrain::RunConfig& config,
+                        const std::string& model,
+                        const std::string& eval_phase) {
+  const fs::path dir = ctx.out_dir / model;
+  const std::vector<std::string> snapshots =
+      flowtrain::train::step_checkpoints((dir / "snapshots").string());
+  const auto phase = std::find_if(config.phases.begin(), config.phases.end(),
+                                  [&](const auto& p) { return p.name == eval_phase; });
+  if (snapshots.empty() || phase == config.phases.end()) return;
+  std::vector<std::pair<std::uint64_t, std::string>> models;
+  for (const std::string& path : snapshots) {
+    // step-00000027.pt
+    models.emplace_back(std::stoull(fs::path(path).stem().string().substr(5)), path);
+  }
+  const fs::path final_model = dir / "final.pt";
+  models.emplace_back(flowtrain::train::read_checkpoint(final_model.string()).state.step,
+                      final_model.string());
+  std::string csv = "step,top1,top5,mae\n", line = "validation top-1 along the training:";
+  for (const auto& [step, path] : models) {
+    flowtrain::PipelineConfig run = *phase;
+    for (flowtrain::StageConfig& stage : run.stages) {
+      if (stage.type == "evaluate") stage.params.set("model", path);
+    }
+    const flowtrain::RunReport report = flowtrain::build_pipeline(run)->run(run.run);
+    char row[128];
+    std::snprintf(row, sizeof row, "%llu,%.6g,%.6g,%.6g\n", static_cast<unsigned long long>(step),
+                  stage_result(report, "top1").value_or(-1), stage_result(report, "top5").value_or(-1),
+                  stage_result(report, "mae").value_or(-1));
+    csv += row;
+    std::snprintf(row, sizeof row, " %.2f", stage_result(report, "top1").value_or(-1));
+    line += row;
+  }
+  write_atomically(dir / "validation.csv", csv);
+  std::error_code ec;
+  fs::remove_all(dir / "snapshots", ec);
+  std::cout << line << " (steps " << models.front().first << " to " << models.back().first
+            << ", " << eval_phase << "; " << (dir / "validation.csv").string() << ")\n";
 }
 
 // Runs the named phases of the config in turn: a progress line while each runs, its profiler
@@ -272,6 +324,10 @@ void run_phases(const Context& ctx, const std::string& command) {
     if (world) world->barrier("end of phase " + phase.name);
   }
   flowtrain::dist::World::shutdown();
+  if (leader && command == "train-teacher") {
+    validate_snapshots(ctx, config, "teacher", "teacher_eval");
+  }
+  if (leader && command == "distill") validate_snapshots(ctx, config, "student", "student_eval");
 }
 
 // Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
@@ -398,45 +454,54 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return fields;
 }
 
-// Loss per step and training top-1 per epoch from a training stage's steps.csv (the last row
-// of a step counts: a resumed run repeats the steps after its checkpoint).
-void read_curves(const std::string& name, const fs::path& path, ReportData& data) {
-  std::ifstream in(path);
-  if (!in) return;
+// The rows of a CSV file with a header, keyed by the number in their first column (the last
+// row of a key counts: a resumed run repeats the steps after its checkpoint).
+std::map<std::uint64_t, std::vector<std::string>> read_rows(const fs::path& path,
+                                                             std::size_t columns) {
   std::map<std::uint64_t, std::vector<std::string>> rows;
+  std::ifstream in(path);
   std::string line;
-  std::getline(in, line);  // header: step,epoch,loss,correct,seen,lr,time_s
+  std::getline(in, line);  // header
   while (std::getline(in, line)) {
     std::vector<std::string> f = split_csv_line(line);
-    if (f.size() >= 5) rows[std::stoull(f[0])] = std::move(f);
+    if (f.size() >= columns) rows[std::stoull(f[0])] = std::move(f);
   }
-  Curve loss{name, {}, {}}, accuracy{name, {}, {}};
-  std::map<std::uint64_t, std::pair<double, double>> epochs;  // correct, seen
-  for (const auto& [step, f] : rows) {
-    loss.x.push_back(static_cast<double>(step));
-    loss.y.push_back(std::stod(f[2]));
-    auto& [correct, seen] = epochs[std::stoull(f[1])];
-    correct += std::stod(f[3]);
-    seen += std::stod(f[4]);
-  }
-  for (const auto& [epoch, counts] : epochs) {
-    accuracy.x.push_back(static_cast<double>(epoch));
-    accuracy.y.push_back(counts.second > 0 ? counts.first / counts.second : 0);
-  }
-  if (!loss.x.empty()) {
-    data.loss.push_back(std::move(loss));
-    data.accuracy.push_back(std::move(accuracy));
-  }
+  return rows;
 }
 
-std::optional<double> stage_result(const flowtrain::RunReport& report, const std::string& name) {
-  for (const flowtrain::StageReport& s : report.stages) {
-    for (const flowtrain::StageResult& r : s.results) {
-      if (r.name == name) return r.value;
-    }
+// A model's curves from its run folder: the loss per step and the training top-1 per epoch
+// (at the epoch's last step) from steps.csv, and the validation top-1 along the training from
+// validation.csv (dashed).
+void read_curves(const std::string& name, const fs::path& dir, ReportData& data) {
+  Curve loss{name, {}, {}}, accuracy{name + " (training)", {}, {}};
+  std::map<std::uint64_t, std::pair<double, double>> epochs;  // correct, seen
+  std::map<std::uint64_t, std::uint64_t> last_step;           // of each epoch
+  // step,epoch,loss,correct,seen,lr,time_s
+  for (const auto& [step, f] : read_rows(dir / "steps.csv", 5)) {
+    loss.x.push_back(static_cast<double>(step));
+    loss.y.push_back(std::stod(f[2]));
+    const std::uint64_t epoch = std::stoull(f[1]);
+    auto& [correct, seen] = epochs[epoch];
+    correct += std::stod(f[3]);
+    seen += std::stod(f[4]);
+    last_step[epoch] = step;
   }
-  return std::nullopt;
+  for (const auto& [epoch, counts] : epochs) {
+    accuracy.x.push_back(static_cast<double>(last_step[epoch]));
+    accuracy.y.push_back(counts.second > 0 ? counts.first / counts.second : 0);
+  }
+  if (loss.x.empty()) return;
+  data.loss.push_back(std::move(loss));
+  data.accuracy.push_back(std::move(accuracy));
+  Curve validation{name + " (validation)", {}, {}};
+  validation.dashed = true;
+  for (const auto& [step, f] : read_rows(dir / "validation.csv", 2)) {  // step,top1,top5,mae
+    validation.x.push_back(static_cast<double>(step));
+    validation.y.push_back(std::stod(f[1]));
+  }
+  if (!validation.x.empty()) data.accuracy.push_back(std::move(validation));
 }
+
 
 std::string machine_text() {
   std::string memory;
@@ -477,8 +542,8 @@ int report_command(const Context& ctx) {
   data.title = "foodtag run: " + ctx.out_dir.string();
   data.created = now_text();
   data.machine = machine_text();
-  read_curves("teacher", ctx.out_dir / "teacher" / "steps.csv", data);
-  read_curves("student", ctx.out_dir / "student" / "steps.csv", data);
+  read_curves("teacher", ctx.out_dir / "teacher", data);
+  read_curves("student", ctx.out_dir / "student", data);
   for (const char* phase : {"teacher", "distill", "teacher_eval", "student_eval"}) {
     if (fs::exists(ctx.profile(phase))) {
       data.phases.push_back({phase, flowtrain::read_report_file(ctx.profile(phase).string())});

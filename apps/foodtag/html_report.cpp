@@ -303,7 +303,7 @@ Curve drawable(const Curve& c) {
   }
   constexpr std::size_t kBuckets = kMaxPoints / 2;
   const std::size_t bucket = std::max<std::size_t>(1, (finite.size() + kBuckets - 1) / kBuckets);
-  Curve out{c.name, {}, {}};
+  Curve out{c.name, {}, {}, c.dashed};
   auto keep = [&](std::size_t i) {
     out.x.push_back(c.x[i]);
     out.y.push_back(c.y[i]);
@@ -385,7 +385,8 @@ std::string line_chart(const LineChart& c) {
       points += num(p.px(curve.x[k])) + "," + num(p.py(curve.y[k]));
     }
     body += "<polyline fill=\"none\" stroke=\"" + colour(i) +
-            "\" stroke-width=\"2\" stroke-linejoin=\"round\" points=\"" + points + "\"/>\n";
+            "\" stroke-width=\"2\" stroke-linejoin=\"round\"" +
+            (curve.dashed ? " stroke-dasharray=\"7 4\"" : "") + " points=\"" + points + "\"/>\n";
     if (curve.x.size() > kMarkedPoints) continue;
     for (std::size_t k = 0; k < curve.x.size(); ++k) {
       body += "<circle cx=\"" + num(p.px(curve.x[k])) + "\" cy=\"" + num(p.py(curve.y[k])) +
@@ -461,14 +462,16 @@ std::string bar_chart(const BarChart& c) {
 
 // ---- the sections ---------------------------------------------------------------------------
 
-// A model keeps one colour in every chart: its place in data.models (else the curve's own).
+// A model keeps one colour in every chart: its place in data.models (else the curve's own). A
+// curve belongs to a model when its name is the model's, or starts with it and a space.
 std::vector<std::string> model_colours(const std::vector<Curve>& curves,
                                        const std::vector<ModelFacts>& models) {
   std::vector<std::string> colours;
   for (std::size_t i = 0; i < curves.size(); ++i) {
     std::size_t index = i;
     for (std::size_t m = 0; m < models.size(); ++m) {
-      if (models[m].name == curves[i].name) index = m;
+      const std::string& n = curves[i].name;
+      if (n == models[m].name || n.rfind(models[m].name + " ", 0) == 0) index = m;
     }
     colours.push_back(palette_colour(index));
   }
@@ -534,9 +537,9 @@ std::string training_section(const ReportData& d) {
                        .colours = model_colours(d.loss, d.models),
                        .empty_note = "no loss recorded"};
   const LineChart accuracy{.id = "accuracy-chart",
-                           .title = "Training accuracy",
-                           .x_label = "epoch",
-                           .y_label = "training top-1",
+                           .title = "Accuracy: training per epoch, validation (dashed)",
+                           .x_label = "step",
+                           .y_label = "top-1",
                            .curves = d.accuracy,
                            .colours = model_colours(d.accuracy, d.models),
                            .y_include = {0, 1},

@@ -12,8 +12,9 @@ namespace foodtag {
 
 /// A named series of (x, y) points for a line chart.
 struct Curve {
-  std::string name;
+  std::string name;  // its legend label; "teacher ..." takes the teacher's colour
   std::vector<double> x, y;
+  bool dashed = false;  // e.g. validation, beside the solid training curve of the same model
 };
 
 /// What one model is and how well and fast it does.
@@ -39,7 +40,7 @@ struct ReportData {
   std::string created;  // "2026-11-22 09:30 UTC"
   std::string machine;  // "2 cores, 24 GiB, Debian 12"
   std::vector<Curve> loss;      // training loss per step, one curve per model
-  std::vector<Curve> accuracy;  // training top-1 per epoch, one curve per model
+  std::vector<Curve> accuracy;  // top-1 by step: training per epoch, validation (dashed)
   std::vector<ModelFacts> models;
   std::vector<PhaseProfile> phases;
   std::string verdict;        // the profiler's one-line verdict for the distillation phase

@@ -80,7 +80,8 @@ StudentStepStage::StudentStepStage(const Params& params)
       configured_total_steps_(static_cast<std::uint64_t>(params.get_int("total_steps"))),
       checkpoint_dir_(params.get_string("checkpoint_dir")),
       checkpoint_every_(static_cast<std::uint64_t>(params.get_int("checkpoint_every"))),
-      keep_checkpoints_(static_cast<std::uint64_t>(params.get_int("keep_checkpoints"))) {
+      keep_checkpoints_(static_cast<std::uint64_t>(params.get_int("keep_checkpoints"))),
+      snapshot_every_(static_cast<std::uint64_t>(params.get_int("snapshot_every"))) {
   optimizer_options_.lr = params.get_float("lr");
   optimizer_options_.min_lr = params.get_float("min_lr");
   optimizer_options_.warmup_steps = static_cast<std::uint64_t>(params.get_int("warmup_steps"));
@@ -89,8 +90,9 @@ StudentStepStage::StudentStepStage(const Params& params)
   loss_options_.temperature = params.get_float("temperature");
   loss_options_.regression_weight = params.get_float("regression_weight");
   if (loss_options_.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
-  if ((checkpoint_every_ > 0 || params.get_bool("resume")) && checkpoint_dir_.empty()) {
-    throw Error("checkpoint_every and resume need a checkpoint_dir");
+  if ((checkpoint_every_ > 0 || snapshot_every_ > 0 || params.get_bool("resume")) &&
+      checkpoint_dir_.empty()) {
+    throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
   }
 
   // The model's initial weights and every random draw of training follow from the seed.
@@ -172,6 +174,10 @@ StageDoc StudentStepStage::describe() {
       output_path_param("checkpoint_dir", "folder for checkpoints (empty: none written)"),
       int_param("checkpoint_every", 0, "write a checkpoint every N steps (0: only at the end)", 0),
       int_param("keep_checkpoints", 2, "step checkpoints kept (older ones are deleted)", 1),
+      int_param("snapshot_every", 0,
+                "also write the model alone (no optimizer state) every N steps to "
+                "checkpoint_dir/snapshots/, to validate along the training (0: never)",
+                0),
       bool_param("resume", false,
                  "continue from the newest checkpoint in checkpoint_dir, if there is one"),
       float_param("first_bucket_mb", 1.0,
@@ -291,6 +297,13 @@ void StudentStepStage::consume(data::Batch&& batch, ItemContext&) {
   live_step_.store(step, std::memory_order_relaxed);
 
   if (checkpoint_every_ > 0 && step % checkpoint_every_ == 0) save(step_checkpoint_name(step));
+  if (snapshot_every_ > 0 && step % snapshot_every_ == 0 && rank_ == 0) {
+    const auto snapshot_begin = Clock::now();
+    const fs::path dir = fs::path(checkpoint_dir_) / "snapshots";
+    fs::create_directories(dir);
+    save_checkpoint((dir / step_checkpoint_name(step)).string(), model_, nullptr, state_);
+    checkpoint_s_ += seconds(snapshot_begin, Clock::now());
+  }
   last_step_end_ = Clock::now();
 }
 

@@ -86,6 +86,7 @@ class StudentStepStage final : public SerialSink<data::Batch> {
   std::string checkpoint_dir_;
   std::uint64_t checkpoint_every_;
   std::uint64_t keep_checkpoints_;
+  std::uint64_t snapshot_every_;
 
   TrainState state_;
   bool resumed_ = false;

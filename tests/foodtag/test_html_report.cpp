@@ -82,6 +82,7 @@ ReportData sample_report() {
   d.accuracy = {
       {"teacher", {1, 2, 3, 4, 5}, {0.21, 0.42, 0.55, 0.64, 0.70}},
       {"student", {1, 2, 3, 4, 5}, {0.12, 0.26, 0.37, 0.46, 0.51}},
+      {"teacher (validation)", {2, 4, 5}, {0.30, 0.45, 0.52}, /*dashed=*/true},
   };
   d.models = {{"teacher", 85'800'000, 327.4, 0.812, 0.951, 62.5, 40, 45.2},
               {"student", 5'700'000, 22.1, 0.743, -1, 71.0, 520, 4.1}};
@@ -237,13 +238,18 @@ TEST_CASE("Foodtag.Report.SectionsInOrderAndEscaped") {
   CHECK(html.find("core 0 (mean 92%)") != std::string::npos);
   CHECK(html.find("(cap 8)") != std::string::npos);
   CHECK(html.find("stroke-dasharray") != std::string::npos);  // the capacities
+  // The validation curve: dashed, in the teacher's colour, named in the legend.
+  CHECK(html.find("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" "
+                  "stroke-linejoin=\"round\" stroke-dasharray=\"7 4\" points=") !=
+        std::string::npos);
+  CHECK(html.find(">teacher (validation)<") != std::string::npos);
 }
 
 TEST_CASE("Foodtag.Report.CurvesDownsampledAndNaNSkipped") {
   const std::string html = foodtag::render_html(sample_report());
   const std::vector<std::string> lines = polyline_points(html);
-  // loss x2, accuracy x2, queues x3, cores x2
-  REQUIRE(lines.size() == 9);
+  // loss x2, accuracy x3, queues x3, cores x2
+  REQUIRE(lines.size() == 10);
   for (const std::string& points : lines) {
     CHECK(points.find_first_not_of("0123456789.,- ") == std::string::npos);
     CHECK(count(points, ",") <= 1000);
