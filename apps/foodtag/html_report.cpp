@@ -236,7 +236,7 @@ std::string no_data(const std::string& title, const std::string& note) {
 }
 
 struct LegendEntry {
-  enum class Swatch { kLine, kBox };
+  enum class Swatch { kLine, kDashedLine, kBox };
   std::string label;
   std::string colour;
   Swatch swatch = Swatch::kLine;
@@ -259,7 +259,8 @@ double draw_legend(std::string& svg,
     if (e.swatch == LegendEntry::Swatch::kBox) {
       svg_rect(svg, x + 4, baseline - 10, 11, 11, e.colour);
     } else {
-      svg_line(svg, x, baseline - 4, x + kSwatch, baseline - 4, e.colour, 3);
+      svg_line(svg, x, baseline - 4, x + kSwatch, baseline - 4, e.colour, 3,
+               e.swatch == LegendEntry::Swatch::kDashedLine ? " stroke-dasharray=\"5 3\"" : "");
     }
     svg_text(svg, x + kSwatch + 5, baseline, "start", e.label);
     x += w + kGap;
@@ -366,7 +367,11 @@ std::string line_chart(const LineChart& c) {
 
   std::string body;
   std::vector<LegendEntry> legend;
-  for (std::size_t i = 0; i < curves.size(); ++i) legend.push_back({curves[i].name, colour(i)});
+  for (std::size_t i = 0; i < curves.size(); ++i) {
+    legend.push_back({curves[i].name, colour(i),
+                      curves[i].dashed ? LegendEntry::Swatch::kDashedLine
+                                       : LegendEntry::Swatch::kLine});
+  }
   p.top = draw_legend(body, legend, p.left, p.width) + 8;
   p.height = kLineChartHeight - p.top - kBottomMargin;
 
