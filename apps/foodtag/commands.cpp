@@ -1,6 +1,5 @@
 #include "apps/foodtag/commands.hpp"
 
-#include <sys/utsname.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -20,8 +19,8 @@
 #include "apps/foodtag/profile.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
-#include "graph/report_io.hpp"
 #include "graph/job.hpp"
+#include "graph/report_io.hpp"
 #include "stages/dist/launch.hpp"
 #include "stages/dist/world.hpp"
 #include "stages/train/checkpoint.hpp"
