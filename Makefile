@@ -85,7 +85,8 @@ sanitize-address:
 # bottleneck" verdict never holds under TSan (`make test` runs it); its run is made here for
 # TSan's verdict alone.
 TSAN_TBB := $(CURDIR)/build-tsan/onetbb-tsan
-# tests/tsan.supp: false positives of uninstrumented third-party libraries (GDAL, OpenCV), each argued.
+# tests/tsan.supp: false positives of uninstrumented third-party libraries (GDAL, OpenCV, LibTorch
+# with OpenBLAS, oneDNN and libgomp), each argued.
 TSAN_OPTIONS ?= second_deadlock_stack=1 history_size=7 suppressions=$(CURDIR)/tests/tsan.supp
 TSAN_TIMING_TESTS := ^Cli\.Run\.DemoNamesBottleneck$$
 sanitize-thread:
