@@ -18,7 +18,7 @@ build: configure
 
 # The main job: the foodtag app on its default config (apps/foodtag/configs/foodtag.yaml):
 # fetch the food photos, train the teacher, distil the student, evaluate, export, report
-# (about 15 minutes on 2 cores), then tag one photo with the student.
+# (about 10 minutes on 2 cores), then tag one photo with the student.
 FOODTAG := $(BUILD)/apps/foodtag/foodtag
 demo: build
 	$(FOODTAG) run
