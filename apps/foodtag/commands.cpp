@@ -21,6 +21,7 @@
 #include "graph/error.hpp"
 #include "graph/job.hpp"
 #include "graph/report_io.hpp"
+#include "stages/data/dataset.hpp"
 #include "stages/dist/launch.hpp"
 #include "stages/dist/world.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -220,7 +221,8 @@ flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command
 void validate_snapshots(const Context& ctx,
                         const flowtrain::RunConfig& config,
                         const std::string& model,
-                        const std::string& eval_phase) {
+                        const std::string& eval_phase,
+                        std::uint64_t final_step) {
   const fs::path dir = ctx.out_dir / model;
   const std::vector<std::string> snapshots =
       flowtrain::train::step_checkpoints((dir / "snapshots").string());
@@ -233,8 +235,7 @@ void validate_snapshots(const Context& ctx,
     models.emplace_back(std::stoull(fs::path(path).stem().string().substr(5)), path);
   }
   const fs::path final_model = dir / "final.pt";
-  models.emplace_back(flowtrain::train::read_checkpoint(final_model.string()).state.step,
-                      final_model.string());
+  models.emplace_back(final_step, final_model.string());
   std::string csv = "step,top1,top5,mae\n", line = "validation top-1 along the training:";
   for (const auto& [step, path] : models) {
     flowtrain::PipelineConfig run = *phase;
@@ -276,6 +277,7 @@ void run_phases(const Context& ctx, const std::string& command) {
   const bool leader = !world || world->rank() == 0;
   if (leader) write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
   const bool terminal = leader && isatty(STDERR_FILENO) != 0;
+  std::uint64_t trained_steps = 0;  // by the training stage of the phases run
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto it = std::find_if(config.phases.begin(), config.phases.end(),
                                  [&](const auto& p) { return p.name == names[i]; });
@@ -320,13 +322,18 @@ void run_phases(const Context& ctx, const std::string& command) {
       std::cout << std::flush;
       flowtrain::write_report_file(report, ctx.profile(phase.name).string());
     }
+    if (const std::optional<double> steps = stage_result(report, "steps")) {
+      trained_steps = static_cast<std::uint64_t>(*steps);
+    }
     if (world) world->barrier("end of phase " + phase.name);
   }
   flowtrain::dist::World::shutdown();
   if (leader && command == "train-teacher") {
-    validate_snapshots(ctx, config, "teacher", "teacher_eval");
+    validate_snapshots(ctx, config, "teacher", "teacher_eval", trained_steps);
   }
-  if (leader && command == "distill") validate_snapshots(ctx, config, "student", "student_eval");
+  if (leader && command == "distill") {
+    validate_snapshots(ctx, config, "student", "student_eval", trained_steps);
+  }
 }
 
 // Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
@@ -446,13 +453,6 @@ int export_command(const Context& ctx) {
   return 0;
 }
 
-std::vector<std::string> split_csv_line(const std::string& line) {
-  std::vector<std::string> fields;
-  std::stringstream in(line);
-  for (std::string field; std::getline(in, field, ',');) fields.push_back(field);
-  return fields;
-}
-
 // The rows of a CSV file with a header, keyed by the number in their first column (the last
 // row of a key counts: a resumed run repeats the steps after its checkpoint).
 std::map<std::uint64_t, std::vector<std::string>> read_rows(const fs::path& path,
@@ -461,9 +461,11 @@ std::map<std::uint64_t, std::vector<std::string>> read_rows(const fs::path& path
   std::ifstream in(path);
   std::string line;
   std::getline(in, line);  // header
+  std::vector<std::string> f;
   while (std::getline(in, line)) {
-    std::vector<std::string> f = split_csv_line(line);
-    if (f.size() >= columns) rows[std::stoull(f[0])] = std::move(f);
+    if (flowtrain::data::split_csv(line, f).empty() && f.size() >= columns) {
+      rows[std::stoull(f[0])] = f;
+    }
   }
   return rows;
 }

@@ -544,18 +544,6 @@ struct Photo {
 
 // ---- split and output --------------------------------------------------------------------------
 
-/// Shuffles `items` as dataset.cpp's EpochOrder does: Fisher-Yates with a rejection-bounded draw,
-/// so the split is the same with every standard library (std::shuffle's is not).
-void shuffle(std::vector<Photo>& items, std::mt19937_64& rng) {
-  for (std::size_t i = items.size(); i > 1; --i) {
-    const std::uint64_t range = i;
-    const std::uint64_t threshold = (0 - range) % range;
-    std::uint64_t x = rng();
-    while (x < threshold) x = rng();
-    std::swap(items[i - 1], items[x % range]);
-  }
-}
-
 /// Photos of a group of `n` held out: round(n * fraction), at least 1 when n >= 2 and
 /// fraction > 0, and always leaving one for training.
 std::size_t val_count(std::size_t n, double fraction) {
@@ -764,7 +752,7 @@ PrepareResult prepare(const PrepareOptions& options, const Log& log) {
     for (const char c : result.groups[g].code) key.push_back(static_cast<unsigned char>(c));
     std::seed_seq seq(key.begin(), key.end());
     std::mt19937_64 rng(seq);
-    shuffle(photos, rng);
+    flowtrain::data::portable_shuffle(photos, rng);
     const std::size_t k = val_count(photos.size(), options.val_fraction);
     val.insert(val.end(), photos.begin(), photos.begin() + static_cast<std::ptrdiff_t>(k));
     train.insert(train.end(), photos.begin() + static_cast<std::ptrdiff_t>(k), photos.end());

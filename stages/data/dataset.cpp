@@ -107,8 +107,8 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// Splits one CSV line into fields: quoted fields are kept verbatim ("" is a quote), unquoted ones
-// trimmed. Returns an empty string, or what is wrong with the line.
+}  // namespace
+
 std::string split_csv(std::string_view line, std::vector<std::string>& fields) {
   fields.clear();
   std::size_t i = 0;
@@ -147,8 +147,6 @@ std::string split_csv(std::string_view line, std::vector<std::string>& fields) {
     ++i;  // the comma
   }
 }
-
-}  // namespace
 
 CsvManifest read_csv_manifest(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -266,15 +264,7 @@ std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch) const {
   std::vector<std::uint64_t> perm(size_);
   for (std::size_t i = 0; i < size_; ++i) perm[i] = i;
   std::mt19937_64 rng(options_.seed + epoch);
-  // Fisher-Yates with an unbiased bounded draw by rejection: std::uniform_int_distribution
-  // differs between standard libraries, and the order must not.
-  for (std::size_t i = size_ - 1; i > 0; --i) {
-    const std::uint64_t range = i + 1;
-    const std::uint64_t threshold = (0 - range) % range;  // 2^64 mod range
-    std::uint64_t x = rng();
-    while (x < threshold) x = rng();
-    std::swap(perm[i], perm[x % range]);
-  }
+  portable_shuffle(perm, rng);
   // Position p of the padded order is perm[p % size]: padding repeats from the start.
   for (std::size_t k = 0; k < per_rank_; ++k) out.push_back(perm[(r + k * w) % size_]);
   return out;

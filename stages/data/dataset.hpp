@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <random>
 #include <vector>
 
 #include "graph/params.hpp"
@@ -39,6 +41,25 @@ struct CsvManifest {
   std::vector<DatasetEntry> entries;      // in file order
   std::vector<std::string> target_names;  // header columns after path,label
 };
+
+/// Splits one CSV line into `fields`: quoted fields kept verbatim ("" is a quote), unquoted ones
+/// trimmed. Returns an empty string, or what is wrong with the line ("column 3: unterminated
+/// quote (a field cannot span lines)").
+std::string split_csv(std::string_view line, std::vector<std::string>& fields);
+
+/// Fisher-Yates shuffle of `items` with an unbiased bounded draw by rejection, so that a seed
+/// gives the same order with every standard library (std::shuffle and
+/// std::uniform_int_distribution differ between them).
+template <class T>
+void portable_shuffle(std::vector<T>& items, std::mt19937_64& rng) {
+  for (std::size_t i = items.size(); i > 1; --i) {
+    const std::uint64_t range = i;
+    const std::uint64_t threshold = (0 - range) % range;  // 2^64 mod range
+    std::uint64_t x = rng();
+    while (x < threshold) x = rng();
+    std::swap(items[i - 1], items[x % range]);
+  }
+}
 
 /// Reads a CSV manifest: a header row `path,label[,target...]`, then one row per example.
 /// Relative paths resolve against the CSV's folder. `label` is an integer (empty or -1: none);
