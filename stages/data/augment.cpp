@@ -93,22 +93,35 @@ AugmentParams AugmentPolicy::draw(std::uint64_t index, std::uint32_t epoch, doub
   return p;
 }
 
+PixelRect crop_rect(const AugmentParams& p, int width, int height) {
+  PixelRect r;
+  r.x = std::clamp(static_cast<int>(std::lround(p.crop_x * width)), 0, width - 1);
+  r.y = std::clamp(static_cast<int>(std::lround(p.crop_y * height)), 0, height - 1);
+  r.width = std::clamp(static_cast<int>(std::lround(p.crop_w * width)), 1, width - r.x);
+  r.height = std::clamp(static_cast<int>(std::lround(p.crop_h * height)), 1, height - r.y);
+  return r;
+}
+
 void apply_augment(const Image& in, const AugmentParams& p, int size, Image& out) {
+  render_view(in, crop_rect(p, in.width, in.height), p, size, out);
+}
+
+void render_view(const Image& in,
+                 const PixelRect& crop,
+                 const AugmentParams& p,
+                 int size,
+                 Image& out,
+                 Resample resample) {
   if (in.channels != 3) throw Error("augment expects RGB images (3 channels)");
   const cv::Mat src(in.height, in.width, CV_8UC3, const_cast<std::uint8_t*>(in.pixels.data()));
-  // Pixel rectangle of the crop, at least one pixel, inside the image.
-  const int x = std::clamp(static_cast<int>(std::lround(p.crop_x * in.width)), 0, in.width - 1);
-  const int y = std::clamp(static_cast<int>(std::lround(p.crop_y * in.height)), 0, in.height - 1);
-  const int w = std::clamp(static_cast<int>(std::lround(p.crop_w * in.width)), 1, in.width - x);
-  const int h = std::clamp(static_cast<int>(std::lround(p.crop_h * in.height)), 1, in.height - y);
-
   out.width = out.height = size;
   out.channels = 3;
   out.pixels.resize(static_cast<std::size_t>(size) * size * 3);
   cv::Mat dst(size, size, CV_8UC3, out.pixels.data());
-  const bool shrinking = w > size || h > size;
-  cv::resize(src(cv::Rect(x, y, w, h)), dst, dst.size(), 0, 0,
-             shrinking ? cv::INTER_AREA : cv::INTER_LINEAR);
+  const int area_from = resample == Resample::kAreaFrom2x ? 2 * size : size + 1;
+  const bool area = crop.width >= area_from || crop.height >= area_from;
+  cv::resize(src(cv::Rect(crop.x, crop.y, crop.width, crop.height)), dst, dst.size(), 0, 0,
+             area ? cv::INTER_AREA : cv::INTER_LINEAR);
   if (p.flip) cv::flip(dst, dst, 1);
 
   if (p.brightness != 1 || p.contrast != 1) {
@@ -126,8 +139,7 @@ void apply_augment(const Image& in, const AugmentParams& p, int size, Image& out
   }
 }
 
-namespace {
-AugmentPolicy::Options options_from(const Params& params) {
+AugmentPolicy::Options augment_options_from(const Params& params) {
   AugmentPolicy::Options o;
   o.mode = parse_mode(params.get_string("mode"));
   o.scale = params.get<std::vector<double>>("scale");
@@ -140,10 +152,23 @@ AugmentPolicy::Options options_from(const Params& params) {
   o.seed = static_cast<std::uint64_t>(params.get_int("seed"));
   return o;
 }
-}  // namespace
+
+std::vector<ParamSpec> augment_param_specs() {
+  return {string_param("mode", "train", "train: random views; eval: deterministic centre crop",
+                       {"train", "eval"}),
+          int_param("size", 224, "output side in pixels (square)", 1),
+          float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
+          float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
+          float_param("flip", 0.5, "train: probability of a horizontal flip", 0),
+          float_param("brightness", 0, "train: brightness jitter strength (0: off)", 0),
+          float_param("contrast", 0, "train: contrast jitter strength (0: off)", 0),
+          float_param("saturation", 0, "train: saturation jitter strength (0: off)", 0),
+          float_param("eval_crop", 0.875, "eval: centre crop share of the short side", 0),
+          int_param("seed", 0, "seed of the per-sample random parameters", 0)};
+}
 
 AugmentStage::AugmentStage(const Params& params)
-    : policy_(options_from(params)), size_(static_cast<int>(params.get_int("size"))) {
+    : policy_(augment_options_from(params)), size_(static_cast<int>(params.get_int("size"))) {
   keep_opencv_on_caller_thread();
 }
 
@@ -151,17 +176,7 @@ StageDoc AugmentStage::describe() {
   return {
       "Random resized crop, flip and colour jitter (train), or resize + centre crop (eval); "
       "parameters derive from (seed, epoch, sample index) only.",
-      {string_param("mode", "train", "train: random views; eval: deterministic centre crop",
-                    {"train", "eval"}),
-       int_param("size", 224, "output side in pixels (square)", 1),
-       float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
-       float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
-       float_param("flip", 0.5, "train: probability of a horizontal flip", 0),
-       float_param("brightness", 0, "train: brightness jitter strength (0: off)", 0),
-       float_param("contrast", 0, "train: contrast jitter strength (0: off)", 0),
-       float_param("saturation", 0, "train: saturation jitter strength (0: off)", 0),
-       float_param("eval_crop", 0.875, "eval: centre crop share of the short side", 0),
-       int_param("seed", 0, "seed of the per-sample random parameters", 0)}};
+      augment_param_specs()};
 }
 
 std::optional<Sample> AugmentStage::process(Sample&& sample, ItemContext& /*ctx*/) {

@@ -32,9 +32,44 @@ class AugmentPolicy {
   Options o_;
 };
 
-/// Applies `params` to an RGB image and writes a size x size RGB view: crop, resize (area
-/// interpolation when shrinking, bilinear when enlarging), flip, then brightness, contrast and
-/// saturation in that fixed order.
+/// The params of an AugmentPolicy and the view size, for the stages that draw views.
+std::vector<ParamSpec> augment_param_specs();
+AugmentPolicy::Options augment_options_from(const Params& params);
+
+/// A rectangle of pixels.
+struct PixelRect {
+  int x = 0;
+  int y = 0;
+  int width = 0;
+  int height = 0;
+
+  bool operator==(const PixelRect&) const = default;
+};
+
+/// The pixel rectangle `params` crops from a `width` x `height` image: its fractions rounded to
+/// whole pixels, at least one pixel, inside the image.
+PixelRect crop_rect(const AugmentParams& params, int width, int height);
+
+/// How render_view resamples a crop to the output size.
+enum class Resample {
+  /// Area interpolation whenever it shrinks, bilinear when it enlarges (`augment`).
+  kAreaWhenShrinking,
+  /// Area interpolation only when it shrinks by 2 or more, else bilinear: for a crop the DCT
+  /// already scaled to within a factor 8/7 or so of the size (`decode_crop`). OpenCV's area
+  /// resize by a fraction costs 5-7x its bilinear one.
+  kAreaFrom2x,
+};
+
+/// Renders the view `params` describes from the rectangle `crop` of an RGB image into a size x
+/// size RGB image: resize, flip, then brightness, contrast and saturation in that fixed order.
+void render_view(const Image& in,
+                 const PixelRect& crop,
+                 const AugmentParams& params,
+                 int size,
+                 Image& out,
+                 Resample resample = Resample::kAreaWhenShrinking);
+
+/// Applies `params` to a whole RGB image: render_view of its crop_rect.
 void apply_augment(const Image& in, const AugmentParams& params, int size, Image& out);
 
 /// RandomResizedCrop + flip + colour jitter for training, or resize + centre crop for

@@ -20,6 +20,26 @@ struct ViewKey {
   bool operator==(const ViewKey&) const = default;
 };
 
+/// The tensors of a pooled batch buffer (see BatchPool), and where its batches go.
+struct BatchBuffers {
+  at::Tensor images;   // [B, C, H, W] float32 (pinned host memory where `device` is CUDA)
+  at::Tensor labels;   // [B] int64
+  at::Tensor targets;  // [B, T] float32
+  std::string device = "cpu";
+};
+
+/// One sample already written into its row of a pooled batch buffer (by `decode_crop`), on its
+/// way to `assemble_batch`, which emits the batch once its rows are in.
+struct BatchRow {
+  std::uint64_t batch = 0;       // batch number in the run: the sample's sequence / batch_size
+  std::int64_t row = 0;          // row in that batch: the sequence % batch_size
+  std::int64_t batch_size = 0;   // rows of a full batch
+  std::uint64_t position = 0;    // the sample's source position
+  ViewKey view;
+  std::string path;
+  std::shared_ptr<BatchBuffers> buffers;  // the batch's buffers, shared by its rows
+};
+
 /// A collated batch. `images` lives in a buffer leased from the collate stage's bounded pool;
 /// the lease returns it when the last copy of the batch is destroyed.
 struct Batch {

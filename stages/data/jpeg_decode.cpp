@@ -370,14 +370,6 @@ DecodeResult decode_any(std::span<const std::uint8_t> bytes,
   return decode_other(bytes, options, out);
 }
 
-// ---- files --------------------------------------------------------------------------------------
-
-bool parse_policy(const std::string& policy) {
-  if (policy == "skip") return false;
-  if (policy == "fail") return true;
-  throw Error("on_bad_sample must be 'skip' or 'fail', not '" + policy + "'");
-}
-
 }  // namespace
 
 std::error_code read_file(const std::string& path,
@@ -428,98 +420,68 @@ DecodeResult decode_image(std::span<const std::uint8_t> bytes,
   return result;
 }
 
-JpegDecodeStage::JpegDecodeStage(const Params& params)
-    : options_{static_cast<int>(std::clamp<std::int64_t>(params.get_int("min_side"), 0, INT_MAX)),
-               params.get_int("max_pixels"), params.get_bool("other_formats")},
-      fail_on_bad_(parse_policy(params.get_string("on_bad_sample"))),
-      max_bad_fraction_(params.get_float("max_bad_fraction")) {
-  keep_opencv_on_caller_thread();  // other formats decode through OpenCV
-  if (!(max_bad_fraction_ >= 0 && max_bad_fraction_ <= 1)) {
-    throw Error("max_bad_fraction must be between 0 and 1, not " +
-                std::to_string(max_bad_fraction_));
+std::vector<ParamSpec> decode_param_specs() {
+  std::vector<ParamSpec> specs = {
+      int_param("max_pixels", 100'000'000,
+                "refuse images with more pixels than this, read from the header before "
+                "any allocation",
+                1),
+      bool_param("other_formats", true,
+                 "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only")};
+  for (ParamSpec& spec : BadSamplePolicy::param_specs()) specs.push_back(std::move(spec));
+  return specs;
+}
+
+DecodeOptions decode_options_from(const Params& params) {
+  DecodeOptions options;
+  options.max_pixels = params.get_int("max_pixels");
+  options.other_formats = params.get_bool("other_formats");
+  return options;
+}
+
+std::string sample_bytes(const Sample& sample,
+                         std::vector<std::uint8_t>& buffer,
+                         std::span<const std::uint8_t>& bytes) {
+  bytes = sample.encoded.bytes;
+  if (!bytes.empty()) return {};
+  if (sample.path.empty()) return "no encoded bytes and no path to read";
+  if (const std::error_code e = read_file(sample.path, buffer, bytes)) {
+    return "cannot read file: " + e.message();
   }
+  return {};
+}
+
+JpegDecodeStage::JpegDecodeStage(const Params& params)
+    : options_(decode_options_from(params)), policy_(params) {
+  options_.min_side =
+      static_cast<int>(std::clamp<std::int64_t>(params.get_int("min_side"), 0, INT_MAX));
+  keep_opencv_on_caller_thread();  // other formats decode through OpenCV
 }
 
 StageDoc JpegDecodeStage::describe() {
+  std::vector<ParamSpec> params = {
+      int_param("min_side", 0,
+                "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps the "
+                "shorter side >= this; 0: full size",
+                0)};
+  for (ParamSpec& spec : decode_param_specs()) params.push_back(std::move(spec));
   return {
       "Decodes images into RGB: JPEG with TurboJPEG (optionally downscaled in the DCT domain), "
       "other formats with OpenCV. Unreadable or corrupt files are dropped with the reason.",
-      {int_param("min_side", 0,
-                 "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps the "
-                 "shorter side >= this; 0: full size",
-                 0),
-       int_param("max_pixels", 100'000'000,
-                 "refuse images with more pixels than this, read from the header before "
-                 "any allocation",
-                 1),
-       bool_param("other_formats", true,
-                  "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only"),
-       string_param("on_bad_sample", "skip",
-                    "a sample that cannot be read or decoded: 'skip' drops and reports it, "
-                    "'fail' stops the run",
-                    {"skip", "fail"}),
-       float_param("max_bad_fraction", 0.05,
-                   "stop the run once more than this share of the samples seen (at least "
-                   "20) were bad",
-                   0)}};
+      std::move(params)};
 }
 
 std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx) {
   ThreadScratch& scratch = thread_scratch();
-  std::span<const std::uint8_t> bytes = sample.encoded;
-  std::string error;
-  if (bytes.empty()) {
-    if (sample.path.empty()) {
-      error = "no encoded bytes and no path to read";
-    } else {
-      if (const std::error_code e = read_file(sample.path, scratch.file, bytes)) {
-        error = "cannot read file: " + e.message();
-      }
-    }
-  }
+  std::span<const std::uint8_t> bytes;
+  std::string error = sample_bytes(sample, scratch.file, bytes);
   if (error.empty()) error = decode_image(bytes, options_, sample.image).error;
-  // Downstream stages need the pixels only: free the encoded bytes rather than carry them.
-  std::vector<std::uint8_t>().swap(sample.encoded);
+  // Downstream stages need the pixels only: let go of the encoded bytes rather than carry them.
+  sample.encoded.reset();
   scratch.trim();
-
-  seen_.fetch_add(1);
-  if (!error.empty()) return reject(sample.path, std::move(error), ctx);
-  check_bad_fraction();
+  if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
+  policy_.accept();
   return std::move(sample);
-}
-
-std::nullopt_t JpegDecodeStage::reject(const std::string& path,
-                                       std::string reason,
-                                       ItemContext& ctx) {
-  std::string what = (path.empty() ? std::string("(no path)") : path) + ": " + reason;
-  if (fail_on_bad_) {
-    bad_.fetch_add(1);
-    throw Error(what);
-  }
-  {
-    std::lock_guard lock(last_bad_mutex_);
-    last_bad_ = what;
-  }
-  bad_.fetch_add(1);
-  check_bad_fraction();
-  return ctx.drop(std::move(what));
-}
-
-void JpegDecodeStage::check_bad_fraction() {
-  // bad_ first: every sample is counted in seen_ before bad_, so the pair never has bad > seen.
-  const std::uint64_t bad = bad_.load();
-  const std::uint64_t seen = seen_.load();
-  if (seen < kMinSeenForFraction ||
-      static_cast<double>(bad) <= max_bad_fraction_ * static_cast<double>(seen)) {
-    return;
-  }
-  char text[160];
-  std::snprintf(text, sizeof text,
-                "%llu of %llu samples were bad (%.1f%%), above max_bad_fraction %g; last: ",
-                static_cast<unsigned long long>(bad), static_cast<unsigned long long>(seen),
-                100.0 * static_cast<double>(bad) / static_cast<double>(seen), max_bad_fraction_);
-  std::lock_guard lock(last_bad_mutex_);
-  throw Error(text + last_bad_);
 }
 
 FLOWTRAIN_REGISTER_STAGE("jpeg_decode", JpegDecodeStage);

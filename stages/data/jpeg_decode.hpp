@@ -1,8 +1,6 @@
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "graph/registry.hpp"
+#include "stages/data/bad_sample_policy.hpp"
 #include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
@@ -67,36 +66,33 @@ DecodeResult decode_image(std::span<const std::uint8_t> bytes,
                           Image& out);
 
 /// Decodes `Sample::encoded` (or, when empty, the file at `Sample::path`) into `Sample::image`
-/// and frees the encoded bytes. A sample that cannot be read or decoded is dropped with
-/// "path: reason", or fails the run when `on_bad_sample` is "fail" or when more than
-/// `max_bad_fraction` of the samples seen so far (at least 20) were bad.
+/// and lets go of the encoded bytes. A sample that cannot be read or decoded is dropped or fails
+/// the run as its BadSamplePolicy (`on_bad_sample`, `max_bad_fraction`) says.
 class JpegDecodeStage final : public Map<Sample, Sample> {
  public:
   explicit JpegDecodeStage(const Params& params);
   static StageDoc describe();
 
   /// Samples processed so far, and how many of them were bad.
-  std::uint64_t seen() const { return seen_.load(std::memory_order_relaxed); }
-  std::uint64_t bad() const { return bad_.load(std::memory_order_relaxed); }
+  std::uint64_t seen() const { return policy_.seen(); }
+  std::uint64_t bad() const { return policy_.bad(); }
 
  protected:
   std::optional<Sample> process(Sample&& sample, ItemContext& ctx) override;
 
  private:
-  /// Counts a bad sample, then drops it or throws Error as the policy says.
-  std::nullopt_t reject(const std::string& path, std::string reason, ItemContext& ctx);
-  /// Throws Error if, after 20 samples, the share of bad ones is above `max_bad_fraction_`.
-  void check_bad_fraction();
-
-  static constexpr std::uint64_t kMinSeenForFraction = 20;
-
   DecodeOptions options_;
-  bool fail_on_bad_;
-  double max_bad_fraction_;
-  std::atomic<std::uint64_t> seen_{0};
-  std::atomic<std::uint64_t> bad_{0};
-  std::mutex last_bad_mutex_;  // bad samples are rare: a lock there costs the hot path nothing
-  std::string last_bad_;
+  BadSamplePolicy policy_;
 };
+
+/// The encoded bytes of `sample`: Sample::encoded, or else the file at Sample::path read into
+/// `buffer`. Returns why they could not be had, or an empty string.
+std::string sample_bytes(const Sample& sample,
+                         std::vector<std::uint8_t>& buffer,
+                         std::span<const std::uint8_t>& bytes);
+
+/// The params of DecodeOptions (min_side excepted), for the stages that decode.
+std::vector<ParamSpec> decode_param_specs();
+DecodeOptions decode_options_from(const Params& params);
 
 }  // namespace flowtrain::data

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -60,6 +61,21 @@ struct AugmentParams {
   bool operator==(const AugmentParams&) const = default;
 };
 
+/// Encoded image bytes a source already holds in memory: a view of them, and whatever keeps
+/// them alive (a mapped shard, or a vector of the sample's own). Copies share the bytes.
+struct EncodedBytes {
+  std::span<const std::uint8_t> bytes;
+  std::shared_ptr<const void> owner;
+
+  /// Bytes of the sample's own (read from a file, received in a message).
+  static EncodedBytes own(std::vector<std::uint8_t> data) {
+    auto held = std::make_shared<const std::vector<std::uint8_t>>(std::move(data));
+    return {std::span<const std::uint8_t>(*held), held};
+  }
+  bool empty() const { return bytes.empty(); }
+  void reset() { *this = {}; }
+};
+
 /// One training example as it flows from a source through decode and augment to collate.
 struct Sample {
   std::uint64_t index = 0;  // position in the whole dataset: stable across epochs and ranks
@@ -68,7 +84,7 @@ struct Sample {
   std::string path;            // the file, or "shard.ftpk#17" for a packed record; for messages
   std::int64_t label = -1;     // class id
   std::vector<float> targets;  // numeric targets (e.g. energy in kcal), may be empty
-  std::vector<std::uint8_t> encoded;  // the file's bytes; empty means decode reads `path`
+  EncodedBytes encoded;        // the image file's bytes; empty means decode reads `path`
   Image image;                        // decoded pixels, then the augmented view
   AugmentParams augment;              // what augment did (identity until then)
 };

@@ -6,8 +6,8 @@ namespace flowtrain::data {
 
 namespace {
 
-std::unique_ptr<ShardReader> open(const Params& params, const SourceOptions& options) {
-  auto reader = std::make_unique<ShardReader>(
+std::shared_ptr<ShardReader> open(const Params& params, const SourceOptions& options) {
+  auto reader = std::make_shared<ShardReader>(
       required_path(params, "shard"),
       options.order.shuffle ? ShardReader::Access::kRandom : ShardReader::Access::kSequential);
   if (reader->size() == 0) throw Error(reader->path() + ": shard has no records");
@@ -21,7 +21,7 @@ ShardSource::ShardSource(const Params& params) : ShardSource(params, read_source
 ShardSource::ShardSource(const Params& params, const SourceOptions& options)
     : ShardSource(open(params, options), options) {}
 
-ShardSource::ShardSource(std::unique_ptr<ShardReader> reader, const SourceOptions& options)
+ShardSource::ShardSource(std::shared_ptr<ShardReader> reader, const SourceOptions& options)
     : DatasetSource(options.limited(reader->size()), options), reader_(std::move(reader)) {}
 
 StageDoc ShardSource::describe() {
@@ -37,7 +37,7 @@ Sample ShardSource::make_sample(std::uint64_t index) {
   sample.path = reader_->path() + "#" + std::to_string(index);
   sample.label = record.label;
   sample.targets.assign(record.targets.begin(), record.targets.end());
-  sample.encoded.assign(record.bytes.begin(), record.bytes.end());
+  sample.encoded = {record.bytes, reader_};  // a view into the mapping, which it keeps alive
   return sample;
 }
 

@@ -12,14 +12,13 @@
 namespace flowtrain::data {
 
 /// Emits the records of a packed shard (see shard.hpp, pack_dataset) for `epochs` epochs, in
-/// this rank's order (see EpochOrder). The shard is mapped, not read: each sample copies its
-/// record's bytes into Sample::encoded when it is emitted. Sample::path is "<shard>#<record>";
+/// this rank's order (see EpochOrder). The shard is mapped, not read, and nothing is copied:
+/// Sample::encoded views the record in the mapping and keeps the mapping alive. Sample::path is "<shard>#<record>";
 /// the path the record was packed from is ShardReader::record(i).path.
 class ShardSource final : public DatasetSource {
  public:
   explicit ShardSource(const Params& params);
   static StageDoc describe();
-
 
  protected:
   Sample make_sample(std::uint64_t index) override;
@@ -27,8 +26,8 @@ class ShardSource final : public DatasetSource {
  private:
   ShardSource(const Params& params, const SourceOptions& options);
 
-  ShardSource(std::unique_ptr<ShardReader> reader, const SourceOptions& options);
-  std::unique_ptr<ShardReader> reader_;
+  ShardSource(std::shared_ptr<ShardReader> reader, const SourceOptions& options);
+  std::shared_ptr<const ShardReader> reader_;
 };
 
 }  // namespace flowtrain::data

@@ -599,7 +599,9 @@ TEST_CASE("Data.Sources.PipelineRunEmitsExpectedCount" * doctest::timeout(60)) {
       const std::string bytes = "bytes of image " + std::to_string(s.index);
       if (std::string(type) == "shard") {
         CHECK(s.path == f.shard + "#" + std::to_string(s.index));
-        CHECK(s.encoded == as_bytes(bytes));
+        CHECK(std::vector<std::uint8_t>(s.encoded.bytes.begin(), s.encoded.bytes.end()) ==
+              as_bytes(bytes));
+        CHECK(s.encoded.owner != nullptr);  // a view into the mapping, which it keeps alive
       } else {
         CHECK(s.path == f.paths[s.index]);
         CHECK(s.encoded.empty());

@@ -130,7 +130,7 @@ class FileListSource final : public Source<Sample> {
     sample.index = next_;
     sample.path = files_[next_].path;
     sample.label = files_[next_].label;
-    if (with_bytes_ && fs::is_regular_file(sample.path)) sample.encoded = read_bytes(sample.path);
+    if (with_bytes_ && fs::is_regular_file(sample.path)) sample.encoded = EncodedBytes::own(read_bytes(sample.path));
     ++next_;
     return sample;
   }
@@ -588,7 +588,7 @@ TEST_CASE("Data.Decode.StageReadsPathsFreesBytesReusesPixels" * doctest::timeout
       Sample s;
       s.index = next_;
       s.path = set_.files[next_].path;
-      if (next_ % 2 == 0) s.encoded = read_bytes(s.path);
+      if (next_ % 2 == 0) s.encoded = EncodedBytes::own(read_bytes(s.path));
       if (next_ % 3 == 0) {
         s.image.pixels.reserve(40 * 32 * 3);
         buffers_[next_] = s.image.pixels.data();
@@ -608,7 +608,7 @@ TEST_CASE("Data.Decode.StageReadsPathsFreesBytesReusesPixels" * doctest::timeout
   for (const auto& [index, sample] : run.outputs) {
     CAPTURE(index);
     CHECK(sample.encoded.empty());
-    CHECK(sample.encoded.capacity() == 0);
+    CHECK(sample.encoded.owner == nullptr);  // the bytes were let go
     CHECK(sample.image.width == 40);
     CHECK(sample.image.height == 32);
     CHECK(sample.image.pixels.size() == 40 * 32 * 3);

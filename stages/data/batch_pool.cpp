@@ -1,0 +1,136 @@
+#include "stages/data/batch_pool.hpp"
+
+#include <ATen/ops/empty.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "graph/error.hpp"
+
+#if FLOWTRAIN_WITH_CUDA
+#include <ATen/Context.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace flowtrain::data {
+
+namespace {
+bool wants_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
+}  // namespace
+
+BatchPool::BatchPool(std::size_t capacity, std::string device)
+    : capacity_(capacity), device_(std::move(device)) {}
+
+std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, const std::string& device) {
+  if (device != "cpu" && !wants_cuda(device)) {
+    throw Error("param 'device' must be 'cpu' or 'cuda[:N]', got '" + device + "'");
+  }
+#if FLOWTRAIN_WITH_CUDA
+  if (wants_cuda(device) && !at::hasCUDA()) {
+    throw Error("device '" + device + "' requested but no CUDA device is available");
+  }
+#else
+  if (wants_cuda(device)) {
+    throw Error("device '" + device +
+                "' requested but this LibTorch was built without CUDA; use device: cpu");
+  }
+#endif
+  return std::shared_ptr<BatchPool>(new BatchPool(capacity, device));
+}
+
+std::shared_ptr<BatchPool> BatchPool::create(const Params& params) {
+  return create(static_cast<std::size_t>(params.get_int("pool_size")), params.get_string("device"));
+}
+
+std::vector<ParamSpec> batch_pool_param_specs() {
+  return {int_param("pool_size", 4,
+                    "batch buffers at most; >= next queue_capacity + its concurrency + 1 never "
+                    "waits",
+                    1),
+          float_param("wait_timeout_s", 60, "how long to wait for a free buffer before failing", 0),
+          string_param("device", "cpu", "cpu, or cuda[:N] (pinned buffers, async copy)")};
+}
+
+std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,
+                                                       std::int64_t channels,
+                                                       std::int64_t height,
+                                                       std::int64_t width,
+                                                       std::int64_t targets,
+                                                       double timeout_s) {
+  std::unique_ptr<Buffers> buffers;
+  {
+    std::unique_lock lock(mutex_);
+    if (free_.empty() && stats_.allocated >= capacity_) {
+      const auto timeout = std::chrono::duration<double>(timeout_s);
+      if (!freed_.wait_for(lock, timeout, [this] { return !free_.empty(); })) {
+        throw Error("all " + std::to_string(capacity_) + " batch buffers stayed in use for " +
+                    std::to_string(static_cast<int>(timeout_s)) +
+                    " s; a later stage keeps batches, or pool_size is below the batches in flight "
+                    "(next queue_capacity + its concurrency + 1, and one more for a batch being "
+                    "filled in parallel)");
+      }
+    }
+    if (!free_.empty()) {
+      buffers = std::move(free_.back());
+      free_.pop_back();
+    } else {
+      ++stats_.allocated;
+    }
+    stats_.peak_in_use = std::max(stats_.peak_in_use, ++in_use_);
+  }
+  if (!buffers) {
+    // Outside the lock: first-touch of fresh memory is slow on these machines.
+    const auto options = at::TensorOptions().pinned_memory(wants_cuda(device_));
+    buffers = std::make_unique<Buffers>();
+    buffers->images = at::empty({batch, channels, height, width}, options.dtype(at::kFloat));
+    buffers->labels = at::empty({batch}, options.dtype(at::kLong));
+    buffers->targets = at::empty({batch, targets}, options.dtype(at::kFloat));
+    buffers->device = device_;
+  }
+  auto self = shared_from_this();
+  return std::shared_ptr<Buffers>(buffers.release(), [self](Buffers* b) { self->release(b); });
+}
+
+void BatchPool::release(Buffers* buffers) {
+  {
+    std::lock_guard lock(mutex_);
+    free_.emplace_back(buffers);
+    --in_use_;
+  }
+  freed_.notify_one();
+}
+
+BatchPool::Stats BatchPool::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void finish_batch(Batch& batch, std::shared_ptr<BatchBuffers> buffers, std::int64_t rows) {
+  batch.images = buffers->images.narrow(0, 0, rows);
+  batch.labels = buffers->labels.narrow(0, 0, rows);
+  batch.targets = buffers->targets.narrow(0, 0, rows);
+#if FLOWTRAIN_WITH_CUDA
+  if (wants_cuda(buffers->device)) {
+    // Copy on a side stream so it overlaps the model's work on the default stream; this thread
+    // waits for the copy, then the pinned buffer goes back to the pool at once.
+    const at::Device device(buffers->device);
+    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
+    c10::cuda::CUDAStreamGuard guard(stream);
+    batch.images = batch.images.to(device, /*non_blocking=*/true);
+    batch.labels = batch.labels.to(device, /*non_blocking=*/true);
+    batch.targets = batch.targets.to(device, /*non_blocking=*/true);
+    stream.synchronize();
+    buffers.reset();
+  }
+#endif
+  batch.lease = std::move(buffers);
+}
+
+void move_row(BatchBuffers& buffers, std::int64_t from, std::int64_t to) {
+  buffers.images[to].copy_(buffers.images[from]);
+  buffers.labels[to].copy_(buffers.labels[from]);
+  buffers.targets[to].copy_(buffers.targets[from]);
+}
+
+}  // namespace flowtrain::data

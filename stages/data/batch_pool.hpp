@@ -1,0 +1,67 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "graph/params.hpp"
+#include "stages/data/batch.hpp"
+
+namespace flowtrain::data {
+
+/// A bounded pool of batch buffers (images, labels, targets) of one shape. Buffers are made on
+/// demand up to `capacity`, then reused: no allocation in steady state, and memory bounded.
+/// A lease returns its buffer when released, from any thread.
+class BatchPool : public std::enable_shared_from_this<BatchPool> {
+ public:
+  using Buffers = BatchBuffers;
+  struct Stats {
+    std::size_t allocated = 0;  // buffers made so far
+    std::size_t peak_in_use = 0;
+  };
+
+  /// `device`: where the batches go, "cpu" or "cuda[:N]"; the buffers are then pinned host
+  /// memory. Throws Error for any other device, or a CUDA device this build or host lacks.
+  static std::shared_ptr<BatchPool> create(std::size_t capacity, const std::string& device);
+  /// From the `pool_size` and `device` params (batch_pool_param_specs).
+  static std::shared_ptr<BatchPool> create(const Params& params);
+
+  /// A free buffer set of this shape, waiting up to `timeout_s` for one if all `capacity` are
+  /// leased; throws Error if none frees up (a consumer keeps batches, or the pool is too small).
+  std::shared_ptr<Buffers> acquire(std::int64_t batch,
+                                   std::int64_t channels,
+                                   std::int64_t height,
+                                   std::int64_t width,
+                                   std::int64_t targets,
+                                   double timeout_s);
+  Stats stats() const;
+
+ private:
+  BatchPool(std::size_t capacity, std::string device);
+  void release(Buffers* buffers);
+
+  const std::size_t capacity_;
+  const std::string device_;
+  mutable std::mutex mutex_;
+  std::condition_variable freed_;
+  std::vector<std::unique_ptr<Buffers>> free_;
+  std::size_t in_use_ = 0;
+  Stats stats_;
+};
+
+/// The `pool_size`, `wait_timeout_s` and `device` params of the stages that fill a BatchPool.
+std::vector<ParamSpec> batch_pool_param_specs();
+
+/// Emits what a pooled buffer holds as a Batch: its first `rows` rows, and the lease. Where the
+/// buffers' device is CUDA (only where LibTorch has CUDA), the tensors are copied to it with
+/// non_blocking on a side stream and the pinned buffer goes back to the pool at once.
+void finish_batch(Batch& batch, std::shared_ptr<BatchBuffers> buffers, std::int64_t rows);
+
+/// Moves row `from` of the buffers to row `to` (images, labels, targets): closes the gap a
+/// dropped sample left in a batch.
+void move_row(BatchBuffers& buffers, std::int64_t from, std::int64_t to);
+
+}  // namespace flowtrain::data

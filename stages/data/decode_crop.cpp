@@ -1,0 +1,210 @@
+#include "stages/data/decode_crop.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "graph/error.hpp"
+#include "stages/data/jpeg_crop.hpp"
+#include "stages/data/opencv_threads.hpp"
+
+namespace flowtrain::data {
+
+namespace {
+
+/// Thread buffers above this size are released after use instead of kept for the next sample.
+constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;
+
+/// Per-thread state: the decoder and the buffers it reuses from sample to sample.
+struct CropScratch {
+  JpegCropDecoder decoder;
+  std::vector<std::uint8_t> file;  // the bytes of a file read from Sample::path
+  Image decoded;                   // the crop's strip, or the whole image
+  Image view;                      // size x size RGB
+
+  void trim() {
+    if (file.capacity() > kKeepScratchBytes) std::vector<std::uint8_t>().swap(file);
+    if (decoded.pixels.capacity() > kKeepScratchBytes) PixelBuffer().swap(decoded.pixels);
+  }
+};
+
+CropScratch& crop_scratch() {
+  thread_local CropScratch scratch;
+  return scratch;
+}
+
+/// Batches being filled at once: by the workers, plus those waiting for a drop to be known.
+/// A slot is reused once its batch's rows have all left (its weak pointer expired).
+constexpr std::size_t kOpenBatches = 64;
+
+}  // namespace
+
+DecodeCropStage::DecodeCropStage(const Params& params)
+    : decode_(decode_options_from(params)),
+      policy_(params),
+      augment_(augment_options_from(params)),
+      size_(static_cast<int>(params.get_int("size"))),
+      roi_(params.get_bool("roi")),
+      normalize_(params),
+      batch_size_(params.get_int("batch_size")),
+      wait_timeout_s_(params.get_float("wait_timeout_s")),
+      pool_(BatchPool::create(params)) {
+  keep_opencv_on_caller_thread();
+  open_.reserve(kOpenBatches);
+}
+
+StageDoc DecodeCropStage::describe() {
+  std::vector<ParamSpec> params = {
+      int_param("batch_size", 64, "rows of a batch (assemble_batch's batch_size too)", 1),
+      bool_param("roi", true,
+                 "decode only the crop's part of a JPEG, at the smallest DCT scale that keeps its "
+                 "shorter side >= size; false: decode whole images (for comparison)")};
+  for (auto* specs : {&augment_param_specs, &decode_param_specs, &normalize_param_specs,
+                      &batch_pool_param_specs}) {
+    for (ParamSpec& spec : specs()) params.push_back(std::move(spec));
+  }
+  return {"Decodes only the crop of each sample's view (train or eval, as augment draws it), "
+          "renders it as augment does and writes it normalised into its row of a pooled batch; "
+          "assemble_batch emits the batches.",
+          std::move(params)};
+}
+
+std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& ctx) {
+  CropScratch& scratch = crop_scratch();
+  std::span<const std::uint8_t> bytes;
+  std::string error = sample_bytes(sample, scratch.file, bytes);
+  bool rendered = false;
+  if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
+    sample.augment = augment_.draw(sample.index, sample.epoch, scratch.decoder.aspect());
+    PixelRect crop;
+    if (scratch.decoder.decode(sample.augment, size_, scratch.decoded, crop)) {
+      render_view(scratch.decoded, crop, sample.augment, size_, scratch.view, Resample::kAreaFrom2x);
+      rendered = true;
+    }
+  }
+  if (error.empty() && !rendered) {
+    // Not a JPEG this decoder takes, or a refusal: the whole-image decoder decides and says why.
+    error = decode_image(bytes, decode_, scratch.decoded).error;
+    if (error.empty()) {
+      const Image& image = scratch.decoded;
+      sample.augment = augment_.draw(sample.index, sample.epoch,
+                                     static_cast<double>(image.width) / image.height);
+      render_view(image, crop_rect(sample.augment, image.width, image.height), sample.augment,
+                  size_, scratch.view);
+    }
+  }
+  sample.encoded.reset();
+  scratch.trim();
+  if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
+  policy_.accept();
+
+  BatchRow row;
+  row.batch = ctx.seq() / static_cast<std::uint64_t>(batch_size_);
+  row.row = static_cast<std::int64_t>(ctx.seq() % static_cast<std::uint64_t>(batch_size_));
+  row.batch_size = batch_size_;
+  row.position = sample.position;
+  row.buffers = buffers_for(row.batch, sample);
+  BatchBuffers& buffers = *row.buffers;
+  normalize_(scratch.view, buffers.images.data_ptr<float>() + row.row * 3 * size_ * size_);
+  buffers.labels.data_ptr<std::int64_t>()[row.row] = sample.label;
+  std::copy(sample.targets.begin(), sample.targets.end(),
+            buffers.targets.data_ptr<float>() + row.row * buffers.targets.size(1));
+  row.view = {sample.index, sample.epoch, sample.augment};
+  row.path = std::move(sample.path);
+  return row;
+}
+
+std::shared_ptr<BatchBuffers> DecodeCropStage::buffers_for(std::uint64_t batch,
+                                                           const Sample& sample) {
+  const auto targets = static_cast<std::int64_t>(sample.targets.size());
+  {
+    std::lock_guard lock(open_mutex_);
+    if (targets_ < 0) targets_ = targets;
+    if (targets != targets_) {
+      throw Error(sample.path + ": sample has " + std::to_string(targets) +
+                  " targets, but the batch has " + std::to_string(targets_));
+    }
+    for (auto& [number, buffers] : open_) {
+      if (number != batch) continue;
+      if (auto held = buffers.lock()) return held;
+    }
+  }
+  // Outside the lock: the pool may wait for a buffer, and other rows must go on meanwhile.
+  std::shared_ptr<BatchBuffers> fresh =
+      pool_->acquire(batch_size_, 3, size_, size_, targets, wait_timeout_s_);
+  std::lock_guard lock(open_mutex_);
+  for (auto& [number, buffers] : open_) {
+    if (number != batch) continue;
+    if (auto held = buffers.lock()) return held;  // another row of the batch was first
+  }
+  const auto expired = std::find_if(open_.begin(), open_.end(),
+                                    [](const auto& slot) { return slot.second.expired(); });
+  if (expired != open_.end()) {
+    *expired = {batch, fresh};
+  } else {
+    open_.emplace_back(batch, fresh);
+  }
+  return fresh;
+}
+
+AssembleBatchStage::AssembleBatchStage(const Params& params)
+    : batch_size_(params.get_int("batch_size")), drop_last_(params.get_bool("drop_last")) {}
+
+StageDoc AssembleBatchStage::describe() {
+  return {"Emits the batches decode_crop filled, in order, once their rows are in.",
+          {int_param("batch_size", 64, "rows of a batch: decode_crop's batch_size", 1),
+           bool_param("drop_last", false, "drop the last batch if it is smaller")}};
+}
+
+std::optional<std::uint64_t> AssembleBatchStage::plan(std::optional<std::uint64_t> rows) {
+  if (!rows) return std::nullopt;
+  const auto batch = static_cast<std::uint64_t>(batch_size_);
+  return drop_last_ ? *rows / batch : (*rows + batch - 1) / batch;
+}
+
+void AssembleBatchStage::process(BatchRow&& row, Emitter<Batch>& out) {
+  if (row.batch_size != batch_size_) {
+    throw Error("batch_size is " + std::to_string(batch_size_) + " but decode_crop fills batches of " +
+                std::to_string(row.batch_size) + " rows; give both stages the same batch_size");
+  }
+  // Drops took the last rows of the batch being assembled: it is complete.
+  if (buffers_ && row.batch != batch_) emit(out, start_position_ + batch_size_);
+  if (!buffers_) {
+    buffers_ = std::move(row.buffers);
+    batch_ = row.batch;
+    start_position_ = row.position - static_cast<std::uint64_t>(row.row);
+    views_.reserve(static_cast<std::size_t>(batch_size_));
+    paths_.reserve(static_cast<std::size_t>(batch_size_));
+  }
+  if (row.row != filled_) move_row(*buffers_, row.row, filled_);  // close a gap left by a drop
+  views_.push_back(row.view);
+  paths_.push_back(std::move(row.path));
+  last_position_ = row.position;
+  ++filled_;
+  if (row.row == batch_size_ - 1) emit(out, start_position_ + batch_size_);
+}
+
+void AssembleBatchStage::finish(Emitter<Batch>& out) {
+  if (buffers_ && !drop_last_) emit(out, last_position_ + 1);
+  buffers_.reset();
+  filled_ = 0;
+  views_ = {};
+  paths_ = {};
+}
+
+void AssembleBatchStage::emit(Emitter<Batch>& out, std::uint64_t end_position) {
+  Batch batch;
+  batch.number = next_number_++;
+  batch.end_position = end_position;
+  batch.views = std::move(views_);
+  batch.paths = std::move(paths_);
+  finish_batch(batch, std::move(buffers_), filled_);
+  filled_ = 0;
+  views_ = {};
+  paths_ = {};
+  out.emit(std::move(batch));
+}
+
+FLOWTRAIN_REGISTER_STAGE("decode_crop", DecodeCropStage);
+FLOWTRAIN_REGISTER_STAGE("assemble_batch", AssembleBatchStage);
+
+}  // namespace flowtrain::data

@@ -1,0 +1,102 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "graph/registry.hpp"
+#include "stages/data/augment.hpp"
+#include "stages/data/bad_sample_policy.hpp"
+#include "stages/data/batch.hpp"
+#include "stages/data/batch_pool.hpp"
+#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/normalizer.hpp"
+#include "stages/data/sample.hpp"
+
+namespace flowtrain::data {
+
+/// decode + augment + collate's copy, fused (DALI's `decoders.image_random_crop` with
+/// `crop_mirror_normalize`): draws the sample's view from its JPEG header, decodes only the
+/// crop's part of the image (JpegCropDecoder) at the DCT scale its size allows, renders the view
+/// exactly as `augment` does (resize, flip, jitter), and writes it normalised, with its label and
+/// targets, straight into its row of a pooled batch buffer. Workers run in parallel, each on its
+/// own row; `assemble_batch` after it emits each batch once its rows are in, in order.
+///
+/// Sample n of the stage's input goes to row n % batch_size of batch n / batch_size, so the
+/// batches hold the samples `collate` would give them. A sample that cannot be decoded is
+/// dropped (BadSamplePolicy) and leaves its batch one row shorter: the batch count does not
+/// depend on drops. Images this decoder does not take (other formats, CMYK, any libjpeg warning)
+/// are decoded whole with `decode_image`, which also names the reason of a refusal; with
+/// `roi: false` every image is.
+///
+/// The view is drawn with the aspect ratio of the full-size image, as `augment` does after a
+/// full-size decode.
+class DecodeCropStage final : public Map<Sample, BatchRow> {
+ public:
+  explicit DecodeCropStage(const Params& params);
+  static StageDoc describe();
+
+  /// Samples processed so far, and how many of them were bad.
+  std::uint64_t seen() const { return policy_.seen(); }
+  std::uint64_t bad() const { return policy_.bad(); }
+  BatchPool::Stats pool_stats() const { return pool_->stats(); }
+
+ protected:
+  std::optional<BatchRow> process(Sample&& sample, ItemContext& ctx) override;
+
+ private:
+  /// The buffers of batch `batch`, leased from the pool by its first row to arrive.
+  std::shared_ptr<BatchBuffers> buffers_for(std::uint64_t batch, const Sample& sample);
+
+  DecodeOptions decode_;
+  BadSamplePolicy policy_;
+  AugmentPolicy augment_;
+  int size_;
+  bool roi_;
+  Normalizer normalize_;
+  std::int64_t batch_size_;
+  double wait_timeout_s_;
+  std::shared_ptr<BatchPool> pool_;
+
+  std::mutex open_mutex_;
+  /// Batches being filled: their number and buffers, held weakly (their rows hold them).
+  std::vector<std::pair<std::uint64_t, std::weak_ptr<BatchBuffers>>> open_;
+  std::int64_t targets_ = -1;  // target count, fixed by the first sample (under open_mutex_)
+};
+
+/// Emits the batches `decode_crop` filled, in order: a batch leaves when its last row arrives,
+/// or, when drops took its last rows, when the next batch begins or the input ends. The rows of
+/// a batch that lost samples are moved up to close the gaps (the only copy, and only then).
+/// Its `batch_size` must be decode_crop's (it plans the batch count before the run).
+class AssembleBatchStage final : public FlatMap<BatchRow, Batch> {
+ public:
+  explicit AssembleBatchStage(const Params& params);
+  static StageDoc describe();
+  bool requires_order() const override { return true; }
+  /// Batches from the expected rows: floor(n / batch_size), or ceil without drop_last.
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> rows) override;
+
+ protected:
+  void process(BatchRow&& row, Emitter<Batch>& out) override;
+  void finish(Emitter<Batch>& out) override;
+
+ private:
+  void emit(Emitter<Batch>& out, std::uint64_t end_position);
+
+  std::int64_t batch_size_;
+  bool drop_last_;
+  // The batch being assembled.
+  std::shared_ptr<BatchBuffers> buffers_;
+  std::uint64_t batch_ = 0;
+  std::int64_t filled_ = 0;
+  std::uint64_t start_position_ = 0;  // source position of the batch's first row, dropped or not
+  std::uint64_t last_position_ = 0;
+  std::vector<ViewKey> views_;
+  std::vector<std::string> paths_;
+  std::uint64_t next_number_ = 0;
+};
+
+}  // namespace flowtrain::data
