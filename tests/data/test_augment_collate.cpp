@@ -242,7 +242,8 @@ TEST_CASE("Data.Collate.RejectsCudaWithoutCuda") {
 
 TEST_CASE("Data.Registry.EveryDataStageRegistered") {
   for (const char* type :
-       {"image_folder", "csv_manifest", "shard", "jpeg_decode", "augment", "collate"}) {
+       {"image_folder", "csv_manifest", "shard", "jpeg_decode", "augment", "collate", "decode_crop",
+        "assemble_batch"}) {
     CAPTURE(type);
     const StageInfo* info = Registry::global().find(type);
     REQUIRE(info != nullptr);

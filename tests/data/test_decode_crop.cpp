@@ -1,0 +1,404 @@
+// decode_crop and assemble_batch: the crop-only JPEG decoder against the whole-image path, bad
+// data inside and outside the crop, batches independent of concurrency, drops, and the batches
+// the old path (jpeg_decode -> augment -> collate) gives.
+#include <ATen/ATen.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "graph/config.hpp"
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+#include "graph/registry.hpp"
+#include "stages/data/augment.hpp"
+#include "stages/data/decode_crop.hpp"
+#include "stages/data/jpeg_crop.hpp"
+#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/synthetic.hpp"
+#include "tests/temp_dir.hpp"
+#include "tests/test_stages.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::data;
+
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+Bytes photo(int width, int height, std::uint64_t index, int quality = 90) {
+  return encode_jpeg(render_synthetic_image(static_cast<std::int64_t>(index % 4), 4, width, height,
+                                            7, index),
+                     quality);
+}
+
+AugmentPolicy train_policy(std::uint64_t seed) {
+  AugmentPolicy::Options o;
+  o.seed = seed;
+  o.brightness = o.contrast = o.saturation = 0.3;
+  return AugmentPolicy(o);
+}
+
+/// The view through the old path: whole image at full size, then augment's rendering.
+Image old_view(const Bytes& bytes, const AugmentParams& view, int size) {
+  Image whole, out;
+  REQUIRE(decode_image(bytes, {}, whole).ok());
+  apply_augment(whole, view, size, out);
+  return out;
+}
+
+/// The view through the crop decoder, as decode_crop renders it; empty if the decoder refused.
+Image crop_view(const Bytes& bytes, const AugmentParams& view, int size) {
+  JpegCropDecoder decoder;
+  Image strip, out;
+  PixelRect crop;
+  if (!decoder.read_header(bytes, 100'000'000) || !decoder.decode(view, size, strip, crop)) {
+    return out;
+  }
+  render_view(strip, crop, view, size, out, Resample::kAreaFrom2x);
+  return out;
+}
+
+double mean_abs_diff(const Image& a, const Image& b) {
+  REQUIRE(a.pixels.size() == b.pixels.size());
+  double sum = 0;
+  for (std::size_t i = 0; i < a.pixels.size(); ++i) sum += std::abs(a.pixels[i] - b.pixels[i]);
+  return sum / static_cast<double>(a.pixels.size());
+}
+
+/// `jpeg` with two bytes of an unexpected marker (RST5) put `fraction` of the way into its scan.
+Bytes with_marker_in_scan(const Bytes& jpeg, double fraction) {
+  std::size_t sos = 2;
+  while (!(jpeg[sos] == 0xFF && jpeg[sos + 1] == 0xDA)) sos += 2 + (jpeg[sos + 2] << 8 | jpeg[sos + 3]);
+  const std::size_t begin = sos + 2 + (jpeg[sos + 2] << 8 | jpeg[sos + 3]);
+  const std::size_t end = jpeg.size() - 2;
+  auto at = begin + static_cast<std::size_t>(fraction * static_cast<double>(end - begin));
+  if (jpeg[at - 1] == 0xFF) ++at;  // not inside a stuffed 0xFF 0x00
+  Bytes out(jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(at));
+  out.push_back(0xFF);
+  out.push_back(0xD5);
+  out.insert(out.end(), jpeg.begin() + static_cast<std::ptrdiff_t>(at), jpeg.end());
+  return out;
+}
+
+AugmentParams region(float x, float y, float w, float h) {
+  AugmentParams p;
+  p.crop_x = x;
+  p.crop_y = y;
+  p.crop_w = w;
+  p.crop_h = h;
+  return p;
+}
+
+/// Emits samples with their bytes in memory; those listed in `missing` have neither bytes nor a
+/// file (decode_crop drops them: "cannot read file").
+class BytesSource final : public Source<Sample> {
+ public:
+  BytesSource(std::vector<Bytes> images, std::vector<std::uint64_t> missing)
+      : images_(std::move(images)), missing_(std::move(missing)) {}
+
+ protected:
+  std::optional<Sample> next() override {
+    if (i_ == images_.size()) return std::nullopt;
+    Sample s;
+    s.index = s.position = i_;
+    s.label = static_cast<std::int64_t>(i_);
+    s.targets = {static_cast<float>(i_) * 2};
+    s.path = "img" + std::to_string(i_);
+    if (std::find(missing_.begin(), missing_.end(), i_) != missing_.end()) {
+      s.path = "/nonexistent/flowtrain/img" + std::to_string(i_) + ".jpg";
+    } else {
+      s.encoded = EncodedBytes::own(images_[i_]);
+    }
+    ++i_;
+    return s;
+  }
+
+ private:
+  std::vector<Bytes> images_;
+  std::vector<std::uint64_t> missing_;
+  std::size_t i_ = 0;
+};
+
+struct Batches {
+  std::vector<at::Tensor> images, labels, targets;
+  std::vector<std::vector<ViewKey>> views;
+  std::vector<std::uint64_t> end_positions;
+  RunReport report;
+};
+
+Params crop_params(std::int64_t batch, int size) {
+  Params p = Params::defaults(DecodeCropStage::describe().params);
+  p.set("batch_size", batch);
+  p.set("size", std::int64_t{size});
+  p.set("brightness", 0.3);
+  p.set("saturation", 0.3);
+  p.set("seed", std::int64_t{5});
+  p.set("pool_size", std::int64_t{8});
+  p.set("max_bad_fraction", 0.5);
+  return p;
+}
+
+Batches run_crop_path(std::unique_ptr<Stage> source,
+                      std::size_t concurrency,
+                      std::int64_t batch,
+                      int size = 32) {
+  Batches got;
+  Params assemble = Params::defaults(AssembleBatchStage::describe().params);
+  assemble.set("batch_size", batch);
+  Pipeline p;
+  p.add("source", std::move(source));
+  p.add("crop", std::make_unique<DecodeCropStage>(crop_params(batch, size)),
+        {.concurrency = concurrency, .queue_capacity = 4});
+  p.add("assemble", std::make_unique<AssembleBatchStage>(assemble));
+  p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
+          got.images.push_back(b.images.clone());
+          got.labels.push_back(b.labels.clone());
+          got.targets.push_back(b.targets.clone());
+          got.views.push_back(b.views);
+          got.end_positions.push_back(b.end_position);
+        }));
+  got.report = p.run({.threads = 4});
+  return got;
+}
+
+/// Runs `stages` (YAML list items) between `source` and a sink that keeps copies of the batches.
+Batches run_yaml(const std::string& source, const std::string& stages) {
+  Registry registry = Registry::global();
+  Batches got;
+  registry.add({"sink", {"keeps batches", {}}, Sink<Batch>::static_shape(), [&](const Params&) {
+                  return std::unique_ptr<Stage>(
+                      new testing::ProbeSink<Batch>([&](Batch&& b, ItemContext&) {
+                        got.images.push_back(b.images.clone());
+                        got.labels.push_back(b.labels.clone());
+                        got.views.push_back(b.views);
+                        got.end_positions.push_back(b.end_position);
+                      }));
+                }});
+  const std::string yaml = "threads: 2\nstages:\n" + source + stages + "  - {type: sink}\n";
+  const PipelineConfig config = parse_pipeline_config(yaml, "test.yaml", {}, registry);
+  got.report = build_pipeline(config, registry)->run(config.run);
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("Data.JpegCrop.ScaleIsTheSmallestEighthKeepingMinSide") {
+  CHECK(crop_scale_eighths(640, 360, 112) == 3);  // 360 * 3/8 = 135 >= 112; 2/8 gives 90
+  CHECK(crop_scale_eighths(200, 300, 100) == 4);
+  CHECK(crop_scale_eighths(800, 800, 100) == 1);
+  CHECK(crop_scale_eighths(100, 100, 224) == 8);  // enlarging: full size
+  CHECK(crop_scale_eighths(224, 500, 224) == 8);
+}
+
+TEST_CASE("Data.JpegCrop.ViewsDifferFromTheWholeImagePathOnlyByResampling") {
+  // 640x360 and 307x173 (the food photos' size), train views at 112 and 224 px, eval views.
+  for (const auto& [width, height] : {std::pair{640, 360}, std::pair{307, 173}}) {
+    const Bytes bytes = photo(width, height, 3);
+    for (const int size : {112, 224}) {
+      double worst = 0, total = 0;
+      int n = 0;
+      for (std::uint64_t index = 0; index < 40; ++index) {
+        const AugmentParams view =
+            train_policy(11).draw(index, 0, static_cast<double>(width) / height);
+        const Image a = old_view(bytes, view, size);
+        const Image b = crop_view(bytes, view, size);
+        REQUIRE(b.width == size);
+        const double diff = mean_abs_diff(a, b);
+        worst = std::max(worst, diff);
+        total += diff;
+        ++n;
+      }
+      CAPTURE(width);
+      CAPTURE(size);
+      CAPTURE(worst);
+      // Mean absolute difference per channel, out of 255: resampling (DCT scaling and bilinear
+      // against area interpolation, MCU edges) moves pixels a little, never the view.
+      CHECK(total / n < 3.0);
+      CHECK(worst < 6.5);
+    }
+  }
+}
+
+TEST_CASE("Data.JpegCrop.FullScaleCropEqualsTheWholeDecodeInside") {
+  // At scale 8/8 the crop decoder runs the same IDCT and colour conversion as TurboJPEG: away
+  // from the strip's edges (where upsampling lacks its neighbours) the pixels are identical.
+  const Bytes bytes = photo(320, 240, 1);
+  Image whole;
+  REQUIRE(decode_image(bytes, {}, whole).ok());
+  JpegCropDecoder decoder;
+  REQUIRE(decoder.read_header(bytes, 100'000'000));
+  CHECK(decoder.width() == 320);
+  CHECK(decoder.height() == 240);
+  Image strip;
+  PixelRect crop;
+  REQUIRE(decoder.decode(region(0.3f, 0.4f, 0.5f, 0.5f), 1000, strip, crop));
+  CHECK(decoder.scale_eighths() == 8);
+  const PixelRect full = crop_rect(region(0.3f, 0.4f, 0.5f, 0.5f), 320, 240);
+  CHECK(crop.width == full.width);
+  CHECK(crop.height == full.height);
+  CHECK(crop.y == 0);
+  CHECK(strip.width >= crop.x + crop.width);
+  CHECK(strip.width < 320);  // only the MCU columns around the crop
+  int differing = 0;
+  for (int y = 2; y < crop.height - 2; ++y) {
+    for (int x = 2; x < crop.width - 2; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        const auto in_whole = whole.pixels[((full.y + y) * 320 + full.x + x) * 3 + c];
+        const auto in_strip = strip.pixels[(y * strip.width + crop.x + x) * 3 + c];
+        differing += in_whole != in_strip;
+      }
+    }
+  }
+  CHECK(differing == 0);
+}
+
+TEST_CASE("Data.JpegCrop.BadDataInsideOrOutsideTheCropIsRefused") {
+  const Bytes good = photo(320, 240, 2);
+  const AugmentParams top_left = region(0, 0, 0.25f, 0.25f);
+  const AugmentParams bottom_right = region(0.75f, 0.75f, 0.25f, 0.25f);
+  REQUIRE(!crop_view(good, top_left, 32).empty());
+  REQUIRE(!crop_view(good, bottom_right, 32).empty());
+
+  const std::map<std::string, Bytes> broken = {
+      {"truncated", Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2))},
+      {"marker near the top", with_marker_in_scan(good, 0.1)},
+      {"marker near the bottom", with_marker_in_scan(good, 0.9)}};
+  for (const auto& [what, bytes] : broken) {
+    CAPTURE(what);
+    Image ignored;
+    REQUIRE(!decode_image(bytes, {}, ignored).ok());  // the whole-image decoder refuses it
+    CHECK(crop_view(bytes, top_left, 32).empty());
+    CHECK(crop_view(bytes, bottom_right, 32).empty());
+  }
+  // A refusal leaves the decoder usable for the next image.
+  CHECK(!crop_view(good, top_left, 32).empty());
+}
+
+TEST_CASE("Data.DecodeCrop.BadFilesDroppedWithTheWholeDecodersReason" * doctest::timeout(60)) {
+  testing::TempDir dir("decode-crop-bad");
+  SyntheticOptions synthetic;
+  synthetic.root = dir.str();
+  synthetic.count = 60;
+  synthetic.width = 96;
+  synthetic.height = 64;
+  synthetic.classes = 2;
+  synthetic.broken_fraction = 0.1;  // each of the 6 broken kinds once
+  const GeneratedDataset set = generate_jpeg_dataset(synthetic);
+  const RunReport report =
+      run_yaml("  - {type: image_folder, params: {root: '" + dir.str() + "', shuffle: false}}\n",
+               "  - {type: decode_crop, concurrency: 2, params: {size: 32, batch_size: 8, "
+               "max_bad_fraction: 0.5, max_pixels: 10000000}}\n"
+               "  - {type: assemble_batch, params: {batch_size: 8}}\n")
+          .report;
+  const StageReport& crop = report.stages[1];
+  CHECK(crop.dropped == set.broken_count());
+  std::string listed;
+  for (const auto& drop : crop.drops) listed += drop.reason + "\n";
+  for (const GeneratedFile& file : set.files) {
+    if (file.broken == BrokenKind::kNone) continue;
+    CAPTURE(to_string(file.broken));
+    CHECK(listed.find(file.path + ": ") != std::string::npos);
+  }
+  CHECK(listed.find("truncated JPEG data") != std::string::npos);
+  CHECK(listed.find("corrupt JPEG data") != std::string::npos);
+  CHECK(listed.find("exceeds max_pixels") != std::string::npos);
+  CHECK(report.stages[2].items_out == 8);  // 60 samples: 8 batches whatever was dropped
+}
+
+TEST_CASE("Data.DecodeCrop.BatchesBitIdenticalForConcurrency1And3" * doctest::timeout(120)) {
+  std::vector<Bytes> images;
+  for (std::uint64_t i = 0; i < 70; ++i) images.push_back(photo(120 + 20 * (i % 3), 90, i));
+  const std::vector<std::uint64_t> missing = {4, 15, 40};
+  const Batches serial =
+      run_crop_path(std::make_unique<BytesSource>(images, missing), 1, 16);
+  const Batches parallel =
+      run_crop_path(std::make_unique<BytesSource>(images, missing), 3, 16);
+  REQUIRE(serial.images.size() == 5);  // ceil(70 / 16): drops do not change the count
+  REQUIRE(parallel.images.size() == serial.images.size());
+  for (std::size_t b = 0; b < serial.images.size(); ++b) {
+    CAPTURE(b);
+    CHECK(at::equal(serial.images[b], parallel.images[b]));
+    CHECK(at::equal(serial.labels[b], parallel.labels[b]));
+    CHECK(at::equal(serial.targets[b], parallel.targets[b]));
+    CHECK((serial.views[b] == parallel.views[b]));
+  }
+}
+
+TEST_CASE("Data.DecodeCrop.DropLeavesItsBatchShorterAndKeepsTheOthers" * doctest::timeout(60)) {
+  std::vector<Bytes> images;
+  for (std::uint64_t i = 0; i < 40; ++i) images.push_back(photo(80, 60, i));
+  // 5 is inside batch 0, 31 is the last row of batch 1 (the batch closes on the next one's
+  // first row), 32..47 are all of batch 2 (no batch at all), and 48..55 the last, short batch.
+  std::vector<std::uint64_t> missing = {5, 31};
+  for (std::uint64_t i = 32; i < 48; ++i) missing.push_back(i);
+  images.resize(56, photo(80, 60, 99));
+  const Batches got = run_crop_path(std::make_unique<BytesSource>(images, missing), 2, 16);
+  REQUIRE(got.labels.size() == 3);
+  CHECK(got.report.stages[1].dropped == 18);
+  CHECK(got.labels[2].size(0) == 8);
+  CHECK(got.labels[2][0].item<std::int64_t>() == 48);
+  std::vector<std::int64_t> batch0, batch1;
+  for (std::int64_t i = 0; i < 16; ++i) {
+    if (i != 5) batch0.push_back(i);
+    if (i != 15) batch1.push_back(16 + i);
+  }
+  CHECK(std::vector<std::int64_t>(got.labels[0].data_ptr<std::int64_t>(),
+                                  got.labels[0].data_ptr<std::int64_t>() + 15) == batch0);
+  CHECK(std::vector<std::int64_t>(got.labels[1].data_ptr<std::int64_t>(),
+                                  got.labels[1].data_ptr<std::int64_t>() + 15) == batch1);
+  // Rows moved up to close the gap keep their targets and views.
+  CHECK(got.targets[0][5].item<float>() == 12.0f);
+  CHECK(got.views[0][5].index == 6);
+  CHECK(got.end_positions == std::vector<std::uint64_t>{16, 32, 56});
+  // A moved row holds what the same sample gives in a batch without drops.
+  const Batches clean = run_crop_path(std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}), 2, 16);
+  CHECK(at::equal(got.images[0][5], clean.images[0][6]));
+}
+
+TEST_CASE("Data.DecodeCrop.SameBatchesAsDecodeAugmentCollate" * doctest::timeout(120)) {
+  // The same samples in the same rows with the same views; pixels within resampling.
+  testing::TempDir dir("decode-crop-same");
+  SyntheticOptions synthetic;
+  synthetic.root = dir.str();
+  synthetic.count = 100;
+  synthetic.width = 200;
+  synthetic.height = 150;
+  synthetic.classes = 4;
+  generate_jpeg_dataset(synthetic);
+  const std::string source = "  - {type: image_folder, params: {root: '" + dir.str() +
+                             "', seed: 9, epochs: 2}}\n";
+  const std::string view = "size: 64, brightness: 0.2, contrast: 0.2, seed: 4";
+  auto run = [&](const std::string& stages) { return run_yaml(source, stages); };
+  const Batches v1 = run("  - {type: jpeg_decode, concurrency: 2}\n"
+                         "  - {type: augment, concurrency: 2, params: {" + view + "}}\n"
+                         "  - {type: collate, params: {batch_size: 24}}\n");
+  const Batches fused = run("  - {type: decode_crop, concurrency: 2, params: {batch_size: 24, " +
+                            view + "}}\n  - {type: assemble_batch, params: {batch_size: 24}}\n");
+  REQUIRE(v1.images.size() == 9);  // 200 samples in batches of 24
+  REQUIRE(fused.images.size() == v1.images.size());
+  for (std::size_t b = 0; b < v1.images.size(); ++b) {
+    CAPTURE(b);
+    CHECK((fused.views[b] == v1.views[b]));
+    CHECK(at::equal(fused.labels[b], v1.labels[b]));
+    CHECK(fused.end_positions[b] == v1.end_positions[b]);
+    // Normalised units (pixel / 255 / std): 0.08 is about 5 levels of 255; another view or
+    // sample would differ by 0.5 and more.
+    const double diff = (fused.images[b] - v1.images[b]).abs().mean().item<double>();
+    CHECK(diff < 0.08);
+  }
+}
+
+TEST_CASE("Data.DecodeCrop.AssembleNamesAMismatchedBatchSize" * doctest::timeout(60)) {
+  std::vector<Bytes> images(4, photo(64, 48, 1));
+  Params assemble = Params::defaults(AssembleBatchStage::describe().params);
+  assemble.set("batch_size", std::int64_t{3});
+  Pipeline p;
+  p.add("source", std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}));
+  p.add("crop", std::make_unique<DecodeCropStage>(crop_params(2, 16)));
+  p.add("assemble", std::make_unique<AssembleBatchStage>(assemble));
+  p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([](Batch&&, ItemContext&) {}));
+  CHECK_THROWS_WITH_AS(p.run({.threads = 2}),
+                       doctest::Contains("give both stages the same batch_size"), Error);
+}
