@@ -55,8 +55,8 @@ enum class Resample {
   /// Area interpolation whenever it shrinks, bilinear when it enlarges (`augment`).
   kAreaWhenShrinking,
   /// Area interpolation only when it shrinks by 2 or more, else bilinear: for a crop the DCT
-  /// already scaled to within a factor 8/7 or so of the size (`decode_crop`). OpenCV's area
-  /// resize by a fraction costs 5-7x its bilinear one.
+  /// already scaled to less than twice the size (`decode_crop`). OpenCV's area resize by a
+  /// fraction costs 5-7x its bilinear one.
   kAreaFrom2x,
 };
 

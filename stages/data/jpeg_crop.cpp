@@ -8,8 +8,9 @@
 #include <jpeglib.h>
 // clang-format on
 
-#include <algorithm>
 #include <vector>
+
+#include "stages/data/jpeg_decode.hpp"
 
 
 namespace flowtrain::data {
@@ -35,14 +36,6 @@ void on_message(j_common_ptr cinfo, int level) {
 void on_output(j_common_ptr /*cinfo*/) {}
 
 }  // namespace
-
-int crop_scale_eighths(int crop_width, int crop_height, int min_side) {
-  const int short_side = std::min(crop_width, crop_height);
-  for (int eighths = 1; eighths < 8; ++eighths) {
-    if (short_side * eighths >= min_side * 8) return eighths;
-  }
-  return 8;
-}
 
 struct JpegCropDecoder::State {
   jpeg_decompress_struct cinfo{};
@@ -104,13 +97,13 @@ bool JpegCropDecoder::decode(const AugmentParams& view,
   if (!s.active) return false;
   jpeg_decompress_struct& cinfo = s.cinfo;
   const PixelRect full = crop_rect(view, width(), height());
-  scale_eighths_ = crop_scale_eighths(full.width, full.height, min_side);
+  scale_denom_ = dct_scale_denom(full.width, full.height, min_side);
   if (setjmp(s.errors.jump) != 0) {
     s.abort();
     return false;
   }
-  cinfo.scale_num = static_cast<unsigned>(scale_eighths_);
-  cinfo.scale_denom = 8;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(scale_denom_);
   cinfo.out_color_space = JCS_RGB;  // libjpeg-turbo expands grayscale itself
   cinfo.dct_method = JDCT_ISLOW;    // as TurboJPEG without TJFLAG_FASTDCT
   cinfo.do_fancy_upsampling = TRUE;

@@ -9,17 +9,14 @@
 
 namespace flowtrain::data {
 
-/// The DCT scale, in eighths (1..8), at which a crop of `crop_width` x `crop_height` full-size
-/// pixels is decoded: the smallest that keeps its shorter side at least `min_side` (8, full
-/// size, when none does).
-int crop_scale_eighths(int crop_width, int crop_height, int min_side);
-
 /// Decodes only the part of a JPEG a crop needs (DALI's ROI decode, FFCV's crop decoder), with
-/// the libjpeg API of libjpeg-turbo: the IDCT scales by M/8 (libjpeg-turbo offers every M from
-/// 1 to 16), the smallest M that keeps the crop's shorter side at least `min_side`, so the DCT
-/// does nearly all of the downscaling, with its own low-pass filter; `jpeg_crop_scanline` keeps
-/// the MCU columns that hold the crop (no IDCT, upsampling or colour conversion for the others),
-/// and `jpeg_skip_scanlines` passes over the rows above and below it. Entropy data is still decoded to the end of the image, so
+/// the libjpeg API of libjpeg-turbo: the DCT scale is the smallest of 1/8, 1/4, 1/2 and 1 that
+/// keeps the crop's shorter side at least `min_side` (dct_scale_denom of the crop), so the DCT
+/// does most of the downscaling and what is left to resample is under 2x; `jpeg_crop_scanline`
+/// keeps the MCU columns that hold the crop (no IDCT, upsampling or colour conversion for the
+/// others), and `jpeg_skip_scanlines` passes over the rows above and below it. (libjpeg-turbo
+/// also scales by any M/8, but its IDCTs for other M are plain C: measured slower overall, and
+/// further from the whole-image path's pixels.) Entropy data is still decoded to the end of the image, so
 /// corrupt or truncated data outside the crop is noticed as it is by a whole-image decode.
 ///
 /// The decoder is strict and handles only the common case: baseline or progressive JPEGs in
@@ -51,16 +48,16 @@ class JpegCropDecoder {
 
   /// Decodes the rows of the crop of `view` and the MCU columns around it into `strip` (RGB,
   /// HWC), and sets `crop` to the crop's rectangle inside `strip`: `crop_rect(view, w, h)` for
-  /// the image scaled by scale_eighths() / 8. False on any problem (then use decode_image).
+  /// the image scaled by 1 / scale_denom(). False on any problem (then use decode_image).
   bool decode(const AugmentParams& view, int min_side, Image& strip, PixelRect& crop);
 
-  /// The DCT scale of the last decode, in eighths: 1 to 8.
-  int scale_eighths() const { return scale_eighths_; }
+  /// The DCT scale denominator of the last decode: 1, 2, 4 or 8.
+  int scale_denom() const { return scale_denom_; }
 
  private:
   struct State;
   std::unique_ptr<State> state_;
-  int scale_eighths_ = 8;
+  int scale_denom_ = 1;
 };
 
 }  // namespace flowtrain::data

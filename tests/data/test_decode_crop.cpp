@@ -184,14 +184,6 @@ Batches run_yaml(const std::string& source, const std::string& stages) {
 
 }  // namespace
 
-TEST_CASE("Data.JpegCrop.ScaleIsTheSmallestEighthKeepingMinSide") {
-  CHECK(crop_scale_eighths(640, 360, 112) == 3);  // 360 * 3/8 = 135 >= 112; 2/8 gives 90
-  CHECK(crop_scale_eighths(200, 300, 100) == 4);
-  CHECK(crop_scale_eighths(800, 800, 100) == 1);
-  CHECK(crop_scale_eighths(100, 100, 224) == 8);  // enlarging: full size
-  CHECK(crop_scale_eighths(224, 500, 224) == 8);
-}
-
 TEST_CASE("Data.JpegCrop.ViewsDifferFromTheWholeImagePathOnlyByResampling") {
   // 640x360 and 307x173 (the food photos' size), train views at 112 and 224 px, eval views.
   for (const auto& [width, height] : {std::pair{640, 360}, std::pair{307, 173}}) {
@@ -213,10 +205,11 @@ TEST_CASE("Data.JpegCrop.ViewsDifferFromTheWholeImagePathOnlyByResampling") {
       CAPTURE(width);
       CAPTURE(size);
       CAPTURE(worst);
-      // Mean absolute difference per channel, out of 255: resampling (DCT scaling and bilinear
-      // against area interpolation, MCU edges) moves pixels a little, never the view.
-      CHECK(total / n < 3.0);
-      CHECK(worst < 6.5);
+      // Mean absolute difference per channel, out of 255 (measured: 1.2 on average and 2.6 at
+      // worst at 640x360 -> 112): resampling (DCT scaling then bilinear, against area
+      // interpolation; MCU edges) moves pixels a little, never the view.
+      CHECK(total / n < 2.0);
+      CHECK(worst < 4.0);
     }
   }
 }
@@ -234,7 +227,7 @@ TEST_CASE("Data.JpegCrop.FullScaleCropEqualsTheWholeDecodeInside") {
   Image strip;
   PixelRect crop;
   REQUIRE(decoder.decode(region(0.3f, 0.4f, 0.5f, 0.5f), 1000, strip, crop));
-  CHECK(decoder.scale_eighths() == 8);
+  CHECK(decoder.scale_denom() == 1);
   const PixelRect full = crop_rect(region(0.3f, 0.4f, 0.5f, 0.5f), 320, 240);
   CHECK(crop.width == full.width);
   CHECK(crop.height == full.height);
