@@ -48,8 +48,8 @@ std::vector<Case> cases(int size, int concurrency) {
                              ", queue_capacity: 16, params: {min_side: " + s + "}}\n";
   const auto crop = [&](const char* roi) {
     return "  - {type: decode_crop, concurrency: " + n +
-           ", queue_capacity: 16, params: {size: " + s + ", batch_size: 64, pool_size: 6, roi: " +
-           roi + ", " + jitter() + "}}\n" +
+           ", queue_capacity: 16, params: {size: " + s +
+           ", batch_size: 64, pool_size: 6, roi: " + roi + ", " + jitter() + "}}\n" +
            "  - {type: assemble_batch, queue_capacity: 128, params: {batch_size: 64}}\n";
   };
   return {
@@ -66,10 +66,9 @@ std::vector<Case> cases(int size, int concurrency) {
 // Runs the pipeline once; returns images/s counted at the stage after the source.
 double run_once(const std::string& manifest, int epochs, std::size_t threads, const Case& c) {
   const std::string yaml = "threads: " + std::to_string(threads) + "\nstages:\n" +
-                           "  - {type: csv_manifest, name: files, params: {manifest: '" +
-                           manifest + "', epochs: " + std::to_string(epochs) +
-                           ", shuffle: false}}\n" + c.stages +
-                           "  - {type: discard, queue_capacity: 8}\n";
+                           "  - {type: csv_manifest, name: files, params: {manifest: '" + manifest +
+                           "', epochs: " + std::to_string(epochs) + ", shuffle: false}}\n" +
+                           c.stages + "  - {type: discard, queue_capacity: 8}\n";
   const flowtrain::PipelineConfig config = flowtrain::parse_pipeline_config(yaml, c.path);
   const flowtrain::RunReport report = flowtrain::build_pipeline(config)->run(config.run);
   return static_cast<double>(report.stages[1].items_out) / report.wall_s;

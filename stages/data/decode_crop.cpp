@@ -62,10 +62,11 @@ StageDoc DecodeCropStage::describe() {
                       &batch_pool_param_specs}) {
     for (ParamSpec& spec : specs()) params.push_back(std::move(spec));
   }
-  return {"Decodes only the crop of each sample's view (train or eval, as augment draws it), "
-          "renders it as augment does and writes it normalised into its row of a pooled batch; "
-          "assemble_batch emits the batches.",
-          std::move(params)};
+  return {
+      "Decodes only the crop of each sample's view (train or eval, as augment draws it), "
+      "renders it as augment does and writes it normalised into its row of a pooled batch; "
+      "assemble_batch emits the batches.",
+      std::move(params)};
 }
 
 std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& ctx) {
@@ -77,7 +78,8 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
     sample.augment = augment_.draw(sample.index, sample.epoch, scratch.decoder.aspect());
     PixelRect crop;
     if (scratch.decoder.decode(sample.augment, size_, scratch.decoded, crop)) {
-      render_view(scratch.decoded, crop, sample.augment, size_, scratch.view, Resample::kAreaFrom2x);
+      render_view(scratch.decoded, crop, sample.augment, size_, scratch.view,
+                  Resample::kAreaFrom2x);
       rendered = true;
     }
   }
@@ -163,8 +165,9 @@ std::optional<std::uint64_t> AssembleBatchStage::plan(std::optional<std::uint64_
 
 void AssembleBatchStage::process(BatchRow&& row, Emitter<Batch>& out) {
   if (row.batch_size != batch_size_) {
-    throw Error("batch_size is " + std::to_string(batch_size_) + " but decode_crop fills batches of " +
-                std::to_string(row.batch_size) + " rows; give both stages the same batch_size");
+    throw Error("batch_size is " + std::to_string(batch_size_) +
+                " but decode_crop fills batches of " + std::to_string(row.batch_size) +
+                " rows; give both stages the same batch_size");
   }
   // Drops took the last rows of the batch being assembled: it is complete.
   if (buffers_ && row.batch != batch_) emit(out, start_position_ + batch_size_);

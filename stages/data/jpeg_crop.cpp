@@ -12,7 +12,6 @@
 
 #include "stages/data/jpeg_decode.hpp"
 
-
 namespace flowtrain::data {
 
 namespace {

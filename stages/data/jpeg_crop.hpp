@@ -16,8 +16,9 @@ namespace flowtrain::data {
 /// keeps the MCU columns that hold the crop (no IDCT, upsampling or colour conversion for the
 /// others), and `jpeg_skip_scanlines` passes over the rows above and below it. (libjpeg-turbo
 /// also scales by any M/8, but its IDCTs for other M are plain C: measured slower overall, and
-/// further from the whole-image path's pixels.) Entropy data is still decoded to the end of the image, so
-/// corrupt or truncated data outside the crop is noticed as it is by a whole-image decode.
+/// further from the whole-image path's pixels.) Entropy data is still decoded to the end of the
+/// image, so corrupt or truncated data outside the crop is noticed as it is by a whole-image
+/// decode.
 ///
 /// The decoder is strict and handles only the common case: baseline or progressive JPEGs in
 /// YCbCr or grayscale, without any libjpeg warning. For anything else (another format, CMYK,

@@ -28,9 +28,9 @@ namespace {
 using Bytes = std::vector<std::uint8_t>;
 
 Bytes photo(int width, int height, std::uint64_t index, int quality = 90) {
-  return encode_jpeg(render_synthetic_image(static_cast<std::int64_t>(index % 4), 4, width, height,
-                                            7, index),
-                     quality);
+  return encode_jpeg(
+      render_synthetic_image(static_cast<std::int64_t>(index % 4), 4, width, height, 7, index),
+      quality);
 }
 
 AugmentPolicy train_policy(std::uint64_t seed) {
@@ -70,7 +70,8 @@ double mean_abs_diff(const Image& a, const Image& b) {
 /// `jpeg` with two bytes of an unexpected marker (RST5) put `fraction` of the way into its scan.
 Bytes with_marker_in_scan(const Bytes& jpeg, double fraction) {
   std::size_t sos = 2;
-  while (!(jpeg[sos] == 0xFF && jpeg[sos + 1] == 0xDA)) sos += 2 + (jpeg[sos + 2] << 8 | jpeg[sos + 3]);
+  while (!(jpeg[sos] == 0xFF && jpeg[sos + 1] == 0xDA))
+    sos += 2 + (jpeg[sos + 2] << 8 | jpeg[sos + 3]);
   const std::size_t begin = sos + 2 + (jpeg[sos + 2] << 8 | jpeg[sos + 3]);
   const std::size_t end = jpeg.size() - 2;
   auto at = begin + static_cast<std::size_t>(fraction * static_cast<double>(end - begin));
@@ -255,7 +256,8 @@ TEST_CASE("Data.JpegCrop.BadDataInsideOrOutsideTheCropIsRefused") {
   REQUIRE(!crop_view(good, bottom_right, 32).empty());
 
   const std::map<std::string, Bytes> broken = {
-      {"truncated", Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2))},
+      {"truncated",
+       Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2))},
       {"marker near the top", with_marker_in_scan(good, 0.1)},
       {"marker near the bottom", with_marker_in_scan(good, 0.9)}};
   for (const auto& [what, bytes] : broken) {
@@ -304,10 +306,8 @@ TEST_CASE("Data.DecodeCrop.BatchesBitIdenticalForConcurrency1And3" * doctest::ti
   std::vector<Bytes> images;
   for (std::uint64_t i = 0; i < 70; ++i) images.push_back(photo(120 + 20 * (i % 3), 90, i));
   const std::vector<std::uint64_t> missing = {4, 15, 40};
-  const Batches serial =
-      run_crop_path(std::make_unique<BytesSource>(images, missing), 1, 16);
-  const Batches parallel =
-      run_crop_path(std::make_unique<BytesSource>(images, missing), 3, 16);
+  const Batches serial = run_crop_path(std::make_unique<BytesSource>(images, missing), 1, 16);
+  const Batches parallel = run_crop_path(std::make_unique<BytesSource>(images, missing), 3, 16);
   REQUIRE(serial.images.size() == 5);  // ceil(70 / 16): drops do not change the count
   REQUIRE(parallel.images.size() == serial.images.size());
   for (std::size_t b = 0; b < serial.images.size(); ++b) {
@@ -346,7 +346,8 @@ TEST_CASE("Data.DecodeCrop.DropLeavesItsBatchShorterAndKeepsTheOthers" * doctest
   CHECK(got.views[0][5].index == 6);
   CHECK(got.end_positions == std::vector<std::uint64_t>{16, 32, 56});
   // A moved row holds what the same sample gives in a batch without drops.
-  const Batches clean = run_crop_path(std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}), 2, 16);
+  const Batches clean =
+      run_crop_path(std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}), 2, 16);
   CHECK(at::equal(got.images[0][5], clean.images[0][6]));
 }
 
@@ -360,13 +361,16 @@ TEST_CASE("Data.DecodeCrop.SameBatchesAsDecodeAugmentCollate" * doctest::timeout
   synthetic.height = 150;
   synthetic.classes = 4;
   generate_jpeg_dataset(synthetic);
-  const std::string source = "  - {type: image_folder, params: {root: '" + dir.str() +
-                             "', seed: 9, epochs: 2}}\n";
+  const std::string source =
+      "  - {type: image_folder, params: {root: '" + dir.str() + "', seed: 9, epochs: 2}}\n";
   const std::string view = "size: 64, brightness: 0.2, contrast: 0.2, seed: 4";
   auto run = [&](const std::string& stages) { return run_yaml(source, stages); };
-  const Batches v1 = run("  - {type: jpeg_decode, concurrency: 2}\n"
-                         "  - {type: augment, concurrency: 2, params: {" + view + "}}\n"
-                         "  - {type: collate, params: {batch_size: 24}}\n");
+  const Batches v1 =
+      run("  - {type: jpeg_decode, concurrency: 2}\n"
+          "  - {type: augment, concurrency: 2, params: {" +
+          view +
+          "}}\n"
+          "  - {type: collate, params: {batch_size: 24}}\n");
   const Batches fused = run("  - {type: decode_crop, concurrency: 2, params: {batch_size: 24, " +
                             view + "}}\n  - {type: assemble_batch, params: {batch_size: 24}}\n");
   REQUIRE(v1.images.size() == 9);  // 200 samples in batches of 24
