@@ -12,6 +12,11 @@
 //   v1             csv_manifest -> jpeg_decode (min_side = size) -> augment -> collate -> discard
 //                  the path before decode_crop
 //
+// --breakdown adds where the time of one image goes, on one thread, with the files already in
+// memory: whole-image decode (as decode_whole), crop decode of the training views, the floor of
+// any decode that reads all of the entropy-coded data (a 1-pixel crop), rendering the view
+// (resize, flip, jitter) and normalising it into floats.
+//
 // Every training path draws RandomResizedCrop views with flip and colour jitter (0.2 each) and
 // batches of 64. One warm-up run of each pipeline precedes the timed ones (page cache, allocator,
 // buffer pools). --json OUT also writes the rows as a JSON list:
@@ -22,6 +27,7 @@
 //   build/bench/bench_data_path --manifest data/ifct2017/manifest.csv
 //     --manifest data/synthetic-640x360/manifest.csv --reps 5 --epochs 4 --json bench.json
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -31,6 +37,11 @@
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "stages/data/augment.hpp"
+#include "stages/data/dataset.hpp"
+#include "stages/data/jpeg_crop.hpp"
+#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/normalizer.hpp"
 
 namespace {
 
@@ -79,6 +90,67 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+/// Microseconds per image of each step, on this thread (see --breakdown above).
+void print_breakdown(const std::string& manifest, int size, int reps) {
+  using flowtrain::data::Image;
+  std::vector<std::vector<std::uint8_t>> files;
+  for (const auto& entry : flowtrain::data::read_csv_manifest(manifest).entries) {
+    std::vector<std::uint8_t> buffer;
+    std::span<const std::uint8_t> bytes;
+    if (!flowtrain::data::read_file(entry.path, buffer, bytes)) {
+      files.emplace_back(bytes.begin(), bytes.end());
+    }
+  }
+  flowtrain::data::AugmentPolicy::Options options;
+  options.brightness = options.contrast = options.saturation = 0.2;
+  const flowtrain::data::AugmentPolicy policy(options);
+  const flowtrain::data::Normalizer normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225});
+  flowtrain::data::JpegCropDecoder decoder;
+  flowtrain::data::AugmentParams dot;  // a 1-pixel crop at the top left
+  dot.crop_w = dot.crop_h = 1e-6f;
+  Image decoded, view;
+  std::vector<float> row(3 * static_cast<std::size_t>(size) * static_cast<std::size_t>(size));
+  std::map<std::string, std::vector<double>> us;
+  const std::vector<std::string> steps = {"whole decode (DCT rule)", "crop decode",
+                                          "entropy floor (1-pixel crop)", "render view",
+                                          "normalise"};
+  for (int r = 0; r <= reps; ++r) {  // the first pass warms up
+    std::map<std::string, double> total;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      const auto time = [&](const std::string& step, auto&& body) {
+        const auto begin = std::chrono::steady_clock::now();
+        body();
+        total[step] +=
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin)
+                .count();
+      };
+      time(steps[0], [&] { flowtrain::data::decode_image(files[i], {size}, decoded); });
+      flowtrain::data::PixelRect crop;
+      flowtrain::data::AugmentParams params;
+      time(steps[2], [&] {
+        if (decoder.read_header(files[i], 100'000'000)) decoder.decode(dot, size, decoded, crop);
+      });
+      time(steps[1], [&] {
+        if (decoder.read_header(files[i], 100'000'000)) {
+          params = policy.draw(i, 0, decoder.aspect());
+          decoder.decode(params, size, decoded, crop);
+        }
+      });
+      time(steps[3], [&] {
+        flowtrain::data::render_view(decoded, crop, params, size, view,
+                                     flowtrain::data::Resample::kAreaFrom2x);
+      });
+      time(steps[4], [&] { normalize(view, row.data()); });
+    }
+    if (r == 0) continue;
+    for (const auto& [step, t] : total) us[step].push_back(t / static_cast<double>(files.size()));
+  }
+  std::printf("\n| size | step (1 thread, bytes in memory) | us per image |\n|---:|---|---:|\n");
+  for (const std::string& step : steps) {
+    std::printf("| %d | %s | %.1f |\n", size, step.c_str(), median(us[step]));
+  }
+}
+
 std::string json_string(const std::string& text) {
   std::string out = "\"";
   for (const char ch : text) {
@@ -95,6 +167,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   int reps = 3;
   int epochs = 1;
+  bool breakdown = false;
   std::size_t threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -106,11 +179,13 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--epochs" && i + 1 < argc) {
       epochs = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--breakdown") {
+      breakdown = true;
     } else if (arg == "--threads" && i + 1 < argc) {
       threads = static_cast<std::size_t>(std::max(1, std::atoi(argv[++i])));
     } else {
       std::cerr << "usage: bench_data_path --manifest CSV [--manifest CSV ...] [--reps N] "
-                   "[--epochs N] [--threads N] [--json OUT]\n";
+                   "[--epochs N] [--threads N] [--json OUT] [--breakdown]\n";
       return 2;
     }
   }
@@ -147,6 +222,9 @@ int main(int argc, char** argv) {
           json += row;
         }
         std::fflush(stdout);
+      }
+      if (breakdown) {
+        for (const int size : {112, 224}) print_breakdown(manifest, size, reps);
       }
     }
     json += "\n]\n";

@@ -67,36 +67,4 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   std::int64_t targets_ = -1;  // target count, fixed by the first sample (under open_mutex_)
 };
 
-/// Emits the batches `decode_crop` filled, in order: a batch leaves when its last row arrives,
-/// or, when drops took its last rows, when the next batch begins or the input ends. The rows of
-/// a batch that lost samples are moved up to close the gaps (the only copy, and only then).
-/// Its `batch_size` must be decode_crop's (it plans the batch count before the run).
-class AssembleBatchStage final : public FlatMap<BatchRow, Batch> {
- public:
-  explicit AssembleBatchStage(const Params& params);
-  static StageDoc describe();
-  bool requires_order() const override { return true; }
-  /// Batches from the expected rows: floor(n / batch_size), or ceil without drop_last.
-  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> rows) override;
-
- protected:
-  void process(BatchRow&& row, Emitter<Batch>& out) override;
-  void finish(Emitter<Batch>& out) override;
-
- private:
-  void emit(Emitter<Batch>& out, std::uint64_t end_position);
-
-  std::int64_t batch_size_;
-  bool drop_last_;
-  // The batch being assembled.
-  std::shared_ptr<BatchBuffers> buffers_;
-  std::uint64_t batch_ = 0;
-  std::int64_t filled_ = 0;
-  std::uint64_t start_position_ = 0;  // source position of the batch's first row, dropped or not
-  std::uint64_t last_position_ = 0;
-  std::vector<ViewKey> views_;
-  std::vector<std::string> paths_;
-  std::uint64_t next_number_ = 0;
-};
-
 }  // namespace flowtrain::data

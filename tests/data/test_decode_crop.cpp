@@ -6,12 +6,17 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <map>
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "graph/registry.hpp"
+#include "stages/data/assemble_batch.hpp"
 #include "stages/data/augment.hpp"
 #include "stages/data/decode_crop.hpp"
 #include "stages/data/jpeg_crop.hpp"
@@ -144,13 +149,16 @@ Params crop_params(std::int64_t batch, int size) {
 Batches run_crop_path(std::unique_ptr<Stage> source,
                       std::size_t concurrency,
                       std::int64_t batch,
-                      int size = 32) {
+                      int size = 32,
+                      const std::function<void(Params&)>& adjust = {}) {
   Batches got;
+  Params crop = crop_params(batch, size);
+  if (adjust) adjust(crop);
   Params assemble = Params::defaults(AssembleBatchStage::describe().params);
   assemble.set("batch_size", batch);
   Pipeline p;
   p.add("source", std::move(source));
-  p.add("crop", std::make_unique<DecodeCropStage>(crop_params(batch, size)),
+  p.add("crop", std::make_unique<DecodeCropStage>(crop),
         {.concurrency = concurrency, .queue_capacity = 4});
   p.add("assemble", std::make_unique<AssembleBatchStage>(assemble));
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
@@ -269,6 +277,47 @@ TEST_CASE("Data.JpegCrop.BadDataInsideOrOutsideTheCropIsRefused") {
   }
   // A refusal leaves the decoder usable for the next image.
   CHECK(!crop_view(good, top_left, 32).empty());
+}
+
+TEST_CASE("Data.DecodeCrop.GrayCmykAndPngAllBecomeRows" * doctest::timeout(60)) {
+  const Image rgb = render_synthetic_image(1, 4, 96, 72, 7, 1);  // the picture of photo(96, 72, 1)
+  const Bytes gray = encode_gray_jpeg(rgb, 90);
+  const Bytes cmyk = encode_cmyk_jpeg(rgb, 90);
+  cv::Mat bgr;
+  cv::cvtColor(cv::Mat(72, 96, CV_8UC3, const_cast<std::uint8_t*>(rgb.pixels.data())), bgr,
+               cv::COLOR_RGB2BGR);
+  Bytes png;
+  REQUIRE(cv::imencode(".png", bgr, png));
+
+  JpegCropDecoder decoder;
+  CHECK(decoder.read_header(gray, 100'000'000));   // libjpeg expands gray to RGB itself
+  CHECK(!decoder.read_header(cmyk, 100'000'000));  // CMYK: the whole-image decoder's job
+  CHECK(!decoder.read_header(png, 100'000'000));
+  const Image gray_view = crop_view(gray, region(0.1f, 0.2f, 0.6f, 0.7f), 24);
+  REQUIRE(gray_view.width == 24);
+  for (std::size_t i = 0; i < gray_view.pixels.size(); i += 3) {
+    CHECK(gray_view.pixels[i] == gray_view.pixels[i + 1]);
+    CHECK(gray_view.pixels[i] == gray_view.pixels[i + 2]);
+  }
+
+  const Batches got = run_crop_path(
+      std::make_unique<BytesSource>(std::vector<Bytes>{photo(96, 72, 1), gray, cmyk, png},
+                                    std::vector<std::uint64_t>{}),
+      2, 4, 24, [](Params& p) {  // every view the whole 4:3 image, unflipped, unjittered
+        p.set("scale", std::vector<double>{1, 1});
+        p.set("ratio", std::vector<double>{4.0 / 3, 4.0 / 3});
+        p.set("flip", 0.0);
+        p.set("brightness", 0.0);
+        p.set("saturation", 0.0);
+      });
+  CHECK(got.report.stages[1].dropped == 0);
+  REQUIRE(got.images.size() == 1);
+  CHECK(got.images[0].size(0) == 4);
+  // Rows 2 and 3 (CMYK, PNG) hold the same picture as row 0 (the colour JPEG) up to coding.
+  for (const std::int64_t row : {2, 3}) {
+    CAPTURE(row);
+    CHECK((got.images[0][row] - got.images[0][0]).abs().mean().item<double>() < 0.1);
+  }
 }
 
 TEST_CASE("Data.DecodeCrop.BadFilesDroppedWithTheWholeDecodersReason" * doctest::timeout(60)) {
