@@ -118,8 +118,9 @@ void render_view(const Image& in,
   out.channels = 3;
   out.pixels.resize(static_cast<std::size_t>(size) * size * 3);
   cv::Mat dst(size, size, CV_8UC3, out.pixels.data());
-  const int area_from = resample == Resample::kAreaFrom2x ? 2 * size : size + 1;
-  const bool area = crop.width >= area_from || crop.height >= area_from;
+  const bool area = resample == Resample::kAreaWhenShrinking
+                        ? crop.width > size || crop.height > size
+                        : std::min(crop.width, crop.height) >= 2 * size;
   cv::resize(src(cv::Rect(crop.x, crop.y, crop.width, crop.height)), dst, dst.size(), 0, 0,
              area ? cv::INTER_AREA : cv::INTER_LINEAR);
   if (p.flip) cv::flip(dst, dst, 1);

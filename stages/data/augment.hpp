@@ -54,8 +54,9 @@ PixelRect crop_rect(const AugmentParams& params, int width, int height);
 enum class Resample {
   /// Area interpolation whenever it shrinks, bilinear when it enlarges (`augment`).
   kAreaWhenShrinking,
-  /// Area interpolation only when it shrinks by 2 or more, else bilinear: for a crop the DCT
-  /// already scaled to less than twice the size (`decode_crop`). OpenCV's area resize by a
+  /// Area interpolation only when both sides shrink by 2 or more, else bilinear: for a crop
+  /// the DCT already scaled so that its shorter side is less than twice the size (`decode_crop`;
+  /// the longer side, at most 4/3 of it, shrinks by less than 2.7). OpenCV's area resize by a
   /// fraction costs 5-7x its bilinear one.
   kAreaFrom2x,
 };
