@@ -29,41 +29,22 @@ void AssembleBatchStage::process(BatchRow&& row, Emitter<Batch>& out) {
                 " rows; give both stages the same batch_size");
   }
   // Drops took the last rows of the batch being assembled: it is complete.
-  if (buffers_ && row.batch != batch_) emit(out, start_position_ + batch_size_);
-  if (!buffers_) {
-    buffers_ = std::move(row.buffers);
-    batch_ = row.batch;
+  if (batch_.open() && row.batch != number_) out.emit(batch_.take(start_position_ + batch_size_));
+  if (!batch_.open()) {
+    batch_.start(std::move(row.buffers), batch_size_);
+    number_ = row.batch;
     start_position_ = row.position - static_cast<std::uint64_t>(row.row);
-    views_.reserve(static_cast<std::size_t>(batch_size_));
-    paths_.reserve(static_cast<std::size_t>(batch_size_));
   }
-  if (row.row != filled_) move_row(*buffers_, row.row, filled_);  // close a gap left by a drop
-  views_.push_back(row.view);
-  paths_.push_back(std::move(row.path));
+  const std::int64_t to = batch_.rows();
+  if (row.row != to) move_row(batch_.buffers(), row.row, to);  // close a gap left by a drop
+  batch_.add(row.view, std::move(row.path));
   last_position_ = row.position;
-  ++filled_;
-  if (row.row == batch_size_ - 1) emit(out, start_position_ + batch_size_);
+  if (row.row == batch_size_ - 1) out.emit(batch_.take(start_position_ + batch_size_));
 }
 
 void AssembleBatchStage::finish(Emitter<Batch>& out) {
-  if (buffers_ && !drop_last_) emit(out, last_position_ + 1);
-  buffers_.reset();
-  filled_ = 0;
-  views_ = {};
-  paths_ = {};
-}
-
-void AssembleBatchStage::emit(Emitter<Batch>& out, std::uint64_t end_position) {
-  Batch batch;
-  batch.number = next_number_++;
-  batch.end_position = end_position;
-  batch.views = std::move(views_);
-  batch.paths = std::move(paths_);
-  finish_batch(batch, std::move(buffers_), filled_);
-  filled_ = 0;
-  views_ = {};
-  paths_ = {};
-  out.emit(std::move(batch));
+  if (batch_.open() && !drop_last_) out.emit(batch_.take(last_position_ + 1));
+  batch_.discard();
 }
 
 FLOWTRAIN_REGISTER_STAGE("assemble_batch", AssembleBatchStage);

@@ -8,6 +8,7 @@
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/data/batch_pool.hpp"
 
 namespace flowtrain::data {
 
@@ -28,19 +29,12 @@ class AssembleBatchStage final : public FlatMap<BatchRow, Batch> {
   void finish(Emitter<Batch>& out) override;
 
  private:
-  void emit(Emitter<Batch>& out, std::uint64_t end_position);
-
   std::int64_t batch_size_;
   bool drop_last_;
-  // The batch being assembled.
-  std::shared_ptr<BatchBuffers> buffers_;
-  std::uint64_t batch_ = 0;
-  std::int64_t filled_ = 0;
-  std::uint64_t start_position_ = 0;  // source position of the batch's first row, dropped or not
-  std::uint64_t last_position_ = 0;
-  std::vector<ViewKey> views_;
-  std::vector<std::string> paths_;
-  std::uint64_t next_number_ = 0;
+  BatchFiller batch_;
+  std::uint64_t number_ = 0;          // decode_crop's number of the batch being assembled
+  std::uint64_t start_position_ = 0;  // source position of its first row, dropped or not
+  std::uint64_t last_position_ = 0;   // of the last row added
 };
 
 }  // namespace flowtrain::data

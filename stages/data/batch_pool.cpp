@@ -106,10 +106,38 @@ BatchPool::Stats BatchPool::stats() const {
   return stats_;
 }
 
-void finish_batch(Batch& batch, std::shared_ptr<BatchBuffers> buffers, std::int64_t rows) {
-  batch.images = buffers->images.narrow(0, 0, rows);
-  batch.labels = buffers->labels.narrow(0, 0, rows);
-  batch.targets = buffers->targets.narrow(0, 0, rows);
+void BatchFiller::start(std::shared_ptr<BatchBuffers> buffers, std::int64_t capacity) {
+  buffers_ = std::move(buffers);
+  rows_ = 0;
+  // The last batch took the vectors; size the new ones once rather than grow them per row.
+  views_.reserve(static_cast<std::size_t>(capacity));
+  paths_.reserve(static_cast<std::size_t>(capacity));
+}
+
+void BatchFiller::add(const ViewKey& view, std::string path) {
+  views_.push_back(view);
+  paths_.push_back(std::move(path));
+  ++rows_;
+}
+
+void BatchFiller::discard() {
+  buffers_.reset();
+  rows_ = 0;
+  views_ = {};
+  paths_ = {};
+}
+
+Batch BatchFiller::take(std::uint64_t end_position) {
+  Batch batch;
+  batch.number = next_number_++;
+  batch.end_position = end_position;
+  batch.views = std::move(views_);
+  batch.paths = std::move(paths_);
+  std::shared_ptr<BatchBuffers> buffers = std::move(buffers_);
+  batch.images = buffers->images.narrow(0, 0, rows_);
+  batch.labels = buffers->labels.narrow(0, 0, rows_);
+  batch.targets = buffers->targets.narrow(0, 0, rows_);
+  discard();
 #if FLOWTRAIN_WITH_CUDA
   if (wants_cuda(buffers->device)) {
     // Copy on a side stream so it overlaps the model's work on the default stream; this thread
@@ -125,6 +153,7 @@ void finish_batch(Batch& batch, std::shared_ptr<BatchBuffers> buffers, std::int6
   }
 #endif
   batch.lease = std::move(buffers);
+  return batch;
 }
 
 void move_row(BatchBuffers& buffers, std::int64_t from, std::int64_t to) {

@@ -55,10 +55,34 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
 /// The `pool_size`, `wait_timeout_s` and `device` params of the stages that fill a BatchPool.
 std::vector<ParamSpec> batch_pool_param_specs();
 
-/// Emits what a pooled buffer holds as a Batch: its first `rows` rows, and the lease. Where the
-/// buffers' device is CUDA (only where LibTorch has CUDA), the tensors are copied to it with
-/// non_blocking on a side stream and the pinned buffer goes back to the pool at once.
-void finish_batch(Batch& batch, std::shared_ptr<BatchBuffers> buffers, std::int64_t rows);
+/// The batch a serial batcher (collate, assemble_batch) is filling: its pooled buffers, its rows'
+/// view keys and paths, and the numbering of the batches it hands out.
+class BatchFiller {
+ public:
+  bool open() const { return buffers_ != nullptr; }
+  /// Begins a batch in `buffers`, of at most `capacity` rows.
+  void start(std::shared_ptr<BatchBuffers> buffers, std::int64_t capacity);
+  BatchBuffers& buffers() { return *buffers_; }
+  /// Rows added so far: the next row to fill.
+  std::int64_t rows() const { return rows_; }
+  /// Counts the row just written, with its view key and path.
+  void add(const ViewKey& view, std::string path);
+
+  /// The rows added so far as a Batch that resumes at source position `end_position`, holding
+  /// the lease; closes the batch. Where the buffers' device is CUDA (only where LibTorch has
+  /// CUDA), the tensors are copied to it with non_blocking on a side stream and the pinned
+  /// buffer goes back to the pool at once.
+  Batch take(std::uint64_t end_position);
+  /// Drops the batch being filled, if any (its buffers go back to the pool).
+  void discard();
+
+ private:
+  std::shared_ptr<BatchBuffers> buffers_;
+  std::int64_t rows_ = 0;
+  std::vector<ViewKey> views_;
+  std::vector<std::string> paths_;
+  std::uint64_t next_number_ = 0;
+};
 
 /// Moves row `from` of the buffers to row `to` (images, labels, targets): closes the gap a
 /// dropped sample left in a batch.

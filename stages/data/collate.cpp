@@ -17,9 +17,9 @@ CollateStage::CollateStage(const Params& params)
 }
 
 StageDoc CollateStage::describe() {
-  std::vector<ParamSpec> params = {int_param("batch_size", 64, "samples per batch", 1),
-                                   bool_param("drop_last", false,
-                                              "drop the last batch if it is smaller")};
+  std::vector<ParamSpec> params = {
+      int_param("batch_size", 64, "samples per batch", 1),
+      bool_param("drop_last", false, "drop the last batch if it is smaller")};
   for (auto* specs : {&normalize_param_specs, &batch_pool_param_specs}) {
     for (ParamSpec& spec : specs()) params.push_back(std::move(spec));
   }
@@ -47,21 +47,19 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
                 std::to_string(height_) + " with " + std::to_string(targets_) +
                 "; give augment a fixed size");
   }
-  if (!buffers_) {
-    buffers_ = pool_->acquire(batch_size_, 3, height_, width_, targets_, wait_timeout_s_);
-    // The last batch took the vectors; size the new ones once rather than grow them per sample.
-    views_.reserve(static_cast<std::size_t>(batch_size_));
-    paths_.reserve(static_cast<std::size_t>(batch_size_));
+  if (!batch_.open()) {
+    batch_.start(pool_->acquire(batch_size_, 3, height_, width_, targets_, wait_timeout_s_),
+                 batch_size_);
   }
-
-  normalize_(img, buffers_->images.data_ptr<float>() + filled_ * 3 * height_ * width_);
-  buffers_->labels.data_ptr<std::int64_t>()[filled_] = sample.label;
+  BatchBuffers& buffers = batch_.buffers();
+  const std::int64_t row = batch_.rows();
+  normalize_(img, buffers.images.data_ptr<float>() + row * 3 * height_ * width_);
+  buffers.labels.data_ptr<std::int64_t>()[row] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),
-            buffers_->targets.data_ptr<float>() + filled_ * targets_);
-  views_.push_back({sample.index, sample.epoch, sample.augment});
+            buffers.targets.data_ptr<float>() + row * targets_);
+  batch_.add({sample.index, sample.epoch, sample.augment}, std::move(sample.path));
   end_position_ = sample.position + 1;
-  paths_.push_back(std::move(sample.path));
-  if (++filled_ == batch_size_) emit(out);
+  if (batch_.rows() == batch_size_) out.emit(batch_.take(end_position_));
 }
 
 std::optional<std::uint64_t> CollateStage::plan(std::optional<std::uint64_t> samples) {
@@ -71,22 +69,8 @@ std::optional<std::uint64_t> CollateStage::plan(std::optional<std::uint64_t> sam
 }
 
 void CollateStage::finish(Emitter<Batch>& out) {
-  if (filled_ > 0 && !drop_last_) emit(out);
-  buffers_.reset();
-  filled_ = 0;
-}
-
-void CollateStage::emit(Emitter<Batch>& out) {
-  Batch batch;
-  batch.number = next_number_++;
-  batch.end_position = end_position_;
-  batch.views = std::move(views_);
-  batch.paths = std::move(paths_);
-  finish_batch(batch, std::move(buffers_), filled_);
-  filled_ = 0;
-  views_ = {};
-  paths_ = {};
-  out.emit(std::move(batch));
+  if (batch_.open() && !drop_last_) out.emit(batch_.take(end_position_));
+  batch_.discard();
 }
 
 FLOWTRAIN_REGISTER_STAGE("collate", CollateStage);

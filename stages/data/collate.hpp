@@ -31,20 +31,13 @@ class CollateStage final : public FlatMap<Sample, Batch> {
   void finish(Emitter<Batch>& out) override;
 
  private:
-  void emit(Emitter<Batch>& out);
-
   std::int64_t batch_size_;
   bool drop_last_;
   Normalizer normalize_;
   double wait_timeout_s_;
   std::shared_ptr<BatchPool> pool_;
 
-  // The batch being filled.
-  std::shared_ptr<BatchPool::Buffers> buffers_;
-  std::int64_t filled_ = 0;
-  std::vector<ViewKey> views_;
-  std::vector<std::string> paths_;
-  std::uint64_t next_number_ = 0;
+  BatchFiller batch_;
   std::uint64_t end_position_ = 0;  // source position after the last sample taken
   // Shape fixed by the first sample.
   std::int64_t height_ = 0, width_ = 0, targets_ = -1;

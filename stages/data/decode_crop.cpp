@@ -32,8 +32,8 @@ CropScratch& crop_scratch() {
   return scratch;
 }
 
-/// Batches being filled at once: by the workers, plus those waiting for a drop to be known.
-/// A slot is reused once its batch's rows have all left (its weak pointer expired).
+/// Room reserved for the batches being filled at once (more grow the list). A slot is reused
+/// once its batch's rows have all left (its weak pointer expired).
 constexpr std::size_t kOpenBatches = 64;
 
 }  // namespace

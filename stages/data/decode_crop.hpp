@@ -39,9 +39,6 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   explicit DecodeCropStage(const Params& params);
   static StageDoc describe();
 
-  /// Samples processed so far, and how many of them were bad.
-  std::uint64_t seen() const { return policy_.seen(); }
-  std::uint64_t bad() const { return policy_.bad(); }
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
 
  protected:

@@ -400,6 +400,31 @@ TEST_CASE("Data.DecodeCrop.DropLeavesItsBatchShorterAndKeepsTheOthers" * doctest
   CHECK(at::equal(got.images[0][5], clean.images[0][6]));
 }
 
+TEST_CASE("Data.DecodeCrop.InFlightBatchesNeverExceedThePool" * doctest::timeout(120)) {
+  // The slow sink's queue could hold 4 batches, more than the pool of 3: decode_crop must wait
+  // for buffers to come back rather than allocate, and still deliver every batch.
+  std::vector<Bytes> images(60, photo(64, 48, 3));
+  Params params = crop_params(4, 16);
+  params.set("pool_size", std::int64_t{3});
+  auto crop = std::make_unique<DecodeCropStage>(params);
+  DecodeCropStage& stage = *crop;
+  Params assemble = Params::defaults(AssembleBatchStage::describe().params);
+  assemble.set("batch_size", std::int64_t{4});
+  Pipeline p;
+  p.add("source", std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}));
+  p.add("crop", std::move(crop), {.concurrency = 2, .queue_capacity = 2});
+  p.add("assemble", std::make_unique<AssembleBatchStage>(assemble), {.queue_capacity = 2});
+  p.add("slow_sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
+          CHECK(b.size() == 4);
+          testing::sleep_us(3000);
+        }),
+        {.queue_capacity = 4});
+  const RunReport r = p.run({.threads = 2});
+  CHECK(r.stages[3].items_in == 15);
+  CHECK(stage.pool_stats().allocated == 3);
+  CHECK(stage.pool_stats().peak_in_use <= 3);
+}
+
 TEST_CASE("Data.DecodeCrop.SameBatchesAsDecodeAugmentCollate" * doctest::timeout(120)) {
   // The same samples in the same rows with the same views; pixels within resampling.
   testing::TempDir dir("decode-crop-same");
