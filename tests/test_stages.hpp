@@ -9,9 +9,11 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "graph/registry.hpp"
 #include "graph/stage.hpp"
 
 namespace flowtrain::testing {
@@ -100,6 +102,17 @@ class ProbeSink final : public Sink<In> {
  private:
   Body body_;
 };
+
+/// Registers a ProbeSink<In> running `body` as stage type `type` in `registry`, for YAML
+/// configs in tests:  add_probe_sink<Batch>(registry, "sink", [&](Batch&& b, ItemContext&) {...});
+template <class In>
+void add_probe_sink(Registry& registry,
+                    const std::string& type,
+                    std::function<void(In&&, ItemContext&)> body) {
+  registry.add({type, {"a test's probe", {}}, Sink<In>::static_shape(), [body](const Params&) {
+                  return std::unique_ptr<Stage>(new ProbeSink<In>(body));
+                }});
+}
 
 /// Records the sequence numbers and values it receives, in arrival order.
 class RecordSink final : public Sink<std::uint64_t> {

@@ -277,14 +277,11 @@ TEST_CASE("Data.Path.BatchesBitIdenticalWithRealJpegsForConcurrency1And4" * doct
         "  - {type: sink}\n";
     Registry registry = Registry::global();
     Collected got;
-    registry.add({"sink", {"keeps batches", {}}, Sink<Batch>::static_shape(), [&](const Params&) {
-                    return std::unique_ptr<Stage>(
-                        new testing::ProbeSink<Batch>([&](Batch&& b, ItemContext&) {
-                          got.images.push_back(b.images.clone());
-                          got.labels.push_back(b.labels.clone());
-                          got.views.push_back(b.views);
-                        }));
-                  }});
+    testing::add_probe_sink<Batch>(registry, "sink", [&](Batch&& b, ItemContext&) {
+      got.images.push_back(b.images.clone());
+      got.labels.push_back(b.labels.clone());
+      got.views.push_back(b.views);
+    });
     const PipelineConfig config = parse_pipeline_config(yaml, "path.yaml", {}, registry);
     const RunReport report = build_pipeline(config, registry)->run(config.run);
     CHECK(report.stages[1].dropped == 12);  // 6 broken files, 2 epochs

@@ -176,15 +176,12 @@ Batches run_crop_path(std::unique_ptr<Stage> source,
 Batches run_yaml(const std::string& source, const std::string& stages) {
   Registry registry = Registry::global();
   Batches got;
-  registry.add({"sink", {"keeps batches", {}}, Sink<Batch>::static_shape(), [&](const Params&) {
-                  return std::unique_ptr<Stage>(
-                      new testing::ProbeSink<Batch>([&](Batch&& b, ItemContext&) {
-                        got.images.push_back(b.images.clone());
-                        got.labels.push_back(b.labels.clone());
-                        got.views.push_back(b.views);
-                        got.end_positions.push_back(b.end_position);
-                      }));
-                }});
+  testing::add_probe_sink<Batch>(registry, "sink", [&](Batch&& b, ItemContext&) {
+    got.images.push_back(b.images.clone());
+    got.labels.push_back(b.labels.clone());
+    got.views.push_back(b.views);
+    got.end_positions.push_back(b.end_position);
+  });
   const std::string yaml = "threads: 2\nstages:\n" + source + stages + "  - {type: sink}\n";
   const PipelineConfig config = parse_pipeline_config(yaml, "test.yaml", {}, registry);
   got.report = build_pipeline(config, registry)->run(config.run);
