@@ -255,6 +255,30 @@ YAML::Node find_named(YAML::Node list,
               known + ")");
 }
 
+// Throws if a YAML alias makes `node` contain itself (`&a {threads: *a}`): every walk over the
+// config would then recurse without end.
+void reject_alias_cycles(const YAML::Node& node,
+                         const std::string& origin,
+                         std::vector<YAML::Node>& ancestors) {
+  if (!node.IsMap() && !node.IsSequence()) return;
+  for (const YAML::Node& ancestor : ancestors) {
+    if (ancestor.is(node)) {
+      throw Error(origin + ":" + std::to_string(node.Mark().line + 1) +
+                  ": a YAML alias refers to a node that contains it (an endless cycle)");
+    }
+  }
+  ancestors.push_back(node);
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    reject_alias_cycles(node.IsMap() ? it->second : *it, origin, ancestors);
+  }
+  ancestors.pop_back();
+}
+
+void reject_alias_cycles(const YAML::Node& node, const std::string& origin) {
+  std::vector<YAML::Node> ancestors;
+  reject_alias_cycles(node, origin, ancestors);
+}
+
 void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0) {
@@ -274,6 +298,7 @@ void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
     throw Error("override '" + text + "': value is not valid YAML: " + e.msg);
   }
   if (!value.IsDefined() || value.IsNull()) value.reset(YAML::Node(std::string()));
+  reject_alias_cycles(value, "override '" + text + "'");
 
   // yaml-cpp's Node::operator= assigns content; reset() rebinds the handle.
   YAML::Node node = root;
@@ -559,6 +584,7 @@ YAML::Node load_root(const std::string& text,
     throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
   if (!root.IsDefined() || root.IsNull()) throw Error(origin + ": the config is empty");
+  reject_alias_cycles(root, origin);
   for (const std::string& text_override : overrides) {
     if (!root.IsMap()) break;  // validate() reports it
     apply_override(root, text_override, loc);

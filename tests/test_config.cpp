@@ -89,6 +89,20 @@ TEST_CASE("Config.Valid.ParsesEverything") {
   CHECK(r.stages[3].items_in == 13);  // 12 batches of 8 and one of 4
 }
 
+TEST_CASE("Config.Errors.SelfReferencingAliasIsAnErrorNotACrash") {
+  // Every walk over such a config recursed until the stack ran out (exit 139).
+  CHECK(error_of("&a {threads: *a}\n") ==
+        "cfg.yaml:1: a YAML alias refers to a node that contains it (an endless cycle)");
+  CHECK(error_of("stages:\n  - &s {type: spin, params: {next: [*s]}}\n") ==
+        "cfg.yaml:2: a YAML alias refers to a node that contains it (an endless cycle)");
+  CHECK(error_of(kGood, {"threads=&b [*b]"}) ==
+        "override 'threads=&b [*b]':1: a YAML alias refers to a node that contains it (an "
+        "endless cycle)");
+  // An alias to a node elsewhere is no cycle.
+  CHECK(error_of(replace(replace(kGood, "threads: 2", "threads: &d 2"), "count: 100", "count: *d"))
+            .empty());
+}
+
 TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
   SUBCASE("unknown stage type") {
     CHECK(error_of(replace(kGood, "type: spin", "type: spni")) ==

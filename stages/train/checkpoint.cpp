@@ -206,13 +206,15 @@ void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Op
   }
 }
 
-std::vector<std::string> step_checkpoints(const std::string& dir) {
+std::vector<std::string> step_checkpoints(const std::string& dir, int rank) {
+  const std::string suffix = rank_file(".pt", rank);  // ".pt", ".pt.rank1", ...
+  const std::size_t size = step_checkpoint_name(0).size() - 3 + suffix.size();
   std::vector<std::string> paths;
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() == step_checkpoint_name(0).size() && name.rfind("step-", 0) == 0 &&
-        name.substr(name.size() - 3) == ".pt") {
+    if (name.size() == size && name.rfind("step-", 0) == 0 &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       paths.push_back(entry.path().string());
     }
   }

@@ -61,8 +61,9 @@ ViT load_model(const Checkpoint& checkpoint);
 /// global CPU random generator. Throws Error if the model's shape differs from the file's.
 void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer);
 
-/// The "step-N.pt" files in `dir` (rank 0's), oldest first; empty if none or no folder.
-std::vector<std::string> step_checkpoints(const std::string& dir);
+/// The step files of rank `rank` in `dir` ("step-N.pt", or "step-N.pt.rankR" for R > 0),
+/// oldest first; empty if none or no folder.
+std::vector<std::string> step_checkpoints(const std::string& dir, int rank = 0);
 
 /// The newest checkpoint in `dir`: "final.pt" if present, else the "step-N.pt" with the
 /// highest N; std::nullopt if there is none (or no folder). With world_size > 1 only a

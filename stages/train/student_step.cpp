@@ -349,12 +349,12 @@ void StudentStepStage::save(const std::string& name) {
   const std::string path = (fs::path(checkpoint_dir_) / name).string();
   step_log_.flush();
   save_checkpoint(rank_file(path, rank_), model_, &optimizer(), state_);
-  // Keep the newest keep_checkpoints step files; final.pt is never deleted.
-  const std::vector<std::string> steps = step_checkpoints(checkpoint_dir_);
+  // Keep this rank's newest keep_checkpoints step files (each rank prunes its own: listing rank
+  // 0's would miss the files whose rank-0 twin another process already removed); final.pt is
+  // never deleted.
+  const std::vector<std::string> steps = step_checkpoints(checkpoint_dir_, rank_);
   std::error_code ec;
-  for (std::size_t i = 0; i + keep_checkpoints_ < steps.size(); ++i) {
-    fs::remove(rank_file(steps[i], rank_), ec);
-  }
+  for (std::size_t i = 0; i + keep_checkpoints_ < steps.size(); ++i) fs::remove(steps[i], ec);
   checkpoint_s_ += seconds(begin, Clock::now());
 }
 

@@ -103,6 +103,12 @@ TEST_CASE("Dist.DataParallel.TwoRanksMatchOneRankAndZero" * doctest::timeout(600
   const double shard_mb = printed(zero_run.output, "optimizer_state_mb");
   MESSAGE("optimizer state per rank: " << full_mb << " MB unsharded, " << shard_mb << " MB ZeRO-1");
   CHECK(shard_mb / full_mb == doctest::Approx(0.5).epsilon(0.15));
+  // keep_checkpoints prunes every rank's step files, not rank 0's alone.
+  const std::vector<std::string> rank0 = step_checkpoints(dir / "zero", 0);
+  const std::vector<std::string> rank1 = step_checkpoints(dir / "zero", 1);
+  CHECK(rank0.size() == 3);
+  REQUIRE(rank1.size() == rank0.size());
+  for (std::size_t i = 0; i < rank0.size(); ++i) CHECK(rank1[i] == rank0[i] + ".rank1");
 
   // Resume the ZeRO run from its step-6 files (each rank reads its own optimizer shard).
   fs::copy_file(dir / "zero/final.pt", dir / "zero-whole.pt");
