@@ -117,6 +117,12 @@ StudentStepStage::StudentStepStage(const Params& params)
     std::error_code ec;
     fs::create_directories(checkpoint_dir_, ec);
     if (ec) throw Error("cannot create checkpoint_dir " + checkpoint_dir_ + ": " + ec.message());
+    // Each rank claims its own lock: a second job into the folder fails at once, by name.
+    try {
+      lock_ = std::make_unique<FolderLock>(checkpoint_dir_, rank_file(".lock", rank_));
+    } catch (const Error& e) {
+      throw Error(std::string("checkpoint_dir ") + e.what());
+    }
   }
   if (params.get_bool("resume")) {
     if (const std::optional<std::string> path = latest_checkpoint(checkpoint_dir_, world_size_)) {

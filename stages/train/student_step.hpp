@@ -11,6 +11,7 @@
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/folder_lock.hpp"
 #include "stages/train/kd_loss.hpp"
 #include "stages/train/optimizer.hpp"
 #include "stages/train/vit.hpp"
@@ -84,6 +85,7 @@ class StudentStepStage final : public SerialSink<data::Batch> {
   bool bf16_;
   std::uint64_t configured_total_steps_;
   std::string checkpoint_dir_;
+  std::unique_ptr<FolderLock> lock_;  // this run's claim on checkpoint_dir_
   std::uint64_t checkpoint_every_;
   std::uint64_t keep_checkpoints_;
   std::uint64_t snapshot_every_;
