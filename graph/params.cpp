@@ -82,6 +82,14 @@ ParamSpec float_list_param(std::string name, std::vector<double> default_value, 
   return {std::move(name), ParamType::kFloatList, std::move(default_value), std::move(doc)};
 }
 
+std::vector<ParamSpec> join_params(std::vector<std::vector<ParamSpec>> groups) {
+  std::vector<ParamSpec> joined;
+  for (std::vector<ParamSpec>& group : groups) {
+    for (ParamSpec& spec : group) joined.push_back(std::move(spec));
+  }
+  return joined;
+}
+
 Params Params::defaults(const std::vector<ParamSpec>& specs) {
   Params params;
   for (const ParamSpec& spec : specs) params.set(spec.name, spec.default_value);

@@ -17,9 +17,9 @@ enum class ParamType {
   kFloat,
   kBool,
   kString,
-  kPath,       // a string naming a file or folder that must exist (empty = not given)
-  kOutputPath, // a file or folder the run writes, or an earlier phase wrote (need not exist)
-  kFloatList,  // [0.485, 0.456, 0.406]
+  kPath,        // a string naming a file or folder that must exist (empty = not given)
+  kOutputPath,  // a file or folder the run writes, or an earlier phase wrote (need not exist)
+  kFloatList,   // [0.485, 0.456, 0.406]
 };
 
 const char* to_string(ParamType type);
@@ -56,6 +56,10 @@ ParamSpec string_param(std::string name,
 ParamSpec path_param(std::string name, std::string doc);
 ParamSpec output_path_param(std::string name, std::string doc);
 ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc);
+
+/// A stage's param list made of shared groups, in order:
+///   join_params({{int_param("batch_size", 64, "rows", 1)}, normalize_param_specs()})
+std::vector<ParamSpec> join_params(std::vector<std::vector<ParamSpec>> groups);
 
 /// The validated parameters handed to a stage's constructor: every declared name has a value of
 /// its declared type (the default where the config gave none).

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "graph/error.hpp"
-#include "stages/data/batch_pool.hpp"
 
 namespace flowtrain::data {
 

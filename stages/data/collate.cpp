@@ -17,14 +17,11 @@ CollateStage::CollateStage(const Params& params)
 }
 
 StageDoc CollateStage::describe() {
-  std::vector<ParamSpec> params = {
-      int_param("batch_size", 64, "samples per batch", 1),
-      bool_param("drop_last", false, "drop the last batch if it is smaller")};
-  for (auto* specs : {&normalize_param_specs, &batch_pool_param_specs}) {
-    for (ParamSpec& spec : specs()) params.push_back(std::move(spec));
-  }
   return {"Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
-          std::move(params)};
+          join_params({{int_param("batch_size", 64, "samples per batch", 1),
+                        bool_param("drop_last", false, "drop the last batch if it is smaller")},
+                       normalize_param_specs(),
+                       batch_pool_param_specs()})};
 }
 
 void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {

@@ -11,18 +11,13 @@ namespace flowtrain::data {
 
 namespace {
 
-/// Thread buffers above this size are released after use instead of kept for the next sample.
-constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;
-
 /// Per-thread state: the decoder and the buffers it reuses from sample to sample.
 struct CropScratch {
   JpegCropDecoder decoder;
-  std::vector<std::uint8_t> file;  // the bytes of a file read from Sample::path
-  Image decoded;                   // the crop's strip, or the whole image
-  Image view;                      // size x size RGB
+  Image decoded;  // the crop's strip, or the whole image
+  Image view;     // size x size RGB
 
   void trim() {
-    if (file.capacity() > kKeepScratchBytes) std::vector<std::uint8_t>().swap(file);
     if (decoded.pixels.capacity() > kKeepScratchBytes) PixelBuffer().swap(decoded.pixels);
   }
 };
@@ -53,26 +48,26 @@ DecodeCropStage::DecodeCropStage(const Params& params)
 }
 
 StageDoc DecodeCropStage::describe() {
-  std::vector<ParamSpec> params = {
-      int_param("batch_size", 64, "rows of a batch (assemble_batch's batch_size too)", 1),
-      bool_param("roi", true,
-                 "decode only the crop's part of a JPEG, at the smallest DCT scale that keeps its "
-                 "shorter side >= size; false: decode whole images (for comparison)")};
-  for (auto* specs : {&augment_param_specs, &decode_param_specs, &normalize_param_specs,
-                      &batch_pool_param_specs}) {
-    for (ParamSpec& spec : specs()) params.push_back(std::move(spec));
-  }
   return {
       "Decodes only the crop of each sample's view (train or eval, as augment draws it), "
       "renders it as augment does and writes it normalised into its row of a pooled batch; "
       "assemble_batch emits the batches.",
-      std::move(params)};
+      join_params(
+          {{int_param("batch_size", 64, "rows of a batch (assemble_batch's batch_size too)", 1),
+            bool_param("roi", true,
+                       "decode only the crop's part of a JPEG, at the smallest DCT "
+                       "scale that keeps its shorter side >= size; false: decode "
+                       "whole images (for comparison)")},
+           augment_param_specs(),
+           decode_param_specs(),
+           normalize_param_specs(),
+           batch_pool_param_specs()})};
 }
 
 std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& ctx) {
   CropScratch& scratch = crop_scratch();
   std::span<const std::uint8_t> bytes;
-  std::string error = sample_bytes(sample, scratch.file, bytes);
+  std::string error = sample_bytes(sample, bytes);
   bool rendered = false;
   if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
     sample.augment = augment_.draw(sample.index, sample.epoch, scratch.decoder.aspect());
@@ -94,7 +89,7 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
                   size_, scratch.view);
     }
   }
-  sample.encoded.reset();
+  release_encoded(sample);
   scratch.trim();
   if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
   policy_.accept();

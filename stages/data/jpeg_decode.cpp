@@ -25,8 +25,6 @@
 namespace flowtrain::data {
 namespace {
 
-/// Thread buffers above this size are released after use instead of kept for the next sample.
-constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;
 /// Refuses progressive JPEGs with an absurd number of scans (a known decoding-time attack).
 constexpr int kDecodeFlags = TJFLAG_LIMITSCANS;
 constexpr std::string_view kJpegEof = "Premature end of JPEG file";
@@ -421,15 +419,14 @@ DecodeResult decode_image(std::span<const std::uint8_t> bytes,
 }
 
 std::vector<ParamSpec> decode_param_specs() {
-  std::vector<ParamSpec> specs = {
-      int_param("max_pixels", 100'000'000,
-                "refuse images with more pixels than this, read from the header before "
-                "any allocation",
-                1),
-      bool_param("other_formats", true,
-                 "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only")};
-  for (ParamSpec& spec : BadSamplePolicy::param_specs()) specs.push_back(std::move(spec));
-  return specs;
+  return join_params(
+      {{int_param("max_pixels", 100'000'000,
+                  "refuse images with more pixels than this, read from the header before "
+                  "any allocation",
+                  1),
+        bool_param("other_formats", true,
+                   "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only")},
+       BadSamplePolicy::param_specs()});
 }
 
 DecodeOptions decode_options_from(const Params& params) {
@@ -439,16 +436,19 @@ DecodeOptions decode_options_from(const Params& params) {
   return options;
 }
 
-std::string sample_bytes(const Sample& sample,
-                         std::vector<std::uint8_t>& buffer,
-                         std::span<const std::uint8_t>& bytes) {
+std::string sample_bytes(const Sample& sample, std::span<const std::uint8_t>& bytes) {
   bytes = sample.encoded.bytes;
   if (!bytes.empty()) return {};
   if (sample.path.empty()) return "no encoded bytes and no path to read";
-  if (const std::error_code e = read_file(sample.path, buffer, bytes)) {
+  if (const std::error_code e = read_file(sample.path, thread_scratch().file, bytes)) {
     return "cannot read file: " + e.message();
   }
   return {};
+}
+
+void release_encoded(Sample& sample) {
+  sample.encoded.reset();
+  thread_scratch().trim();
 }
 
 JpegDecodeStage::JpegDecodeStage(const Params& params)
@@ -459,26 +459,21 @@ JpegDecodeStage::JpegDecodeStage(const Params& params)
 }
 
 StageDoc JpegDecodeStage::describe() {
-  std::vector<ParamSpec> params = {
-      int_param("min_side", 0,
-                "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps the "
-                "shorter side >= this; 0: full size",
-                0)};
-  for (ParamSpec& spec : decode_param_specs()) params.push_back(std::move(spec));
   return {
       "Decodes images into RGB: JPEG with TurboJPEG (optionally downscaled in the DCT domain), "
       "other formats with OpenCV. Unreadable or corrupt files are dropped with the reason.",
-      std::move(params)};
+      join_params({{int_param("min_side", 0,
+                              "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps "
+                              "the shorter side >= this; 0: full size",
+                              0)},
+                   decode_param_specs()})};
 }
 
 std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx) {
-  ThreadScratch& scratch = thread_scratch();
   std::span<const std::uint8_t> bytes;
-  std::string error = sample_bytes(sample, scratch.file, bytes);
+  std::string error = sample_bytes(sample, bytes);
   if (error.empty()) error = decode_image(bytes, options_, sample.image).error;
-  // Downstream stages need the pixels only: let go of the encoded bytes rather than carry them.
-  sample.encoded.reset();
-  scratch.trim();
+  release_encoded(sample);
   if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
   policy_.accept();
   return std::move(sample);

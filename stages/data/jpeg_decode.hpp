@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -85,11 +86,17 @@ class JpegDecodeStage final : public Map<Sample, Sample> {
   BadSamplePolicy policy_;
 };
 
+/// Thread buffers above this size are released after use instead of kept for the next sample.
+inline constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;
+
 /// The encoded bytes of `sample`: Sample::encoded, or else the file at Sample::path read into
-/// `buffer`. Returns why they could not be had, or an empty string.
-std::string sample_bytes(const Sample& sample,
-                         std::vector<std::uint8_t>& buffer,
-                         std::span<const std::uint8_t>& bytes);
+/// this thread's file buffer (reused from sample to sample; valid until release_encoded).
+/// Returns why they could not be had, or an empty string. For the stages that decode.
+std::string sample_bytes(const Sample& sample, std::span<const std::uint8_t>& bytes);
+
+/// Lets go of `sample`'s encoded bytes once decoded (downstream stages need the pixels only),
+/// and of this thread's decode buffers that grew past kKeepScratchBytes.
+void release_encoded(Sample& sample);
 
 /// The params of DecodeOptions (min_side excepted), for the stages that decode.
 std::vector<ParamSpec> decode_param_specs();
