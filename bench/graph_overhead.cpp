@@ -2,6 +2,8 @@
 //
 //   numbers -> [64] -> map_1 -> [64] -> ... -> map_5 -> [64] -> sink      (5 maps, 6 hops)
 //   numbers -> [64] -> sink                                                (baseline, 1 hop)
+//   numbers -+-> [64] -> a -> [64] -+-> join -> [64] -> sink             (fan-out + join, 5 hops)
+//            +-> [64] -> b -> [64] -+
 //
 // Every stage is a no-op on std::uint64_t; the five maps run at concurrency 1, then 2; the
 // graph gets 2 TBB threads. Each repetition builds a fresh Pipeline (a pipeline runs once) and
@@ -52,6 +54,15 @@ class Identity final : public flowtrain::Map<std::uint64_t, std::uint64_t> {
   }
 };
 
+// Keeps the first part: a join that does no work.
+class First final : public flowtrain::Join<std::uint64_t, std::uint64_t> {
+ protected:
+  std::optional<std::uint64_t> process(std::vector<std::uint64_t>&& parts,
+                                       flowtrain::ItemContext&) override {
+    return parts.front();
+  }
+};
+
 class Discard final : public flowtrain::Sink<std::uint64_t> {
  public:
   std::uint64_t consumed = 0;
@@ -64,6 +75,9 @@ struct Config {
   std::string name;
   int maps = 0;
   std::size_t map_concurrency = 1;
+  bool join = false;  // the maps are two branches of a fan-out, joined before the sink
+
+  int hops() const { return join ? 5 : maps + 1; }  // edges of the graph
 };
 
 struct Result {
@@ -78,7 +92,19 @@ double run_once(const Config& config, std::uint64_t items) {
   const Discard& discard = *sink;
   flowtrain::Pipeline pipeline;
   pipeline.add("numbers", std::make_unique<Numbers>(items));
-  for (int i = 1; i <= config.maps; ++i) {
+  if (config.join) {
+    for (const char* branch : {"a", "b"}) {
+      pipeline.add(branch, std::make_unique<Identity>(),
+                   {.concurrency = config.map_concurrency,
+                    .queue_capacity = kQueueCapacity,
+                    .inputs = {"numbers"}});
+    }
+    pipeline.add("join", std::make_unique<First>(),
+                 {.concurrency = config.map_concurrency,
+                  .queue_capacity = kQueueCapacity,
+                  .inputs = {"a", "b"}});
+  }
+  for (int i = 1; !config.join && i <= config.maps; ++i) {
     pipeline.add("map_" + std::to_string(i), std::make_unique<Identity>(),
                  {.concurrency = config.map_concurrency, .queue_capacity = kQueueCapacity});
   }
@@ -169,6 +195,7 @@ int main(int argc, char** argv) {
         {"source -> sink (baseline)", 0, 1},
         {"source -> 5 maps (conc 1) -> sink", kMaps, 1},
         {"source -> 5 maps (conc 2) -> sink", kMaps, 2},
+        {"source -> 2 maps (fan-out) -> join -> sink", 3, 1, true},
     };
     std::vector<Result> results;
     for (const Config& config : configs) results.push_back(measure(config, items, reps));
@@ -180,13 +207,13 @@ int main(int argc, char** argv) {
               << "items per run: " << items << ", reps: " << reps << " (median shown)"
               << ", threads: " << kThreads << ", queue capacity: " << kQueueCapacity << "\n\n"
               << "| configuration | hops | items/s | ns/item | ns/item/hop"
-              << " | ns/map hop (minus baseline) | ns/item min..max |\n"
+              << " | ns/hop (minus baseline) | ns/item min..max |\n"
               << "|---|---:|---:|---:|---:|---:|---:|\n";
     for (const Result& r : results) {
-      const int hops = r.config.maps + 1;  // edges in the chain
+      const int hops = r.config.hops();
       const double ns_per_item = r.median_s * 1e9 / n;
       const std::string subtracted =
-          r.config.maps > 0 ? fixed((ns_per_item - baseline_ns) / r.config.maps, 0) : "-";
+          r.config.maps > 0 ? fixed((ns_per_item - baseline_ns) / (hops - 1), 0) : "-";
       std::cout << "| " << r.config.name << " | " << hops << " | " << fixed(n / r.median_s, 0)
                 << " | " << fixed(ns_per_item, 0) << " | " << fixed(ns_per_item / hops, 0) << " | "
                 << subtracted << " | " << fixed(r.min_s * 1e9 / n, 0) << ".."

@@ -17,8 +17,8 @@ namespace {
 const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "stages", "phases"};
 const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "stages"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace"};
-const std::vector<std::string> kStageKeys = {"type",        "name",           "params",
-                                             "concurrency", "queue_capacity", "ordered"};
+const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
+                                             "queue_capacity", "ordered", "inputs"};
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -348,6 +348,33 @@ void read_run_options(const YAML::Node& map,
   }
 }
 
+// A stage's `inputs`: one name or a list of names, each a stage listed before it.
+std::vector<std::string> input_list(const YAML::Node& node,
+                                    const std::string& ctx,
+                                    const std::vector<StageConfig>& earlier,
+                                    const Locator& loc) {
+  std::vector<std::string> names;
+  if (node.IsScalar()) {
+    names.push_back(node.Scalar());
+  } else if (node.IsSequence() && node.size() > 0) {
+    for (const YAML::Node& n : node) {
+      if (!n.IsScalar()) loc.fail(n, ctx + "inputs must be stage names, got " + scalar_text(n));
+      names.push_back(n.Scalar());
+    }
+  } else {
+    loc.fail(node, ctx + "inputs must be a stage name or a list of them, got " + scalar_text(node));
+  }
+  std::vector<std::string> known;
+  for (const StageConfig& s : earlier) known.push_back(s.name);
+  for (const std::string& name : names) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      loc.fail(node, ctx + "input '" + name + "' is not a stage listed before this one" +
+                         suggestion(name, known));
+    }
+  }
+  return names;
+}
+
 // Validates one pipeline: the `stages` of `map` and the run options it sets over `defaults`.
 // `ctx` starts every message ("phase 'distill': " in a multi-phase config, else empty).
 PipelineConfig validate_pipeline(const YAML::Node& map,
@@ -369,7 +396,6 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
   std::vector<std::string> type_names;
   for (const StageInfo* info : registry.all()) type_names.push_back(info->type);
 
-  const StageInfo* prev_info = nullptr;
   for (const YAML::Node& entry : stages) {
     if (!entry.IsMap()) loc.fail(entry, ctx + "each stage must be a map with at least a 'type'");
     const YAML::Node type_node = entry["type"];
@@ -421,27 +447,23 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
       }
     }
 
+    if (const YAML::Node inputs = entry["inputs"]) {
+      stage.options.inputs = input_list(inputs, stage_ctx, config.stages, loc);
+    }
+
     if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
       loc.fail(entry, stage_ctx + problem);
     }
-    if (!prev_info && info->shape.kind != StageShape::Kind::kSource) {
-      loc.fail(entry, stage_ctx + "the first stage must be a source, not a " +
-                          to_string(info->shape.kind));
-    }
-    if (prev_info) {
-      const StageConfig& prev = config.stages.back();
-      if (std::string problem = link_problem(prev.name, prev_info->shape, prev.options, stage.name,
-                                             info->shape, stage.options);
-          !problem.empty()) {
-        loc.fail(entry, ctx + problem);
-      }
+    std::vector<std::size_t> resolved;
+    if (std::string problem = add_problem(stage_decls(config, registry),
+                                          {stage.name, info->shape, stage.options}, resolved);
+        !problem.empty()) {
+      loc.fail(entry, ctx + problem);
     }
     config.stages.push_back(std::move(stage));
-    prev_info = info;
   }
-  if (prev_info->shape.kind != StageShape::Kind::kSink) {
-    loc.fail(stages, ctx + "the last stage '" + config.stages.back().name +
-                         "' must be a sink, not a " + to_string(prev_info->shape.kind));
+  if (std::string problem = graph_problem(stage_decls(config, registry)); !problem.empty()) {
+    loc.fail(stages, ctx + problem);
   }
   return config;
 }
@@ -779,6 +801,16 @@ PipelineConfig parse_pipeline_config(const std::string& text,
                                      const std::vector<std::string>& overrides,
                                      const Registry& registry) {
   return single_pipeline(parse_run_config(text, origin, overrides, registry));
+}
+
+std::vector<StageDecl> stage_decls(const PipelineConfig& config, const Registry& registry) {
+  std::vector<StageDecl> out;
+  for (const StageConfig& stage : config.stages) {
+    const StageInfo* info = registry.find(stage.type);
+    if (!info) throw Error(stage.location + ": unknown stage type '" + stage.type + "'");
+    out.push_back({stage.name, info->shape, stage.options});
+  }
+  return out;
 }
 
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Registry& registry) {

@@ -132,6 +132,11 @@ PipelineConfig parse_pipeline_config(const std::string& text,
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
                                          const Registry& registry = Registry::global());
 
+/// The stages of a validated config (one phase) as the graph checks and graph_text see them:
+///   std::cout << graph_text(stage_decls(phase));
+std::vector<StageDecl> stage_decls(const PipelineConfig& config,
+                                   const Registry& registry = Registry::global());
+
 /// Markdown reference of every registered stage and its parameters (docs/config.md embeds it).
 std::string stages_markdown(const Registry& registry = Registry::global());
 

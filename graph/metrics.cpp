@@ -107,17 +107,8 @@ void Sampler::sample_once() {
     const auto active = static_cast<std::size_t>(c.active.load(std::memory_order_relaxed));
     const std::size_t free_slots = geo.workers > active ? geo.workers - active : 0;
 
-    // Items waiting in front of stage i, and items in front of stage i+1 (its output queue).
-    auto occupancy = [&](std::size_t stage) -> double {
-      const auto emitted = counters_[stage - 1]->emitted.load(std::memory_order_relaxed);
-      const auto started = counters_[stage]->started.load(std::memory_order_relaxed);
-      const double queued = emitted > started ? static_cast<double>(emitted - started) : 0.0;
-      // A source whose queue is full holds one produced item outside the queue; it counts in
-      // `emitted` but is not in the queue.
-      return stage == 1 ? std::min(queued, static_cast<double>(geometry_[0].out_capacity)) : queued;
-    };
-    const double waiting = geo.has_input ? occupancy(i) : 1.0;  // a source always has "input"
-    if (geo.has_input) {
+    const double waiting = geo.inputs.empty() ? 1.0 : waiting_for(i);  // a source always has input
+    if (!geo.inputs.empty()) {
       acc_[i].queue_sum += waiting;
       acc_[i].queue_max = std::max(acc_[i].queue_max, waiting);
       acc_[i].series.add(t, waiting);
@@ -125,12 +116,36 @@ void Sampler::sample_once() {
     if (free_slots == 0) continue;
     if (waiting == 0) {
       acc_[i].starved_slots += static_cast<double>(free_slots);
-    } else if (geo.out_capacity > 0 &&
-               occupancy(i + 1) + static_cast<double>(active) >= geo.out_capacity) {
-      acc_[i].blocked_slots += static_cast<double>(free_slots);
+    } else if (geo.out_capacity > 0) {
+      double queued = 0;  // the fullest of its output edges
+      for (const std::size_t to : geo.consumers) queued = std::max(queued, queued_between(i, to));
+      if (queued + static_cast<double>(active) >= geo.out_capacity) {
+        acc_[i].blocked_slots += static_cast<double>(free_slots);
+      }
     }
   }
   ++samples_;
+}
+
+double Sampler::queued_between(std::size_t producer, std::size_t consumer) const {
+  const auto emitted = counters_[producer]->emitted.load(std::memory_order_relaxed);
+  const auto started = counters_[consumer]->started.load(std::memory_order_relaxed);
+  const double queued = emitted > started ? static_cast<double>(emitted - started) : 0.0;
+  // A source whose output is full holds one produced item outside the queue; it counts in
+  // `emitted` but is not in the queue.
+  return geometry_[producer].inputs.empty()
+             ? std::min(queued, static_cast<double>(geometry_[producer].out_capacity))
+             : queued;
+}
+
+double Sampler::waiting_for(std::size_t stage) const {
+  // A join can start only the items every input has brought: the least of its queues.
+  double waiting = -1;
+  for (const std::size_t p : geometry_[stage].inputs) {
+    const double q = queued_between(p, stage);
+    waiting = waiting < 0 ? q : std::min(waiting, q);
+  }
+  return std::max(waiting, 0.0);
 }
 
 void Sampler::fill(RunReport& report) {

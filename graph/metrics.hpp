@@ -65,8 +65,9 @@ class SeriesBuilder {
 /// Where a stage sits, as the sampler needs it.
 struct StageGeometry {
   std::size_t workers = 1;       // concurrency the stage can reach
-  std::size_t out_capacity = 0;  // capacity of the queue after it (0: it is the sink)
-  bool has_input = true;         // false for the source
+  std::size_t out_capacity = 0;  // its output slots (0: it is a sink)
+  std::vector<std::size_t> inputs;     // the stages it takes items from (none: the source)
+  std::vector<std::size_t> consumers;  // the stages taking its output
   std::string name;              // for progress snapshots
   const Stage* stage = nullptr;  // asked for live_results() in progress snapshots
 };
@@ -98,6 +99,10 @@ class Sampler {
   void loop();
   void sample_once();
   void report_progress();
+  // Items emitted by `producer` that `consumer` has not started yet.
+  double queued_between(std::size_t producer, std::size_t consumer) const;
+  // Items waiting in front of `stage` (for a join: complete sets).
+  double waiting_for(std::size_t stage) const;
 
   const std::vector<std::unique_ptr<StageCounters>>& counters_;
   std::vector<StageGeometry> geometry_;

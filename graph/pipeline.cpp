@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <csignal>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 
@@ -32,6 +34,14 @@ struct StageAccess {
   static void consume(Stage& s, std::shared_ptr<void>& v, ItemContext& ctx) {
     s.consume_erased(v, ctx);
   }
+  static std::shared_ptr<void> join(Stage& s,
+                                    std::vector<std::shared_ptr<void>>& parts,
+                                    ItemContext& ctx) {
+    return s.join_erased(parts, ctx);
+  }
+  static std::shared_ptr<void> copy_input(const Stage& s, const std::shared_ptr<void>& v) {
+    return s.copy_input_erased(v);
+  }
 };
 }  // namespace detail
 
@@ -53,6 +63,45 @@ std::string what_of(const std::exception_ptr& error) {
   }
 }
 
+// The names of the inputs of `stages[i]`: its own list, or the stage before it.
+std::vector<std::string> input_names(const std::vector<StageDecl>& stages, std::size_t i) {
+  if (stages[i].shape.kind == Kind::kSource) return {};
+  if (!stages[i].options.inputs.empty() || i == 0) return stages[i].options.inputs;
+  return {stages[i - 1].name};
+}
+
+std::optional<std::size_t> index_of(const std::vector<StageDecl>& stages, const std::string& name) {
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].name == name) return i;
+  }
+  return std::nullopt;
+}
+
+// The stage that numbers the items of stages[i]: the source or the nearest flat map upstream.
+std::size_t numbered_by(const std::vector<StageDecl>& stages, std::size_t i) {
+  while (stages[i].shape.kind != Kind::kSource && stages[i].shape.kind != Kind::kFlatMap) {
+    i = *index_of(stages, input_names(stages, i).front());
+  }
+  return i;
+}
+
+// The consumers of stages[p] among `stages`.
+std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages, std::size_t p) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = p + 1; i < stages.size(); ++i) {
+    for (const std::string& name : input_names(stages, i)) {
+      if (name == stages[p].name) out.push_back(i);
+    }
+  }
+  return out;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
 }  // namespace
 
 std::string options_problem(const StageShape& shape, const StageOptions& options) {
@@ -67,75 +116,189 @@ std::string options_problem(const StageShape& shape, const StageOptions& options
   return {};
 }
 
-std::string link_problem(const std::string& prev_name,
-                         const StageShape& prev,
-                         const StageOptions& prev_options,
-                         const std::string& next_name,
-                         const StageShape& next,
-                         const StageOptions& next_options) {
-  if (prev.kind == Kind::kSink) {
-    return "stage '" + next_name + "' follows the sink '" + prev_name +
-           "'; a sink must be the last stage";
+std::string add_problem(const std::vector<StageDecl>& earlier,
+                        const StageDecl& next,
+                        std::vector<std::size_t>& inputs) {
+  inputs.clear();
+  const std::string label = "stage '" + next.name + "'";
+  if (std::string problem = options_problem(next.shape, next.options); !problem.empty()) {
+    return label + ": " + problem;
   }
-  if (next.kind == Kind::kSource) {
-    return "source '" + next_name + "' must be the first stage, but follows '" + prev_name + "'";
+  if (index_of(earlier, next.name)) return "two stages are named '" + next.name + "'";
+  if (next.shape.kind == Kind::kSource) {
+    if (!next.options.inputs.empty()) return "source '" + next.name + "' takes no inputs";
+    if (!earlier.empty()) {
+      return "source '" + next.name + "' must be the first stage (a pipeline has one source), " +
+             "but follows '" + earlier.back().name + "'";
+    }
+    return {};
   }
-  if (!next.input.accepts(prev.output)) {
-    return "item type mismatch: '" + next_name + "' takes " + next.input.name() + ", but '" +
-           prev_name + "' emits " + prev.output.name();
+  if (earlier.empty()) {
+    return "the first stage '" + next.name + "' must be a source, not a " +
+           to_string(next.shape.kind);
   }
-  if (prev_options.concurrency == kUnlimited) return {};
-  if (prev_options.concurrency > next_options.queue_capacity) {
-    return "queue_capacity " + std::to_string(next_options.queue_capacity) + " of '" + next_name +
-           "' is below the concurrency " + std::to_string(prev_options.concurrency) + " of '" +
-           prev_name + "': each worker of '" + prev_name +
-           "' needs an output slot; raise queue_capacity or lower concurrency";
+  std::vector<StageDecl> all = earlier;
+  all.push_back(next);
+  const std::vector<std::string> names = input_names(all, earlier.size());
+  if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
+    return label + " is a " + to_string(next.shape.kind) + " and takes " +
+           (next.shape.kind == Kind::kJoin ? "two or more inputs" : "one input") + ", not " +
+           std::to_string(names.size()) + " (inputs: " + join_names(names) + ")";
+  }
+  for (const std::string& name : names) {
+    const std::optional<std::size_t> p = index_of(earlier, name);
+    if (!p) {
+      return label + " takes input '" + name +
+             "', which is not a stage listed before it; list each stage after its inputs";
+    }
+    if (std::count(inputs.begin(), inputs.end(), *p) > 0) {
+      return label + " names input '" + name + "' twice";
+    }
+    const StageDecl& prev = earlier[*p];
+    if (prev.shape.kind == Kind::kSink) {
+      return label + " takes its items from the sink '" + prev.name +
+             "', which emits none; name its input with `inputs: [...]`";
+    }
+    if (!next.shape.input.accepts(prev.shape.output)) {
+      return "item type mismatch: '" + next.name + "' takes " + next.shape.input.name() +
+             ", but '" + prev.name + "' emits " + prev.shape.output.name();
+    }
+    if (prev.options.concurrency == kUnlimited ||
+        prev.options.concurrency > next.options.queue_capacity) {
+      if (prev.options.concurrency != kUnlimited) {
+        return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" +
+               next.name + "' is below the concurrency " +
+               std::to_string(prev.options.concurrency) + " of '" + prev.name +
+               "': each worker of '" + prev.name +
+               "' needs an output slot; raise queue_capacity or lower concurrency";
+      }
+    }
+    // A shared output is copied for each consumer but the last: all of them must allow it.
+    std::vector<std::size_t> sharers = consumers_of(earlier, *p);
+    if (!sharers.empty()) {
+      sharers.push_back(earlier.size());
+      for (const std::size_t c : sharers) {
+        if (!all[c].shape.copyable_input) {
+          return "'" + all[c].name + "' cannot share the output of '" + prev.name +
+                 "' with other stages: its input type " + all[c].shape.input.name() +
+                 " cannot be copied";
+        }
+      }
+    }
+    inputs.push_back(*p);
+  }
+  if (next.shape.kind == Kind::kJoin) {
+    const std::size_t first = numbered_by(earlier, inputs[0]);
+    for (std::size_t k = 1; k < inputs.size(); ++k) {
+      const std::size_t other = numbered_by(earlier, inputs[k]);
+      if (other != first) {
+        return "join '" + next.name + "' pairs items by sequence number, but its inputs '" +
+               names[0] + "' and '" + names[k] + "' are numbered by different stages ('" +
+               earlier[first].name + "' and '" + earlier[other].name +
+               "'); join branches of one source or flat map";
+      }
+    }
   }
   return {};
+}
+
+std::string graph_problem(const std::vector<StageDecl>& stages) {
+  if (stages.size() < 2) return "a pipeline needs a source first and a sink last";
+  if (stages.back().shape.kind != Kind::kSink) {
+    return "the last stage '" + stages.back().name + "' must be a sink, not a " +
+           to_string(stages.back().shape.kind);
+  }
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].shape.kind != Kind::kSink && consumers_of(stages, i).empty()) {
+      return "the output of '" + stages[i].name +
+             "' goes nowhere: no stage takes it as input; end that branch with a sink " +
+             "(type: discard)";
+    }
+  }
+  return {};
+}
+
+std::string graph_text(const std::vector<StageDecl>& stages) {
+  std::size_t width = 0;
+  for (const StageDecl& s : stages) width = std::max(width, s.name.size());
+  std::string out;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const StageDecl& s = stages[i];
+    std::string line = s.name + std::string(width + 2 - s.name.size(), ' ');
+    std::string kind = to_string(s.shape.kind);
+    line += kind + std::string(10 - std::min<std::size_t>(9, kind.size()), ' ');
+    std::string from;
+    for (const std::string& name : input_names(stages, i)) from += (from.empty() ? "" : ", ") + name;
+    line += from.empty() ? "" : "<- " + from + "  ";
+    line += "concurrency " + concurrency_text(s.options.concurrency);
+    if (s.shape.kind != Kind::kSource) line += ", queue " + std::to_string(s.options.queue_capacity);
+    if (s.options.ordered) line += ", ordered";
+    out += line + "\n";
+  }
+  return out;
 }
 
 Pipeline::Pipeline() = default;
 Pipeline::~Pipeline() = default;
 
+std::vector<StageDecl> Pipeline::decls() const {
+  std::vector<StageDecl> out;
+  for (const Node& node : nodes_) out.push_back({node.name, node.shape, node.options});
+  return out;
+}
+
 Pipeline& Pipeline::add(std::string name, std::unique_ptr<Stage> stage, StageOptions options) {
   if (!stage) throw Error("stage '" + name + "' is null");
-  const StageShape shape = stage->shape();
-  if (std::string problem = options_problem(shape, options); !problem.empty()) {
-    throw Error("stage '" + name + "': " + problem);
-  }
-  if (nodes_.empty()) {
-    if (shape.kind != Kind::kSource) {
-      throw Error("the first stage '" + name + "' must be a source, not a " +
-                  to_string(shape.kind));
-    }
-  } else {
-    const Node& prev = nodes_.back();
-    if (std::string problem =
-            link_problem(prev.name, prev.shape, prev.options, name, shape, options);
-        !problem.empty()) {
-      throw Error(problem);
-    }
-  }
-  for (const Node& node : nodes_) {
-    if (node.name == name) throw Error("two stages are named '" + name + "'");
-  }
   if (stage->requires_order()) options.ordered = true;
-  nodes_.push_back({std::move(name), std::move(stage), shape, options});
+  StageDecl decl{std::move(name), stage->shape(), std::move(options)};
+  std::vector<std::size_t> inputs;
+  if (std::string problem = add_problem(decls(), decl, inputs); !problem.empty()) {
+    throw Error(problem);
+  }
+  nodes_.push_back({std::move(decl.name), std::move(stage), decl.shape, std::move(decl.options),
+                    std::move(inputs)});
   return *this;
 }
 
+namespace {
+
+// A message on an edge: an item's sequence number and a shared handle to its value. TBB's flow
+// graph copies messages between nodes; copying one copies pointers, never the value. A null
+// `value` is a tombstone: the item was dropped upstream, and it still flows so that ordered
+// stages and joins downstream see no gap in the sequence.
+struct Message {
+  std::uint64_t seq = 0;
+  std::shared_ptr<void> value;
+  std::uint32_t from = 0;  // the stage that emitted it: its output slot is held until started
+  // With several consumers: how many have yet to start it (the last one returns the slot).
+  std::shared_ptr<std::atomic<std::uint32_t>> sharers;
+};
+
+// What a join's worker receives: one message per input, in the order of its inputs.
+struct JoinedParts {
+  std::vector<Message> parts;
+};
+
+}  // namespace
+
 // One run of a pipeline: the TBB graph, the counters and the sampler.
 //
-// Every edge i -> i+1 is bounded by a limiter_node ("gate") in front of stage i that admits an
-// item only while fewer than queue_capacity(i+1) items are in production in stage i or waiting
-// for stage i+1. Stage i+1 returns the slot when it starts the item. The source's gate sits
-// after the source, whose input_node then holds its one produced item and stops calling next().
+// Every stage with consumers has a limiter_node ("gate") in front of its body that admits an
+// item only while fewer than `out_capacity` items are in production in the stage or waiting
+// for one of its consumers, where out_capacity is the smallest queue_capacity among them. A
+// consumer returns the slot when it starts the item; with several consumers, the last one to
+// start it does. The source's gate sits after the source, whose input_node then holds its one
+// produced item and stops calling next().
 //
-//   source -> gate0 -> buf1 -> gate1 -> stage1 ~~> buf2 -> gate2 -> stage2 ~~> buf3 -> sink
-//                                    (stage bodies put their outputs into the next buffer: ~~>)
+//   source -> gate0 => buf1 -> gate1 -> stage1 ~~> buf2 -> gate2 -> stage2 ~~> buf3 -> sink
+//                                    (stage bodies put their outputs into consumers' buffers: ~~>)
 //
 // A buffer is a sequencer_node where the stage (or one downstream of it, up to a FlatMap) needs
-// items in order, so that an out-of-order item can never hold the slot its predecessor needs.
+// items in order, so that an out-of-order item can never hold the slot its predecessor needs. A
+// join has one sequencer per input ("port"), each feeding a serial collector that pairs items
+// by sequence number and puts complete sets into the join's buffer. Since every port receives
+// its items in order, only one side of a join can be ahead, and the items the other side lacks
+// hold slots upstream of it: they are in production and arrive; no capacity can deadlock it.
 class Pipeline::Runtime {
  public:
   Runtime(Pipeline& pipeline, const RunOptions& options)
@@ -145,7 +308,18 @@ class Pipeline::Runtime {
         threads_(options.threads > 0 ? options.threads : hardware_threads()),
         // Unless granted explicitly, the cores are the machine's (or `threads`, if more).
         cores_(options.cores > 0 ? options.cores : std::max(hardware_threads(), threads_)),
-        start_(detail::Clock::now()) {
+        start_(detail::Clock::now()),
+        consumers_(nodes_.size()),
+        out_capacity_(nodes_.size(), 0) {
+    for (std::size_t c = 0; c < nodes_.size(); ++c) {
+      const std::vector<std::size_t>& in = nodes_[c].inputs;
+      for (std::size_t port = 0; port < in.size(); ++port) {
+        consumers_[in[port]].push_back({c, port});
+        std::size_t& cap = out_capacity_[in[port]];
+        const std::size_t q = nodes_[c].options.queue_capacity;
+        cap = cap == 0 ? q : std::min(cap, q);
+      }
+    }
     if (peak_threads() > cores_) throw Error(budget_problem());
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
@@ -167,12 +341,14 @@ class Pipeline::Runtime {
       try {
         graph.source->activate();
         graph.g.wait_for_all();
-        for (std::size_t i = 1; i + 1 < nodes_.size(); ++i) {
+        for (std::size_t i = 1; i < nodes_.size(); ++i) {
           if (nodes_[i].shape.kind != Kind::kFlatMap) continue;
           finish(i);
           graph.g.wait_for_all();
         }
-        finish_sink();
+        for (std::size_t i = 1; i < nodes_.size(); ++i) {
+          if (nodes_[i].shape.kind == Kind::kSink) finish_sink(i);
+        }
       } catch (...) {
         error = std::current_exception();
       }
@@ -189,47 +365,90 @@ class Pipeline::Runtime {
   }
 
  private:
-  using Gate = tbb::flow::limiter_node<Item, long long>;
-  using Buffer = tbb::flow::queue_node<Item>;
-  using Worker = tbb::flow::function_node<Item, tbb::flow::continue_msg>;
+  using Gate = tbb::flow::limiter_node<Message, long long>;
+  using Buffer = tbb::flow::queue_node<Message>;
+  using Sequencer = tbb::flow::sequencer_node<Message>;
+  using Worker = tbb::flow::function_node<Message, tbb::flow::continue_msg>;
+
+  struct Consumer {
+    std::size_t stage;
+    std::size_t port;  // which of its inputs
+  };
+
+  // A join's collector: the parts of the items not yet complete, by sequence number.
+  struct JoinState {
+    std::mutex mutex;
+    std::vector<std::uint64_t> arrived;      // [port]: sequence number it expects next
+    std::deque<std::vector<Message>> parts;  // [seq - base][port]
+    std::uint64_t base = 0;
+  };
 
   // The flow graph proper; built inside the task arena so its tasks run there. Nodes are
   // declared after the graph so they are destroyed before it.
   struct Graph {
     tbb::flow::graph g;
-    std::unique_ptr<tbb::flow::input_node<Item>> source;
-    std::vector<std::unique_ptr<Gate>> gates;      // [i]: slots of stage i's output; none for sink
+    std::unique_ptr<tbb::flow::input_node<Message>> source;
+    std::unique_ptr<Worker> distribute;            // hands the source's items to its consumers
+    std::vector<std::unique_ptr<Gate>> gates;      // [i]: stage i's output slots; none for sinks
     std::vector<std::unique_ptr<Buffer>> buffers;  // [i]: input of stage i; none for source
     std::vector<std::unique_ptr<Worker>> workers;  // [i]: body of stage i; none for source
+    std::vector<std::vector<std::unique_ptr<Sequencer>>> ports;  // [join][port]
+    std::vector<std::vector<std::unique_ptr<Worker>>> collectors;  // [join][port]
+    std::vector<std::unique_ptr<JoinState>> joins;                 // [join]
 
     explicit Graph(Runtime& rt) {
       const std::vector<Node>& nodes = rt.nodes_;
       const std::size_t n = nodes.size();
-      const std::vector<bool> in_order = ordered_inputs(nodes);
-      source = std::make_unique<tbb::flow::input_node<Item>>(
+      const std::vector<bool> in_order = rt.ordered_inputs();
+      auto sequencer = [this] {
+        return std::make_unique<Sequencer>(
+            g, [](const Message& m) { return static_cast<std::size_t>(m.seq); });
+      };
+      source = std::make_unique<tbb::flow::input_node<Message>>(
           g, [&rt](tbb::flow_control& fc) { return rt.produce(fc); });
+      distribute = std::make_unique<Worker>(g, tbb::flow::unlimited, [&rt](const Message& m) {
+        rt.push(0, std::move(const_cast<Message&>(m)));
+        return tbb::flow::continue_msg();
+      });
       gates.resize(n);
       buffers.resize(n);
       workers.resize(n);
-      for (std::size_t i = 0; i + 1 < n; ++i) {
-        gates[i] = std::make_unique<Gate>(g, nodes[i + 1].options.queue_capacity);
+      ports.resize(n);
+      collectors.resize(n);
+      joins.resize(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (rt.out_capacity_[i] > 0) gates[i] = std::make_unique<Gate>(g, rt.out_capacity_[i]);
       }
       for (std::size_t i = 1; i < n; ++i) {
-        if (in_order[i]) {
-          buffers[i] = std::make_unique<tbb::flow::sequencer_node<Item>>(
-              g, [](const Item& item) { return static_cast<std::size_t>(item.seq); });
+        if (nodes[i].shape.kind == Kind::kJoin) {
+          auto state = std::make_unique<JoinState>();
+          state->arrived.assign(nodes[i].inputs.size(), 0);
+          joins[i] = std::move(state);
+          for (std::size_t port = 0; port < nodes[i].inputs.size(); ++port) {
+            ports[i].push_back(sequencer());
+            collectors[i].push_back(
+                std::make_unique<Worker>(g, tbb::flow::serial, [&rt, i, port](const Message& m) {
+                  rt.collect(i, port, const_cast<Message&>(m));
+                  return tbb::flow::continue_msg();
+                }));
+            tbb::flow::make_edge(*ports[i].back(), *collectors[i].back());
+          }
+          // Complete sets are put in sequence order, under the collector's lock.
+          buffers[i] = std::make_unique<Buffer>(g);
+        } else if (in_order[i]) {
+          buffers[i] = sequencer();
         } else {
           buffers[i] = std::make_unique<Buffer>(g);
         }
         // TBB passes messages by const reference; the stored copy is ours to move from.
-        workers[i] =
-            std::make_unique<Worker>(g, nodes[i].options.concurrency, [&rt, i](const Item& item) {
-              rt.handle(i, const_cast<Item&>(item));
+        workers[i] = std::make_unique<Worker>(
+            g, nodes[i].options.concurrency, [&rt, i](const Message& m) {
+              rt.handle(i, const_cast<Message&>(m));
               return tbb::flow::continue_msg();
             });
       }
       tbb::flow::make_edge(*source, *gates[0]);
-      tbb::flow::make_edge(*gates[0], *buffers[1]);
+      tbb::flow::make_edge(*gates[0], *distribute);
       for (std::size_t i = 1; i < n; ++i) {
         if (gates[i]) {
           tbb::flow::make_edge(*buffers[i], *gates[i]);
@@ -242,12 +461,17 @@ class Pipeline::Runtime {
   };
 
   // Which stages must receive their input in sequence order: those asked to, and every stage
-  // upstream of one that must, back to the nearest FlatMap (which renumbers its outputs).
-  static std::vector<bool> ordered_inputs(const std::vector<Node>& nodes) {
-    std::vector<bool> in_order(nodes.size());
-    for (std::size_t i = nodes.size(); i-- > 1;) {
-      in_order[i] = nodes[i].options.ordered || (i + 1 < nodes.size() && in_order[i + 1] &&
-                                                 nodes[i].shape.kind != Kind::kFlatMap);
+  // upstream of one that must (or of a join, whose inputs always arrive in order), back to the
+  // nearest FlatMap (which renumbers its outputs).
+  std::vector<bool> ordered_inputs() const {
+    std::vector<bool> in_order(nodes_.size());
+    for (std::size_t i = nodes_.size(); i-- > 1;) {
+      bool downstream = false;
+      for (const Consumer& c : consumers_[i]) {
+        downstream = downstream || in_order[c.stage] || nodes_[c.stage].shape.kind == Kind::kJoin;
+      }
+      in_order[i] =
+          nodes_[i].options.ordered || (downstream && nodes_[i].shape.kind != Kind::kFlatMap);
     }
     return in_order;
   }
@@ -285,11 +509,11 @@ class Pipeline::Runtime {
   std::vector<detail::StageGeometry> geometry() const {
     std::vector<detail::StageGeometry> out;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      const bool last = i + 1 == nodes_.size();
       detail::StageGeometry geo;
       geo.workers = workers(i);
-      geo.out_capacity = last ? 0 : nodes_[i + 1].options.queue_capacity;
-      geo.has_input = i > 0;
+      geo.out_capacity = out_capacity_[i];
+      geo.inputs = nodes_[i].inputs;
+      for (const Consumer& c : consumers_[i]) geo.consumers.push_back(c.stage);
       geo.name = nodes_[i].name;
       geo.stage = nodes_[i].stage.get();
       out.push_back(geo);
@@ -302,14 +526,59 @@ class Pipeline::Runtime {
     std::size_t w = nodes_[i].options.concurrency == kUnlimited
                         ? threads_
                         : std::min(nodes_[i].options.concurrency, threads_);
-    if (i + 1 < nodes_.size()) w = std::min(w, nodes_[i + 1].options.queue_capacity);
+    if (out_capacity_[i] > 0) w = std::min(w, out_capacity_[i]);
     return std::max<std::size_t>(w, 1);
   }
 
-  // Puts stage i's output on the edge to stage i+1.
-  void push(std::size_t i, Item item) {
+  // Puts stage i's output on its edges. Each consumer but the last gets its own copy of the
+  // value (made here, before any of them can touch it); the last gets the value itself.
+  void push(std::size_t i, Message m) {
     counters_[i]->emitted.fetch_add(1, std::memory_order_relaxed);
-    graph_->buffers[i + 1]->try_put(item);
+    const std::vector<Consumer>& to = consumers_[i];
+    m.from = static_cast<std::uint32_t>(i);
+    if (to.size() > 1) {
+      m.sharers = std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
+    }
+    for (std::size_t k = 0; k + 1 < to.size(); ++k) {
+      Message copy = m;
+      if (m.value) copy.value = detail::StageAccess::copy_input(*nodes_[to[k].stage].stage, m.value);
+      deliver(to[k], std::move(copy));
+    }
+    deliver(to.back(), std::move(m));
+  }
+
+  void deliver(const Consumer& c, Message m) {
+    if (nodes_[c.stage].shape.kind == Kind::kJoin) {
+      graph_->ports[c.stage][c.port]->try_put(std::move(m));
+    } else {
+      graph_->buffers[c.stage]->try_put(std::move(m));
+    }
+  }
+
+  // A consumer started `m`: the slot it held in its producer's output is free once every
+  // consumer has.
+  void release(const Message& m) {
+    if (m.sharers && m.sharers->fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    graph_->gates[m.from]->decrementer().try_put(1);
+  }
+
+  // A part of join j's item arrived on `port` (in sequence order): when every port has
+  // brought its part, the set goes to the join's buffer.
+  void collect(std::size_t j, std::size_t port, Message& m) {
+    JoinState& join = *graph_->joins[j];
+    std::lock_guard lock(join.mutex);
+    const std::size_t slot = static_cast<std::size_t>(m.seq - join.base);
+    if (join.parts.size() <= slot) {
+      join.parts.resize(slot + 1, std::vector<Message>(join.arrived.size()));
+    }
+    join.parts[slot][port] = std::move(m);
+    join.arrived[port] = join.base + slot + 1;
+    while (!join.parts.empty() &&
+           *std::min_element(join.arrived.begin(), join.arrived.end()) > join.base) {
+      auto set = std::make_shared<JoinedParts>(JoinedParts{std::move(join.parts.front())});
+      join.parts.pop_front();
+      graph_->buffers[j]->try_put(Message{join.base++, std::move(set)});
+    }
   }
 
   // Outputs of a FlatMap: fresh sequence numbers, and one output slot each. The item that was
@@ -325,7 +594,7 @@ class Pipeline::Runtime {
       if (!holds_slot_) rt_.graph_->gates[stage_]->decrementer().try_put(-1);
       holds_slot_ = false;
       rt_.counters_[stage_]->items_out.fetch_add(1, std::memory_order_relaxed);
-      rt_.push(stage_, Item{rt_.next_seq_[stage_]++, std::move(value)});
+      rt_.push(stage_, Message{rt_.next_seq_[stage_]++, std::move(value)});
     }
 
    private:
@@ -334,7 +603,7 @@ class Pipeline::Runtime {
     bool holds_slot_;
   };
 
-  Item produce(tbb::flow_control& fc) {
+  Message produce(tbb::flow_control& fc) {
     if (stop_.load(std::memory_order_relaxed)) {
       fc.stop();
       return {};
@@ -345,36 +614,52 @@ class Pipeline::Runtime {
       fc.stop();
       return {};
     }
-    counters_[0]->emitted.fetch_add(1, std::memory_order_relaxed);
     counters_[0]->items_out.fetch_add(1, std::memory_order_relaxed);
-    return Item{next_seq_[0]++, std::move(value)};
+    return Message{next_seq_[0]++, std::move(value)};
   }
 
-  void handle(std::size_t i, Item& in) {
+  void handle(std::size_t i, Message& in) {
     detail::StageCounters& c = *counters_[i];
     c.started.fetch_add(1, std::memory_order_relaxed);
-    graph_->gates[i - 1]->decrementer().try_put(1);  // the item left stage i-1's output queue
     Stage& stage = *nodes_[i].stage;
     const Kind kind = nodes_[i].shape.kind;
 
+    std::vector<std::shared_ptr<void>> parts;  // a join's inputs
+    if (kind == Kind::kJoin) {
+      JoinedParts& set = *static_cast<JoinedParts*>(in.value.get());
+      bool whole = true;
+      for (Message& part : set.parts) {
+        release(part);
+        whole = whole && part.value;
+        parts.push_back(std::move(part.value));
+      }
+      if (!whole) in.value.reset();
+    } else {
+      release(in);
+    }
+
     if (!in.value) {  // a tombstone: keep the sequence whole, do no work
-      if (kind == Kind::kMap) push(i, Item{in.seq, nullptr});
+      if (kind == Kind::kMap || kind == Kind::kJoin) push(i, Message{in.seq, nullptr});
       if (kind == Kind::kFlatMap) graph_->gates[i]->decrementer().try_put(1);
       return;
     }
     c.items_in.fetch_add(1, std::memory_order_relaxed);
     ItemContext ctx(in.seq);
     switch (kind) {
-      case Kind::kMap: {
-        std::shared_ptr<void> out =
-            invoke(i, in.seq, [&] { return detail::StageAccess::map(stage, in.value, ctx); });
+      case Kind::kMap:
+      case Kind::kJoin: {
+        std::shared_ptr<void> out = invoke(i, in.seq, [&] {
+          return kind == Kind::kMap ? detail::StageAccess::map(stage, in.value, ctx)
+                                    : detail::StageAccess::join(stage, parts, ctx);
+        });
         in.value.reset();
+        parts.clear();
         if (out) {
           c.items_out.fetch_add(1, std::memory_order_relaxed);
         } else {
           c.record_drop(in.seq, ctx.drop_reason().value_or("dropped by the stage"));
         }
-        push(i, Item{in.seq, std::move(out)});
+        push(i, Message{in.seq, std::move(out)});
         break;
       }
       case Kind::kFlatMap: {
@@ -405,13 +690,12 @@ class Pipeline::Runtime {
     });
   }
 
-  void finish_sink() {
+  void finish_sink(std::size_t i) {
     struct NoOutput final : EmitSink {
       void emit(std::shared_ptr<void>) override { throw Error("a sink cannot emit"); }
     } none;
-    const std::size_t last = nodes_.size() - 1;
-    invoke(last, 0, [&] {
-      detail::StageAccess::finish(*nodes_[last].stage, none);
+    invoke(i, 0, [&] {
+      detail::StageAccess::finish(*nodes_[i].stage, none);
       return 0;
     });
   }
@@ -476,6 +760,8 @@ class Pipeline::Runtime {
   const std::size_t threads_;
   const std::size_t cores_;
   const detail::Clock::time_point start_;
+  std::vector<std::vector<Consumer>> consumers_;  // [i]: the stages taking stage i's output
+  std::vector<std::size_t> out_capacity_;         // [i]: its output slots (0: a sink)
   std::vector<std::unique_ptr<detail::StageCounters>> counters_;
   // Next sequence number a source or FlatMap assigns (both are serial).
   std::vector<std::uint64_t> next_seq_ = std::vector<std::uint64_t>(nodes_.size(), 0);
@@ -486,10 +772,7 @@ class Pipeline::Runtime {
 
 RunReport Pipeline::run(const RunOptions& options) {
   if (ran_) throw Error("a pipeline runs once; build a new one to run again");
-  if (nodes_.size() < 2 || nodes_.back().shape.kind != Kind::kSink) {
-    throw Error("a pipeline needs a source first and a sink last; the last stage '" +
-                (nodes_.empty() ? std::string("(none)") : nodes_.back().name) + "' is not a sink");
-  }
+  if (std::string problem = graph_problem(decls()); !problem.empty()) throw Error(problem);
   ran_ = true;
   prepare();
   Runtime runtime(*this, options);
@@ -516,20 +799,25 @@ void Pipeline::prepare() {
                 std::to_string(*position) + ", but source '" + nodes_[0].name +
                 "' cannot seek; use a dataset source or start without the checkpoint");
   }
-  // The count each stage passes on; what reaches the sink is what the progress line expects.
-  std::optional<std::uint64_t> expected;
-  for (const Node& node : nodes_) {
-    if (&node == &nodes_.back()) expected_ = expected.value_or(0);
-    expected = node.stage->plan(expected);
+  // The count each stage passes on (from its first input); what reaches the last sink is what
+  // the progress line expects.
+  std::vector<std::optional<std::uint64_t>> planned(nodes_.size());
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const std::optional<std::uint64_t> in =
+        nodes_[i].inputs.empty() ? std::nullopt : planned[nodes_[i].inputs.front()];
+    if (i + 1 == nodes_.size()) expected_ = in.value_or(0);
+    planned[i] = nodes_[i].stage->plan(in);
   }
 }
 
 namespace {
 std::atomic<Pipeline*> g_signal_target{nullptr};
+std::atomic<int> g_received{0};
 struct sigaction g_previous_int;
 struct sigaction g_previous_term;
 
 extern "C" void on_stop_signal(int signal) {
+  g_received.store(signal);
   if (Pipeline* p = g_signal_target.load()) p->request_stop();
   // A second signal ends the process the default way.
   std::signal(signal, SIG_DFL);
@@ -537,6 +825,7 @@ extern "C" void on_stop_signal(int signal) {
 }  // namespace
 
 StopOnSignal::StopOnSignal(Pipeline& pipeline) {
+  g_received.store(0);
   g_signal_target.store(&pipeline);
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -544,6 +833,8 @@ StopOnSignal::StopOnSignal(Pipeline& pipeline) {
   sigaction(SIGINT, &action, &g_previous_int);
   sigaction(SIGTERM, &action, &g_previous_term);
 }
+
+int StopOnSignal::received() const { return g_received.load(); }
 
 StopOnSignal::~StopOnSignal() {
   sigaction(SIGINT, &g_previous_int, nullptr);

@@ -17,12 +17,45 @@ namespace flowtrain {
 struct StageOptions {
   /// Invocations that may run at once: kSerial (1), N, or kUnlimited (0).
   std::size_t concurrency = kSerial;
-  /// Output slots of the previous stage towards this one: items being produced for this stage
-  /// plus items waiting for it never exceed this. Must be >= the previous stage's concurrency.
+  /// Output slots of each input towards this one: items being produced for this stage plus
+  /// items waiting for it never exceed this. Must be >= each input's concurrency. A stage whose
+  /// output several stages consume gets the smallest of their capacities.
   std::size_t queue_capacity = 8;
   /// Deliver items to this stage in sequence order (forced on for stages that require it).
   bool ordered = false;
+  /// Names of the stages this one takes its items from, added before it; empty: the stage
+  /// added just before. One for a map, flat map or sink; two or more for a join. A stage's
+  /// output reaches every stage that names it (fan-out).
+  std::vector<std::string> inputs;
 };
+
+/// What the graph checks know of a stage before it is built (a registry entry has the same).
+struct StageDecl {
+  std::string name;
+  StageShape shape;
+  StageOptions options;
+};
+
+/// Returns a one-line problem with `options` for a stage of this shape, else an empty string.
+std::string options_problem(const StageShape& shape, const StageOptions& options);
+
+/// Returns a one-line problem if `next` cannot be added after the stages `earlier` (listed in
+/// the order they were added), else an empty string; on success `inputs` holds the indices in
+/// `earlier` of its inputs. Checks the options, the inputs (names, count, kinds, item types,
+/// capacities), that a join's inputs are numbered alike and that consumers of a shared output
+/// can copy it. Shared by Pipeline::add and config validation so both give the same message.
+std::string add_problem(const std::vector<StageDecl>& earlier,
+                        const StageDecl& next,
+                        std::vector<std::size_t>& inputs);
+
+/// Returns a one-line problem if the complete graph `stages` cannot run (the last stage is not a
+/// sink; an output nobody consumes), else an empty string.
+std::string graph_problem(const std::vector<StageDecl>& stages);
+
+/// The graph as text, one line per stage with its kind, inputs and options, for `flowtrain check`:
+///   numbers   source                       concurrency 1
+///   square    map      <- numbers          concurrency 4, queue 16
+std::string graph_text(const std::vector<StageDecl>& stages);
 
 /// How a pipeline runs.
 struct RunOptions {
@@ -41,21 +74,15 @@ struct RunOptions {
   std::string key_prefix;
 };
 
-/// Returns a one-line problem if `next` cannot follow `prev`, else an empty string.
-/// Shared by Pipeline::add and config validation so both give the same message.
-std::string link_problem(const std::string& prev_name,
-                         const StageShape& prev,
-                         const StageOptions& prev_options,
-                         const std::string& next_name,
-                         const StageShape& next,
-                         const StageOptions& next_options);
-
-/// Returns a one-line problem with `options` for a stage of this shape, else an empty string.
-std::string options_problem(const StageShape& shape, const StageOptions& options);
-
-/// A linear chain of stages run as a oneTBB flow graph with bounded queues:
+/// A graph of stages run as a oneTBB flow graph with bounded queues. Each stage takes the
+/// output of the stage added before it unless it names its inputs; one output may feed several
+/// stages, and a join pairs items across its inputs:
 ///
 ///   source -> [queue] -> stage -> [queue] -> ... -> sink
+///
+///              +-> teacher_a -+
+///   batches ---+              +-> join -> train
+///              +-> teacher_b -+
 ///
 ///   Pipeline p;
 ///   p.add("numbers", std::make_unique<Count>());
@@ -73,9 +100,13 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  /// Appends a stage; throws Error if it cannot follow the previous one (item types, kinds,
+  /// Adds a stage taking its inputs from `options.inputs` (default: the stage added before);
+  /// throws Error with add_problem's message if it cannot (item types, kinds, unknown inputs,
   /// concurrency above the stage's maximum or above this stage's queue capacity).
   Pipeline& add(std::string name, std::unique_ptr<Stage> stage, StageOptions options = {});
+
+  /// The stages as added, for graph_text and checks.
+  std::vector<StageDecl> decls() const;
 
   /// Runs the graph to completion (sources exhausted or stopped, every item drained).
   /// Before it starts: seeks the source where a stage restored from a checkpoint asks
@@ -95,6 +126,7 @@ class Pipeline {
     std::unique_ptr<Stage> stage;
     StageShape shape;
     StageOptions options;
+    std::vector<std::size_t> inputs;  // indices of the stages it takes items from
   };
   class Runtime;
   // Seeks the source to the position a resuming stage asks for, then plans the item counts.
@@ -103,7 +135,7 @@ class Pipeline {
   std::vector<Node> nodes_;
   std::atomic<bool> stop_{false};
   bool ran_ = false;
-  std::uint64_t expected_ = 0;  // items the sink expects in all, from prepare() (0: unknown)
+  std::uint64_t expected_ = 0;  // items the last sink expects, from prepare() (0: unknown)
 };
 
 /// Stops `pipeline` on SIGINT and SIGTERM while in scope; a second signal ends the process the
@@ -112,6 +144,8 @@ class StopOnSignal {
  public:
   explicit StopOnSignal(Pipeline& pipeline);
   ~StopOnSignal();
+  /// The signal that stopped the pipeline (SIGINT or SIGTERM), or 0.
+  int received() const;
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
 };

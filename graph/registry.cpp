@@ -14,8 +14,25 @@ const char* to_string(StageShape::Kind kind) {
       return "flat map";
     case StageShape::Kind::kSink:
       return "sink";
+    case StageShape::Kind::kJoin:
+      return "join";
   }
   return "?";
+}
+
+std::size_t StageShape::max_inputs() const {
+  switch (kind) {
+    case Kind::kSource:
+      return 0;
+    case Kind::kJoin:
+      return static_cast<std::size_t>(-1);
+    default:
+      return 1;
+  }
+}
+
+std::size_t StageShape::min_inputs() const {
+  return kind == Kind::kSource ? 0 : kind == Kind::kJoin ? 2 : 1;
 }
 
 const ParamSpec* StageInfo::find_param(const std::string& name) const {

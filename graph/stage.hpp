@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -15,15 +16,6 @@ namespace flowtrain {
 /// Concurrency values: how many invocations of a stage may run at once.
 inline constexpr std::size_t kSerial = 1;
 inline constexpr std::size_t kUnlimited = 0;
-
-/// An item as it travels on an edge: its sequence number and a shared handle to its value.
-/// TBB's flow graph copies messages between nodes; copying an Item copies a pointer, never the
-/// value. A null `value` is a tombstone: the item was dropped upstream, and it still flows so
-/// that ordered stages downstream see no gap in the sequence.
-struct Item {
-  std::uint64_t seq = 0;
-  std::shared_ptr<void> value;
-};
 
 /// What a stage knows about the item it is processing, and how it drops one.
 class ItemContext {
@@ -70,13 +62,21 @@ class Emitter {
 /// The static shape of a stage, known before it is constructed (a registry entry has one too),
 /// so configs are validated without building anything.
 struct StageShape {
-  enum class Kind { kSource, kMap, kFlatMap, kSink };
+  enum class Kind { kSource, kMap, kFlatMap, kSink, kJoin };
 
   Kind kind = Kind::kMap;
-  ItemType input;   // none for a source
+  ItemType input;   // none for a source; the type of every input of a join
   ItemType output;  // none for a sink
   /// Largest allowed concurrency: kSerial for sources and flat maps, else kUnlimited.
   std::size_t max_concurrency = kUnlimited;
+  /// The input type can be copied, so the stage can share a producer with other consumers
+  /// (fan-out): each consumer but the last gets its own copy of the item's value.
+  bool copyable_input = true;
+
+  /// How many inputs a stage of this kind takes: none for a source, one for a map, flat map or
+  /// sink, two or more for a join.
+  std::size_t min_inputs() const;
+  std::size_t max_inputs() const;
 };
 
 const char* to_string(StageShape::Kind kind);
@@ -136,7 +136,33 @@ class Stage {
   virtual void flat_map_erased(std::shared_ptr<void>& /*value*/, EmitSink&) {}
   virtual void finish_erased(EmitSink&) {}
   virtual void consume_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {}
+  virtual std::shared_ptr<void> join_erased(std::vector<std::shared_ptr<void>>& /*parts*/,
+                                            ItemContext&) {
+    return nullptr;
+  }
+  // A copy of an input value, for the consumers of a fan-out (shape().copyable_input).
+  virtual std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const {
+    return value;
+  }
 };
+
+namespace detail {
+// The copy a consumer of a fan-out gets: a new value copy-constructed from the shared one.
+// Types holding tensors or cv::Mat copy their handles, not the data behind them.
+template <class In>
+std::shared_ptr<void> copy_value(const std::shared_ptr<void>& value) {
+  if constexpr (std::is_copy_constructible_v<In>) {
+    return std::make_shared<In>(*static_cast<const In*>(value.get()));
+  } else {
+    return nullptr;  // never called: the pipeline refuses to fan out to this stage
+  }
+}
+
+template <class In>
+StageShape shape_of(StageShape::Kind kind, ItemType output, std::size_t max_concurrency) {
+  return {kind, ItemType::of<In>(), output, max_concurrency, std::is_copy_constructible_v<In>};
+}
+}  // namespace detail
 
 /// Produces items until exhausted (returns std::nullopt) or the run is stopped. Serial.
 ///
@@ -171,7 +197,7 @@ class Map : public Stage {
   using input_type = In;
   using output_type = Out;
   static StageShape static_shape() {
-    return {StageShape::Kind::kMap, ItemType::of<In>(), ItemType::of<Out>(), kUnlimited};
+    return detail::shape_of<In>(StageShape::Kind::kMap, ItemType::of<Out>(), kUnlimited);
   }
   StageShape shape() const override { return static_shape(); }
   /// A map emits what it receives, unless it drops some.
@@ -187,6 +213,9 @@ class Map : public Stage {
     std::optional<Out> out = process(std::move(*static_cast<In*>(value.get())), ctx);
     return out ? std::make_shared<Out>(std::move(*out)) : nullptr;
   }
+  std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const final {
+    return detail::copy_value<In>(value);
+  }
 };
 
 /// Any number of items out per item in (batching, splitting), plus a final `finish` once the
@@ -197,7 +226,7 @@ class FlatMap : public Stage {
   using input_type = In;
   using output_type = Out;
   static StageShape static_shape() {
-    return {StageShape::Kind::kFlatMap, ItemType::of<In>(), ItemType::of<Out>(), kSerial};
+    return detail::shape_of<In>(StageShape::Kind::kFlatMap, ItemType::of<Out>(), kSerial);
   }
   StageShape shape() const override { return static_shape(); }
 
@@ -214,6 +243,9 @@ class FlatMap : public Stage {
     Emitter<Out> out(sink);
     finish(out);
   }
+  std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const final {
+    return detail::copy_value<In>(value);
+  }
 };
 
 /// Consumes items: the end of a pipeline. Any concurrency. `Sink<Anything>` takes every type.
@@ -222,7 +254,7 @@ class Sink : public Stage {
  public:
   using input_type = In;
   static StageShape static_shape() {
-    return {StageShape::Kind::kSink, ItemType::of<In>(), {}, kUnlimited};
+    return detail::shape_of<In>(StageShape::Kind::kSink, {}, kUnlimited);
   }
   StageShape shape() const override { return static_shape(); }
 
@@ -240,6 +272,10 @@ class Sink : public Stage {
       consume(std::move(*static_cast<In*>(value.get())), ctx);
     }
   }
+  std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const final {
+    if constexpr (std::is_same_v<In, Anything>) return value;  // never looked at: share it
+    return detail::copy_value<In>(value);
+  }
 };
 
 /// A sink that takes one item at a time, in sequence order: for stages whose result depends on
@@ -254,6 +290,48 @@ class SerialSink : public Sink<In> {
   }
   StageShape shape() const override { return static_shape(); }
   bool requires_order() const override { return true; }
+};
+
+/// Combines the items with the same sequence number from each of its inputs (two or more, all
+/// of type `In`, in the order the stage lists them) into one: a two-teacher ensemble, or any
+/// stage that needs several views of one item. Its inputs must be numbered by the same source
+/// or flat map. If any input dropped the item, the join drops it too (no call). Any
+/// concurrency; `process` must then be thread-safe.
+///
+///   class Mean final : public Join<float, float> {
+///     std::optional<float> process(std::vector<float>&& parts, ItemContext&) override {
+///       return std::accumulate(parts.begin(), parts.end(), 0.0f) / parts.size();
+///     }
+///   };
+///   pipeline.add("mean", std::make_unique<Mean>(), {.inputs = {"teacher_a", "teacher_b"}});
+template <class In, class Out>
+class Join : public Stage {
+ public:
+  using input_type = In;
+  using output_type = Out;
+  static StageShape static_shape() {
+    return detail::shape_of<In>(StageShape::Kind::kJoin, ItemType::of<Out>(), kUnlimited);
+  }
+  StageShape shape() const override { return static_shape(); }
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> inputs) override {
+    return inputs;
+  }
+
+ protected:
+  virtual std::optional<Out> process(std::vector<In>&& parts, ItemContext& ctx) = 0;
+
+ private:
+  std::shared_ptr<void> join_erased(std::vector<std::shared_ptr<void>>& values,
+                                    ItemContext& ctx) final {
+    std::vector<In> parts;
+    parts.reserve(values.size());
+    for (std::shared_ptr<void>& v : values) parts.push_back(std::move(*static_cast<In*>(v.get())));
+    std::optional<Out> out = process(std::move(parts), ctx);
+    return out ? std::make_shared<Out>(std::move(*out)) : nullptr;
+  }
+  std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const final {
+    return detail::copy_value<In>(value);
+  }
 };
 
 }  // namespace flowtrain

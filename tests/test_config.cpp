@@ -178,7 +178,7 @@ TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
   }
   SUBCASE("source not first, sink not last") {
     CHECK(error_of("stages:\n  - type: spin\n  - type: discard\n") ==
-          "cfg.yaml:2: stage 'spin' (spin): the first stage must be a source, not a map");
+          "cfg.yaml:2: the first stage 'spin' must be a source, not a map");
     CHECK(error_of("stages:\n  - type: sequence\n  - type: spin\n") ==
           "cfg.yaml:2: the last stage 'spin' must be a sink, not a map");
   }
@@ -366,8 +366,7 @@ TEST_CASE("Config.Phases.Errors") {
     CHECK(run_error_of(replace(kPhases, "    cores: 1", "    cores: 0")) ==
           "kd.yaml:19: phase 'eval': cores must be a whole number >= 1, got '0'");
     CHECK(run_error_of(replace(kPhases, "{type: sequence, params: {count: 30}}", "{type: spin}")) ==
-          "kd.yaml:21: phase 'eval': stage 'spin' (spin): the first stage must be a source, not a "
-          "map");
+          "kd.yaml:21: phase 'eval': the first stage 'spin' must be a source, not a map");
   }
   SUBCASE("unknown keys") {
     CHECK(run_error_of(replace(kPhases, "    threads: 1", "    thread: 1")) ==

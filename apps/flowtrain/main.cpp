@@ -156,6 +156,11 @@ int check(const std::string& path, const std::vector<std::string>& overrides) {
   std::cout << path << ": ok (";
   if (!config.phases[0].name.empty()) std::cout << config.phases.size() << " phases, ";
   std::cout << stages << " stages)\n";
+  for (const flowtrain::PipelineConfig& phase : config.phases) {
+    if (!phase.name.empty()) std::cout << "phase " << phase.name << ":\n";
+    std::istringstream lines(flowtrain::graph_text(flowtrain::stage_decls(phase)));
+    for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
+  }
   return 0;
 }
 
