@@ -14,7 +14,7 @@ endif()
 find_package(libjpeg-turbo REQUIRED)
 find_package(Torch REQUIRED)
 find_package(OpenMP REQUIRED)  # per-thread intra-op counts (omp_set_num_threads)
-# c10d's Gloo process group (stages/dist): LibTorch's headers declare it, libgloo implements the
+# c10d's Gloo process group (distributed/): LibTorch's headers declare it, libgloo implements the
 # transport (Debian's libgloo-dev).
 find_library(GLOO_LIBRARY gloo REQUIRED)
 find_path(FLOWTRAIN_OPENCV_INCLUDE opencv2/core.hpp PATH_SUFFIXES opencv4 REQUIRED)

@@ -9,7 +9,7 @@ install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train 
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain)
-install(DIRECTORY graph stages DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain
+install(DIRECTORY graph distributed stages DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain
   FILES_MATCHING PATTERN "*.hpp")
 install(EXPORT flowtrainTargets NAMESPACE flowtrain::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)

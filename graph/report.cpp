@@ -127,7 +127,7 @@ std::string format_report(const RunReport& r) {
   }
   std::snprintf(buf, sizeof buf, "wall %.2f s on %s%s\n", r.wall_s,
                 count(r.threads, "thread").c_str(),
-                r.stopped ? "; stopped early on request (SIGINT): the counts above are what "
+                r.stopped ? "; stopped early on request (SIGINT or SIGTERM): the counts above are what "
                             "was completed"
                           : "");
   out += buf;

@@ -4,149 +4,40 @@
 //                [--nproc N] [--timeout S]       turn), print each one's stage report; as one
 //                                                rank of a data-parallel job when the launcher's
 //                                                environment says so, or start N local ranks
-//   flowtrain check CONFIG [key.path=value ...]  validate only: exit 0, or one line naming the
-//                                                problem
+//   flowtrain check CONFIG [key.path=value ...]  validate only: print the graph of each phase and
+//                                                exit 0, or one line naming the problem
 //   flowtrain export CHECKPOINT --out FILE.pt    write a trained model as TorchScript (for
 //                                                flowtrain-predict or PyTorch)
 //   flowtrain stages [--markdown]                every registered stage with its parameters
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "distributed/launch.hpp"
+#include "distributed/run_phases.hpp"
+#include "distributed/world.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
-#include "graph/job.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/synthetic.hpp"
-#include "stages/dist/launch.hpp"
-#include "stages/dist/world.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/torchscript.hpp"
 
 namespace {
 
-// A live line on a terminal; a plain line every 10 s when stderr is a file or pipe.
-void show_progress(const flowtrain::Progress& p, bool terminal) {
-  const double rate = p.elapsed_s > 0 ? static_cast<double>(p.completed) / p.elapsed_s : 0;
-  std::fprintf(stderr, "%s%8.1f s  produced %llu  completed %llu  %.0f items/s%s",
-               terminal ? "\r" : "", p.elapsed_s, static_cast<unsigned long long>(p.produced),
-               static_cast<unsigned long long>(p.completed), rate, terminal ? "\x1b[K" : "\n");
-  std::fflush(stderr);
-}
-
-// "rank 1: wall 2.31 s, 'work' busy 87%, 'student_step' steps 6 loss 0.0312": what rank 0
-// prints for every rank after a phase of a data-parallel job.
-std::string rank_summary(int rank, const flowtrain::RunReport& report) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "rank %d: wall %.2f s", rank, report.wall_s);
-  std::string line = buf;
-  if (const std::optional<std::size_t> b = report.bottleneck()) {
-    const flowtrain::StageReport& s = report.stages[*b];
-    std::snprintf(buf, sizeof buf, ", '%s' busy %.0f%%", s.name.c_str(), s.busy_fraction * 100);
-    line += buf;
-  }
-  for (const flowtrain::StageReport& s : report.stages) {
-    if (s.results.empty()) continue;
-    line += ", '" + s.name + "'";
-    for (const flowtrain::StageResult& result : s.results) {
-      std::snprintf(buf, sizeof buf, " %s %.4g", result.name.c_str(), result.value);
-      line += buf;
-    }
-  }
-  return line;
-}
-
-// Runs the phases in turn, each built just before it runs (so it can read what earlier ones wrote).
-// As rank R of a job: joins the world first, and after each phase rank 0 prints its report and
-// one line per rank; the other ranks print only errors.
+// Runs the config's phases in turn (distributed/run_phases.hpp: as a rank of a job when the
+// launcher's environment says so); 130 when a signal stopped it.
 int run(const std::string& path, const std::vector<std::string>& overrides, double timeout_s) {
-  const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
   // A config error is this rank's alone: say it before joining the job.
   flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
-  flowtrain::dist::World* world = nullptr;
-  if (placement.distributed()) {
-    flowtrain::dist::WorldOptions options;
-    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
-    options.config_hash = flowtrain::dist::config_file_fingerprint(path, overrides);
-    world = flowtrain::dist::World::init(placement, options);
-  }
-  const bool leader = !world || world->rank() == 0;
-  const bool terminal = leader && isatty(STDERR_FILENO) != 0;
-  const std::size_t count = config.phases.size();
-  for (std::size_t i = 0; i < count; ++i) {
-    flowtrain::PipelineConfig& phase = config.phases[i];
-    if (leader) {
-      phase.run.progress_interval_s = terminal ? 0.5 : 10;
-      phase.run.on_progress = [terminal](const flowtrain::Progress& p) {
-        show_progress(p, terminal);
-      };
-    }
-    std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
-    const std::string what = phase.name.empty() ? "run" : "phase " + phase.name;
-    if (leader && phase.name.empty()) {
-      std::cout << "running " << path << ": " << phase.stages.size() << " stages";
-    } else if (leader) {
-      std::cout << "phase " << phase.name << " (" << i + 1 << "/" << count
-                << "): " << phase.stages.size() << " stages";
-    }
-    if (leader && world) std::cout << " on each of " << world->size() << " ranks";
-    if (leader) std::cout << std::endl;
-    flowtrain::RunReport report;
-    {
-      flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
-      report = pipeline->run(phase.run);
-    }
-    if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
-    if (leader) std::cout << flowtrain::format_report(report) << std::flush;
-    if (report.stopped) {
-      // Later phases would build on an unfinished one. The other ranks were stopped too (by the
-      // launcher, or Slurm), or learn it from the store.
-      if (world) world->report_failure("stopped on request (SIGINT or SIGTERM)");
-      return 130;
-    }
-    if (world) {
-      const std::vector<std::string> lines =
-          world->gather_text("summaries of " + what, rank_summary(world->rank(), report));
-      if (leader) {
-        std::cout << "per rank:\n";
-        for (const std::string& line : lines) std::cout << "  " << line << "\n";
-        std::cout << std::flush;
-      }
-      // Every rank starts the next phase together, after whatever this one wrote.
-      world->barrier("end of " + what);
-    }
-  }
-  flowtrain::dist::World::shutdown();
-  return 0;
-}
-
-// `flowtrain run ... --nproc N`: the same command line without --nproc, as N local ranks.
-int launch(int nproc,
-           const std::string& path,
-           const std::vector<std::string>& overrides,
-           int argc,
-           char** argv) {
-  flowtrain::load_run_config(path, overrides);  // one line for a config error, not one per rank
-  const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
-  if (placement.distributed()) {
-    throw flowtrain::Error("--nproc starts its own ranks, but this process already is rank " +
-                           std::to_string(placement.rank) + " of " +
-                           std::to_string(placement.world_size) + " (from " + placement.launcher +
-                           "'s environment): drop --nproc");
-  }
-  flowtrain::dist::LaunchOptions options;
-  options.nproc = nproc;
-  options.program = std::filesystem::read_symlink("/proc/self/exe").string();
-  options.args = flowtrain::dist::args_without_nproc(argc, argv);
-  return flowtrain::dist::launch_local(options, std::cerr);
+  const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
+      config, {.config_path = path, .overrides = overrides, .timeout_s = timeout_s});
+  if (!outcome.stopped) return 0;
+  std::cerr << "flowtrain: stopped by " << *outcome.stopped << "\n";
+  return 130;
 }
 
 int check(const std::string& path, const std::vector<std::string>& overrides) {
@@ -295,7 +186,10 @@ int main(int argc, char** argv) {
   }
   flowtrain::dist::exit_with_launcher();
   try {
-    if (run_cmd->parsed() && nproc > 1) return launch(nproc, config_path, overrides, argc, argv);
+    if (run_cmd->parsed() && nproc > 1) {
+      flowtrain::load_run_config(config_path, overrides);  // one line for a config error
+      return flowtrain::dist::relaunch_as_ranks(nproc, argc, argv);
+    }
     if (run_cmd->parsed()) {
       const int code = run(config_path, overrides, timeout_s);
       // Stopped early: the peers' state is unknown.

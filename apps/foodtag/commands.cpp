@@ -1,7 +1,6 @@
 #include "apps/foodtag/commands.hpp"
 
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,13 +16,11 @@
 #include "apps/foodtag/html_report.hpp"
 #include "apps/foodtag/prepare.hpp"
 #include "apps/foodtag/profile.hpp"
+#include "distributed/run_phases.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
-#include "graph/job.hpp"
 #include "graph/report_io.hpp"
 #include "stages/data/dataset.hpp"
-#include "stages/dist/launch.hpp"
-#include "stages/dist/world.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/predictor.hpp"
@@ -258,80 +255,52 @@ void validate_snapshots(const Context& ctx,
             << ", " << eval_phase << "; " << (dir / "validation.csv").string() << ")\n";
 }
 
-// Runs the named phases of the config in turn: a progress line while each runs, its profiler
-// report after, and the report saved under profile/ for `foodtag report`. As a rank of a job
-// (the launcher's environment says so), it joins the job first; then rank 0 alone prints and
-// writes, and every rank starts a phase together.
+// Runs the named phases of the config in turn (distributed/run_phases.hpp: a progress line while
+// each runs, its profiler report after; as a rank of a job when the launcher's environment says
+// so). foodtag adds its own progress line (epochs), the step split after each report, the
+// report saved under profile/ for `foodtag report`, traces, and the validation of snapshots.
 void run_phases(const Context& ctx, const std::string& command) {
   flowtrain::RunConfig config = check_phases(ctx, command);
-  const std::vector<std::string>& names = command_phases().at(command);
-  flowtrain::dist::World* world = nullptr;
-  if (const flowtrain::JobPlacement placement = flowtrain::job_placement_from_env();
-      placement.distributed()) {
-    flowtrain::dist::WorldOptions options;
-    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(ctx.in.timeout_s * 1e3));
-    options.config_hash =
-        flowtrain::dist::config_file_fingerprint(ctx.in.config_path, ctx.in.overrides);
-    world = flowtrain::dist::World::init(placement, options);
-  }
-  const bool leader = !world || world->rank() == 0;
-  if (leader) write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
-  const bool terminal = leader && isatty(STDERR_FILENO) != 0;
-  std::uint64_t trained_steps = 0;  // by the training stage of the phases run
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto it = std::find_if(config.phases.begin(), config.phases.end(),
-                                 [&](const auto& p) { return p.name == names[i]; });
-    if (it == config.phases.end()) {
-      throw Error(ctx.in.config_path + ": no phase named '" + names[i] +
-                  "' (foodtag runs the phases teacher, distill, teacher_eval and student_eval)");
-    }
-    flowtrain::PipelineConfig& phase = *it;
+  const Params& output = ctx.section("output");
+  flowtrain::dist::PhaseHooks hooks;
+  hooks.joined = [&](bool leader) {
+    if (leader) write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
+  };
+  hooks.progress = [](const flowtrain::PipelineConfig& phase) {
     auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
-    phase.run.progress_interval_s =
-        terminal ? 0.5 : ctx.section("output").get_float("progress_interval_s");
-    if (leader) {
-      phase.run.on_progress = [line, terminal](const flowtrain::Progress& p) {
-        const std::string text = line->next(p);
-        std::fprintf(stderr, terminal ? "\r%s\x1b[K" : "%s\n", text.c_str());
-        std::fflush(stderr);
-      };
-    }
-    if (leader && ctx.section("output").get_bool("trace")) {
+    return [line](const flowtrain::Progress& p) { return line->next(p); };
+  };
+  hooks.prepare = [&](flowtrain::PipelineConfig& phase, bool leader) {
+    if (leader && output.get_bool("trace")) {
       phase.run.trace_path = (ctx.out_dir / ("trace-" + phase.name + ".json")).string();
     }
-    std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(phase);
-    if (leader) {
-      std::cout << "phase " << phase.name << " (" << i + 1 << "/" << names.size()
-                << "): " << phase.stages.size() << " stages";
-      if (world) std::cout << " on each of " << world->size() << " ranks";
-      std::cout << std::endl;
-    }
-    flowtrain::RunReport report;
-    {
-      flowtrain::StopOnSignal stop_on_ctrl_c(*pipeline);
-      report = pipeline->run(phase.run);
-    }
-    if (report.stopped) {
-      if (world) world->report_failure("stopped on request (SIGINT or SIGTERM)");
-      throw Error("stopped on request (Ctrl-C) during phase " + phase.name);
-    }
-    if (leader) {
-      if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
-      std::cout << flowtrain::format_report(report);
-      if (const std::string split = step_split(report); !split.empty()) std::cout << split << "\n";
-      std::cout << std::flush;
-      flowtrain::write_report_file(report, ctx.profile(phase.name).string());
-    }
+  };
+  hooks.finished = [&](const flowtrain::PipelineConfig& phase, const flowtrain::RunReport& report,
+                       bool leader) {
+    if (!leader) return;
+    if (const std::string split = step_split(report); !split.empty()) std::cout << split << "\n";
+    std::cout << std::flush;
+    flowtrain::write_report_file(report, ctx.profile(phase.name).string());
+  };
+  const flowtrain::dist::PhasesOutcome outcome =
+      flowtrain::dist::run_phases(config,
+                                  {.config_path = ctx.in.config_path,
+                                   .overrides = ctx.in.overrides,
+                                   .timeout_s = ctx.in.timeout_s,
+                                   .progress_interval_s = output.get_float("progress_interval_s"),
+                                   .phases = command_phases().at(command)},
+                                  hooks);
+  if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
+  std::uint64_t trained_steps = 0;  // by the training stage of the phases run
+  for (const flowtrain::RunReport& report : outcome.reports) {
     if (const std::optional<double> steps = stage_result(report, "steps")) {
       trained_steps = static_cast<std::uint64_t>(*steps);
     }
-    if (world) world->barrier("end of phase " + phase.name);
   }
-  flowtrain::dist::World::shutdown();
-  if (leader && command == "train-teacher") {
+  if (outcome.leader && command == "train-teacher") {
     validate_snapshots(ctx, config, "teacher", "teacher_eval", trained_steps);
   }
-  if (leader && command == "distill") {
+  if (outcome.leader && command == "distill") {
     validate_snapshots(ctx, config, "student", "student_eval", trained_steps);
   }
 }
@@ -342,8 +311,7 @@ void launch_phases(const Context& ctx, const std::string& command) {
   std::vector<std::string> args = {ctx.in.program, command, "-c", ctx.in.config_path,
                                    "--timeout", std::to_string(ctx.in.timeout_s)};
   args.insert(args.end(), ctx.in.overrides.begin(), ctx.in.overrides.end());
-  const int code = flowtrain::dist::launch_local(
-      {.nproc = ctx.in.nproc, .program = ctx.in.program, .args = args}, std::cerr);
+  const int code = flowtrain::dist::relaunch_as_ranks(ctx.in.nproc, args);
   if (code != 0) {
     throw Error(command + " on " + std::to_string(ctx.in.nproc) + " ranks failed (exit code " +
                 std::to_string(code) + ")");

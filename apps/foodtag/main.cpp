@@ -25,8 +25,9 @@
 #include <iostream>
 
 #include "apps/foodtag/commands.hpp"
-#include "stages/dist/launch.hpp"
-#include "stages/dist/world.hpp"
+#include "distributed/launch.hpp"
+#include "distributed/run_phases.hpp"
+#include "distributed/world.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"foodtag: distil a ViT teacher into a small ViT student that tags food photos"};
@@ -88,10 +89,7 @@ int main(int argc, char** argv) {
     }
     if (in.nproc > 1 && command != "run") {
       foodtag::check_command(command, in);  // one line for a bad config, not one per rank
-      return flowtrain::dist::launch_local(
-          {.nproc = in.nproc, .program = in.program,
-           .args = flowtrain::dist::args_without_nproc(argc, argv)},
-          std::cerr);
+      return flowtrain::dist::relaunch_as_ranks(in.nproc, argc, argv);
     }
     const int code = foodtag::run_command(command, in);
     // Stopped early as a rank of a job: the peers' state is unknown.

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "graph/error.hpp"
-#include "graph/job.hpp"
+#include "distributed/job.hpp"
 
 namespace flowtrain::data {
 

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "graph/error.hpp"
-#include "stages/dist/world.hpp"
+#include "distributed/world.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
 

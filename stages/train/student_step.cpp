@@ -6,9 +6,9 @@
 #include <filesystem>
 
 #include "graph/error.hpp"
-#include "stages/dist/grad_sync.hpp"
-#include "stages/dist/world.hpp"
-#include "stages/dist/zero.hpp"
+#include "distributed/grad_sync.hpp"
+#include "distributed/world.hpp"
+#include "distributed/zero.hpp"
 #include "stages/train/compute.hpp"
 
 namespace flowtrain::train {

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <thread>
 
-#include "stages/dist/launch.hpp"
+#include "distributed/launch.hpp"
 #include "tests/process.hpp"
 
 namespace flowtrain::testing {

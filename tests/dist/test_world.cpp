@@ -13,9 +13,9 @@
 #include <map>
 #include <thread>
 
-#include "graph/job.hpp"
-#include "stages/dist/launch.hpp"
-#include "stages/dist/world.hpp"
+#include "distributed/job.hpp"
+#include "distributed/launch.hpp"
+#include "distributed/world.hpp"
 #include "tests/process.hpp"
 
 namespace flowtrain::testing {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "stages/dist/grad_sync.hpp"
-#include "stages/dist/zero.hpp"
+#include "distributed/grad_sync.hpp"
+#include "distributed/zero.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "tests/process.hpp"
 #include "tests/train/training_fixture.hpp"

@@ -1,4 +1,4 @@
-#include "stages/dist/zero.hpp"
+#include "distributed/zero.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/tensor_flatten.h>

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
-#include "graph/job.hpp"
+#include "distributed/job.hpp"
 
 namespace flowtrain::dist {
 

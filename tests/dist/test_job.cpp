@@ -2,7 +2,7 @@
 #include <stdlib.h>
 
 #include "graph/error.hpp"
-#include "graph/job.hpp"
+#include "distributed/job.hpp"
 
 using namespace flowtrain;
 

@@ -1,4 +1,4 @@
-#include "graph/job.hpp"
+#include "distributed/job.hpp"
 
 #include <cstdlib>
 #include <string>

@@ -1,4 +1,4 @@
-#include "stages/dist/grad_sync.hpp"
+#include "distributed/grad_sync.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "stages/dist/launch.hpp"
+#include "distributed/launch.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

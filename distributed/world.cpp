@@ -1,4 +1,4 @@
-#include "stages/dist/world.hpp"
+#include "distributed/world.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

@@ -1,0 +1,171 @@
+#include "distributed/run_phases.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "distributed/job.hpp"
+#include "distributed/launch.hpp"
+#include "distributed/world.hpp"
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+
+namespace flowtrain::dist {
+
+namespace {
+
+std::string default_progress(const Progress& p) {
+  const double rate = p.elapsed_s > 0 ? static_cast<double>(p.completed) / p.elapsed_s : 0;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%8.1f s  produced %llu  completed %llu  %.0f items/s",
+                p.elapsed_s, static_cast<unsigned long long>(p.produced),
+                static_cast<unsigned long long>(p.completed), rate);
+  return buf;
+}
+
+// "rank 1: wall 2.31 s, 'work' busy 87%, 'student_step' steps 6 loss 0.0312": what rank 0
+// prints for every rank after a phase of a data-parallel job.
+std::string rank_summary(int rank, const RunReport& report) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "rank %d: wall %.2f s", rank, report.wall_s);
+  std::string line = buf;
+  if (const std::optional<std::size_t> b = report.bottleneck()) {
+    const StageReport& s = report.stages[*b];
+    std::snprintf(buf, sizeof buf, ", '%s' busy %.0f%%", s.name.c_str(), s.busy_fraction * 100);
+    line += buf;
+  }
+  for (const StageReport& s : report.stages) {
+    if (s.results.empty()) continue;
+    line += ", '" + s.name + "'";
+    for (const StageResult& result : s.results) {
+      std::snprintf(buf, sizeof buf, " %s %.4g", result.name.c_str(), result.value);
+      line += buf;
+    }
+  }
+  return line;
+}
+
+// The phases to run, in order: the named ones, or all.
+std::vector<PipelineConfig*> selected(RunConfig& config, const RunPhasesOptions& options) {
+  std::vector<PipelineConfig*> out;
+  if (options.phases.empty()) {
+    for (PipelineConfig& phase : config.phases) out.push_back(&phase);
+    return out;
+  }
+  std::string known;
+  for (const PipelineConfig& phase : config.phases) known += (known.empty() ? "" : ", ") + phase.name;
+  for (const std::string& name : options.phases) {
+    const auto it = std::find_if(config.phases.begin(), config.phases.end(),
+                                 [&](const PipelineConfig& p) { return p.name == name; });
+    if (it == config.phases.end()) {
+      throw Error(config.origin + ": no phase named '" + name + "' (it has: " + known + ")");
+    }
+    out.push_back(&*it);
+  }
+  return out;
+}
+
+}  // namespace
+
+PhasesOutcome run_phases(RunConfig& config,
+                         const RunPhasesOptions& options,
+                         const PhaseHooks& hooks) {
+  const std::vector<PipelineConfig*> phases = selected(config, options);
+  World* world = nullptr;
+  if (const JobPlacement placement = job_placement_from_env(); placement.distributed()) {
+    WorldOptions world_options;
+    world_options.timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1000));
+    world_options.config_hash = config_file_fingerprint(options.config_path, options.overrides);
+    world = World::init(placement, world_options);
+  }
+  PhasesOutcome outcome;
+  outcome.leader = !world || world->rank() == 0;
+  const bool leader = outcome.leader;
+  if (hooks.joined) hooks.joined(leader);
+  const bool terminal = leader && isatty(STDERR_FILENO) != 0;
+
+  for (std::size_t i = 0; i < phases.size(); ++i) {
+    PipelineConfig& phase = *phases[i];
+    const std::string what = phase.name.empty() ? "run" : "phase " + phase.name;
+    phase.run.progress_interval_s = terminal ? 0.5 : options.progress_interval_s;
+    if (leader) {
+      std::function<std::string(const Progress&)> line =
+          hooks.progress ? hooks.progress(phase) : default_progress;
+      phase.run.on_progress = [line, terminal](const Progress& p) {
+        std::fprintf(stderr, terminal ? "\r%s\x1b[K" : "%s\n", line(p).c_str());
+        std::fflush(stderr);
+      };
+    }
+    if (hooks.prepare) hooks.prepare(phase, leader);
+    std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
+    if (leader) {
+      if (phase.name.empty()) {
+        std::cout << "running " << config.origin << ": " << phase.stages.size() << " stages";
+      } else {
+        std::cout << "phase " << phase.name << " (" << i + 1 << "/" << phases.size()
+                  << "): " << phase.stages.size() << " stages";
+      }
+      if (world) std::cout << " on each of " << world->size() << " ranks";
+      std::cout << std::endl;
+    }
+    RunReport report;
+    int signal = 0;
+    {
+      StopOnSignal stop_on_signal(*pipeline);
+      report = pipeline->run(phase.run);
+      signal = stop_on_signal.received();
+    }
+    if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
+    if (leader) std::cout << format_report(report) << std::flush;
+    if (report.stopped) {
+      outcome.stopped = std::string(signal == SIGTERM ? "SIGTERM" : "SIGINT") + " during " +
+                        (phase.name.empty() ? "the run" : what);
+      outcome.reports.push_back(std::move(report));
+      // Later phases would build on an unfinished one. The other ranks were stopped too (by the
+      // launcher, or Slurm), or learn it from the store.
+      if (world) world->report_failure("stopped by " + *outcome.stopped);
+      return outcome;
+    }
+    if (hooks.finished) hooks.finished(phase, report, leader);
+    if (world) {
+      const std::vector<std::string> lines =
+          world->gather_text("summaries of " + what, rank_summary(world->rank(), report));
+      if (leader) {
+        std::cout << "per rank:\n";
+        for (const std::string& line : lines) std::cout << "  " << line << "\n";
+        std::cout << std::flush;
+      }
+      // Every rank starts the next phase together, after whatever this one wrote.
+      world->barrier("end of " + what);
+    }
+    outcome.reports.push_back(std::move(report));
+  }
+  World::shutdown();
+  return outcome;
+}
+
+int relaunch_as_ranks(int nproc, int argc, char** argv) {
+  return relaunch_as_ranks(nproc, args_without_nproc(argc, argv));
+}
+
+int relaunch_as_ranks(int nproc, std::vector<std::string> args) {
+  const JobPlacement placement = job_placement_from_env();
+  if (placement.distributed()) {
+    throw Error("--nproc starts its own ranks, but this process already is rank " +
+                std::to_string(placement.rank) + " of " + std::to_string(placement.world_size) +
+                " (from " + placement.launcher + "'s environment): drop --nproc");
+  }
+  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
+  if (!args.empty()) args[0] = program;
+  return launch_local({.nproc = nproc, .program = program, .args = std::move(args)}, std::cerr);
+}
+
+}  // namespace flowtrain::dist
