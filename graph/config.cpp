@@ -366,8 +366,13 @@ std::vector<std::string> input_list(const YAML::Node& node,
   }
   std::vector<std::string> known;
   for (const StageConfig& s : earlier) known.push_back(s.name);
+  auto listed = [&](const std::string& name) {
+    return std::find(known.begin(), known.end(), name) != known.end();
+  };
   for (const std::string& name : names) {
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
+    // "router.output": add_problem checks the output.
+    const std::size_t dot = name.rfind('.');
+    if (!listed(name) && (dot == std::string::npos || !listed(name.substr(0, dot)))) {
       loc.fail(node, ctx + "input '" + name + "' is not a stage listed before this one" +
                          suggestion(name, known));
     }
@@ -454,7 +459,7 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
       loc.fail(entry, stage_ctx + problem);
     }
-    std::vector<std::size_t> resolved;
+    std::vector<InputLink> resolved;
     if (std::string problem = add_problem(stage_decls(config, registry),
                                           {stage.name, info->shape, stage.options}, resolved);
         !problem.empty()) {

@@ -39,6 +39,12 @@ struct StageAccess {
                                     ItemContext& ctx) {
     return s.join_erased(parts, ctx);
   }
+  static std::shared_ptr<void> route(Stage& s,
+                                     std::shared_ptr<void>& v,
+                                     ItemContext& ctx,
+                                     std::size_t& output) {
+    return s.route_erased(v, ctx, output);
+  }
   static std::shared_ptr<void> copy_input(const Stage& s, const std::shared_ptr<void>& v) {
     return s.copy_input_erased(v);
   }
@@ -77,24 +83,83 @@ std::optional<std::size_t> index_of(const std::vector<StageDecl>& stages, const 
   return std::nullopt;
 }
 
+std::string output_names(const StageDecl& router) {
+  std::string out;
+  for (const std::string& o : router.shape.outputs) {
+    out += (out.empty() ? "'" : ", '") + router.name + "." + o + "'";
+  }
+  return out;
+}
+
+// Resolves an input name, "stage" or "router.output", among `stages`; returns a problem (after
+// "stage 'x' takes input 'name'") or an empty string.
+std::string resolve(const std::vector<StageDecl>& stages, const std::string& name, InputLink& link) {
+  if (const std::optional<std::size_t> p = index_of(stages, name)) {
+    if (stages[*p].shape.kind == Kind::kRoute) {
+      return ", a router: name one of its outputs (" + output_names(stages[*p]) + ")";
+    }
+    link = {*p, kAllOutputs};
+    return {};
+  }
+  const std::size_t dot = name.rfind('.');
+  const std::optional<std::size_t> p =
+      dot == std::string::npos ? std::nullopt : index_of(stages, name.substr(0, dot));
+  if (!p) return ", which is not a stage listed before it; list each stage after its inputs";
+  const StageDecl& router = stages[*p];
+  const std::vector<std::string>& outputs = router.shape.outputs;
+  const auto it = std::find(outputs.begin(), outputs.end(), name.substr(dot + 1));
+  if (router.shape.kind != Kind::kRoute) {
+    return ", but '" + router.name + "' has no named outputs; take its output as '" + router.name +
+           "'";
+  }
+  if (it == outputs.end()) {
+    return ", but router '" + router.name + "' has no output '" + name.substr(dot + 1) +
+           "' (its outputs: " + output_names(router) + ")";
+  }
+  link = {*p, static_cast<std::size_t>(it - outputs.begin())};
+  return {};
+}
+
+// The inputs of stages[i], resolved (the stages before it are valid).
+std::vector<InputLink> links_of(const std::vector<StageDecl>& stages, std::size_t i) {
+  std::vector<InputLink> links;
+  const std::vector<StageDecl> before(stages.begin(), stages.begin() + static_cast<long>(i));
+  for (const std::string& name : input_names(stages, i)) {
+    InputLink link;
+    resolve(before, name, link);
+    links.push_back(link);
+  }
+  return links;
+}
+
 // The stage that numbers the items of stages[i]: the source or the nearest flat map upstream.
 std::size_t numbered_by(const std::vector<StageDecl>& stages, std::size_t i) {
   while (stages[i].shape.kind != Kind::kSource && stages[i].shape.kind != Kind::kFlatMap) {
-    i = *index_of(stages, input_names(stages, i).front());
+    i = links_of(stages, i).front().stage;
   }
   return i;
 }
 
-// The consumers of stages[p] among `stages`.
-std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages, std::size_t p) {
+// The type of the items stages[p] emits (a merge emits its inputs').
+ItemType emitted(const std::vector<StageDecl>& stages, std::size_t p) {
+  while (stages[p].shape.output.id == typeid(SameAsInputs)) p = links_of(stages, p).front().stage;
+  return stages[p].shape.output;
+}
+
+// The stages among `stages` that take output `output` of stages[p] (kAllOutputs: any).
+std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages,
+                                      std::size_t p,
+                                      std::size_t output = kAllOutputs) {
   std::vector<std::size_t> out;
   for (std::size_t i = p + 1; i < stages.size(); ++i) {
-    for (const std::string& name : input_names(stages, i)) {
-      if (name == stages[p].name) out.push_back(i);
+    for (const InputLink& link : links_of(stages, i)) {
+      if (link.stage == p && (output == kAllOutputs || link.output == output)) out.push_back(i);
     }
   }
   return out;
 }
+
+bool has_ports(Kind kind) { return kind == Kind::kJoin || kind == Kind::kMerge; }
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -118,7 +183,7 @@ std::string options_problem(const StageShape& shape, const StageOptions& options
 
 std::string add_problem(const std::vector<StageDecl>& earlier,
                         const StageDecl& next,
-                        std::vector<std::size_t>& inputs) {
+                        std::vector<InputLink>& inputs) {
   inputs.clear();
   const std::string label = "stage '" + next.name + "'";
   if (std::string problem = options_problem(next.shape, next.options); !problem.empty()) {
@@ -142,26 +207,27 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
   const std::vector<std::string> names = input_names(all, earlier.size());
   if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
     return label + " is a " + to_string(next.shape.kind) + " and takes " +
-           (next.shape.kind == Kind::kJoin ? "two or more inputs" : "one input") + ", not " +
+           (has_ports(next.shape.kind) ? "two or more inputs" : "one input") + ", not " +
            std::to_string(names.size()) + " (inputs: " + join_names(names) + ")";
   }
   for (const std::string& name : names) {
-    const std::optional<std::size_t> p = index_of(earlier, name);
-    if (!p) {
-      return label + " takes input '" + name +
-             "', which is not a stage listed before it; list each stage after its inputs";
+    InputLink link;
+    if (std::string problem = resolve(earlier, name, link); !problem.empty()) {
+      return label + " takes input '" + name + "'" + problem;
     }
-    if (std::count(inputs.begin(), inputs.end(), *p) > 0) {
-      return label + " names input '" + name + "' twice";
+    for (const InputLink& other : inputs) {
+      if (other.stage == link.stage && other.output == link.output) {
+        return label + " names input '" + name + "' twice";
+      }
     }
-    const StageDecl& prev = earlier[*p];
+    const StageDecl& prev = earlier[link.stage];
     if (prev.shape.kind == Kind::kSink) {
       return label + " takes its items from the sink '" + prev.name +
              "', which emits none; name its input with `inputs: [...]`";
     }
-    if (!next.shape.input.accepts(prev.shape.output)) {
+    if (!next.shape.input.accepts(emitted(earlier, link.stage))) {
       return "item type mismatch: '" + next.name + "' takes " + next.shape.input.name() +
-             ", but '" + prev.name + "' emits " + prev.shape.output.name();
+             ", but '" + prev.name + "' emits " + emitted(earlier, link.stage).name();
     }
     if (prev.options.concurrency == kUnlimited ||
         prev.options.concurrency > next.options.queue_capacity) {
@@ -174,7 +240,7 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
       }
     }
     // A shared output is copied for each consumer but the last: all of them must allow it.
-    std::vector<std::size_t> sharers = consumers_of(earlier, *p);
+    std::vector<std::size_t> sharers = consumers_of(earlier, link.stage, link.output);
     if (!sharers.empty()) {
       sharers.push_back(earlier.size());
       for (const std::size_t c : sharers) {
@@ -185,14 +251,24 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
         }
       }
     }
-    inputs.push_back(*p);
+    inputs.push_back(link);
   }
-  if (next.shape.kind == Kind::kJoin) {
-    const std::size_t first = numbered_by(earlier, inputs[0]);
+  if (next.shape.kind == Kind::kMerge) {
     for (std::size_t k = 1; k < inputs.size(); ++k) {
-      const std::size_t other = numbered_by(earlier, inputs[k]);
+      if (emitted(earlier, inputs[k].stage).id != emitted(earlier, inputs[0].stage).id) {
+        return "merge '" + next.name + "' passes on one item type, but '" + names[0] + "' emits " +
+               emitted(earlier, inputs[0].stage).name() + " and '" + names[k] + "' emits " +
+               emitted(earlier, inputs[k].stage).name();
+      }
+    }
+  }
+  if (has_ports(next.shape.kind)) {
+    const std::size_t first = numbered_by(earlier, inputs[0].stage);
+    for (std::size_t k = 1; k < inputs.size(); ++k) {
+      const std::size_t other = numbered_by(earlier, inputs[k].stage);
       if (other != first) {
-        return "join '" + next.name + "' pairs items by sequence number, but its inputs '" +
+        return std::string(to_string(next.shape.kind)) + " '" + next.name +
+               "' pairs items by sequence number, but its inputs '" +
                names[0] + "' and '" + names[k] + "' are numbered by different stages ('" +
                earlier[first].name + "' and '" + earlier[other].name +
                "'); join branches of one source or flat map";
@@ -213,6 +289,14 @@ std::string graph_problem(const std::vector<StageDecl>& stages) {
       return "the output of '" + stages[i].name +
              "' goes nowhere: no stage takes it as input; end that branch with a sink " +
              "(type: discard)";
+    }
+    const std::vector<std::string>& outputs = stages[i].shape.outputs;
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      if (consumers_of(stages, i, k).empty()) {
+        return "the output '" + stages[i].name + "." + outputs[k] +
+               "' goes nowhere: no stage takes it as input; end that branch with a sink " +
+               "(type: discard)";
+      }
     }
   }
   return {};
@@ -251,7 +335,7 @@ Pipeline& Pipeline::add(std::string name, std::unique_ptr<Stage> stage, StageOpt
   if (!stage) throw Error("stage '" + name + "' is null");
   if (stage->requires_order()) options.ordered = true;
   StageDecl decl{std::move(name), stage->shape(), std::move(options)};
-  std::vector<std::size_t> inputs;
+  std::vector<InputLink> inputs;
   if (std::string problem = add_problem(decls(), decl, inputs); !problem.empty()) {
     throw Error(problem);
   }
@@ -312,10 +396,10 @@ class Pipeline::Runtime {
         consumers_(nodes_.size()),
         out_capacity_(nodes_.size(), 0) {
     for (std::size_t c = 0; c < nodes_.size(); ++c) {
-      const std::vector<std::size_t>& in = nodes_[c].inputs;
+      const std::vector<InputLink>& in = nodes_[c].inputs;
       for (std::size_t port = 0; port < in.size(); ++port) {
-        consumers_[in[port]].push_back({c, port});
-        std::size_t& cap = out_capacity_[in[port]];
+        consumers_[in[port].stage].push_back({c, port, in[port].output});
+        std::size_t& cap = out_capacity_[in[port].stage];
         const std::size_t q = nodes_[c].options.queue_capacity;
         cap = cap == 0 ? q : std::min(cap, q);
       }
@@ -372,7 +456,8 @@ class Pipeline::Runtime {
 
   struct Consumer {
     std::size_t stage;
-    std::size_t port;  // which of its inputs
+    std::size_t port;    // which of its inputs
+    std::size_t output;  // which output of a router it takes (kAllOutputs: every item)
   };
 
   // A join's collector: the parts of the items not yet complete, by sequence number.
@@ -420,7 +505,7 @@ class Pipeline::Runtime {
         if (rt.out_capacity_[i] > 0) gates[i] = std::make_unique<Gate>(g, rt.out_capacity_[i]);
       }
       for (std::size_t i = 1; i < n; ++i) {
-        if (nodes[i].shape.kind == Kind::kJoin) {
+        if (has_ports(nodes[i].shape.kind)) {
           auto state = std::make_unique<JoinState>();
           state->arrived.assign(nodes[i].inputs.size(), 0);
           joins[i] = std::move(state);
@@ -468,7 +553,7 @@ class Pipeline::Runtime {
     for (std::size_t i = nodes_.size(); i-- > 1;) {
       bool downstream = false;
       for (const Consumer& c : consumers_[i]) {
-        downstream = downstream || in_order[c.stage] || nodes_[c.stage].shape.kind == Kind::kJoin;
+        downstream = downstream || in_order[c.stage] || has_ports(nodes_[c.stage].shape.kind);
       }
       in_order[i] =
           nodes_[i].options.ordered || (downstream && nodes_[i].shape.kind != Kind::kFlatMap);
@@ -512,7 +597,7 @@ class Pipeline::Runtime {
       detail::StageGeometry geo;
       geo.workers = workers(i);
       geo.out_capacity = out_capacity_[i];
-      geo.inputs = nodes_[i].inputs;
+      for (const InputLink& link : nodes_[i].inputs) geo.inputs.push_back(link.stage);
       for (const Consumer& c : consumers_[i]) geo.consumers.push_back(c.stage);
       geo.name = nodes_[i].name;
       geo.stage = nodes_[i].stage.get();
@@ -530,25 +615,34 @@ class Pipeline::Runtime {
     return std::max<std::size_t>(w, 1);
   }
 
-  // Puts stage i's output on its edges. Each consumer but the last gets its own copy of the
-  // value (made here, before any of them can touch it); the last gets the value itself.
-  void push(std::size_t i, Message m) {
+  // Puts stage i's output on its edges: to the consumers of `output` (a router's choice) or of
+  // every output; the others get a tombstone. Of those that get the value, each but the last
+  // gets its own copy (made here, before any of them can touch it); the last the value itself.
+  void push(std::size_t i, Message m, std::size_t output = kAllOutputs) {
     counters_[i]->emitted.fetch_add(1, std::memory_order_relaxed);
     const std::vector<Consumer>& to = consumers_[i];
     m.from = static_cast<std::uint32_t>(i);
     if (to.size() > 1) {
       m.sharers = std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
     }
-    for (std::size_t k = 0; k + 1 < to.size(); ++k) {
-      Message copy = m;
-      if (m.value) copy.value = detail::StageAccess::copy_input(*nodes_[to[k].stage].stage, m.value);
-      deliver(to[k], std::move(copy));
+    auto takes = [&](const Consumer& c) {
+      return c.output == kAllOutputs || output == kAllOutputs || c.output == output;
+    };
+    std::size_t last = to.size();
+    for (std::size_t k = 0; k < to.size(); ++k) last = takes(to[k]) ? k : last;
+    for (std::size_t k = 0; k < to.size(); ++k) {
+      Message out{m.seq, nullptr, m.from, m.sharers};
+      if (k == last) {
+        out.value = std::move(m.value);
+      } else if (m.value && takes(to[k])) {
+        out.value = detail::StageAccess::copy_input(*nodes_[to[k].stage].stage, m.value);
+      }
+      deliver(to[k], std::move(out));
     }
-    deliver(to.back(), std::move(m));
   }
 
   void deliver(const Consumer& c, Message m) {
-    if (nodes_[c.stage].shape.kind == Kind::kJoin) {
+    if (has_ports(nodes_[c.stage].shape.kind)) {
       graph_->ports[c.stage][c.port]->try_put(std::move(m));
     } else {
       graph_->buffers[c.stage]->try_put(std::move(m));
@@ -624,22 +718,36 @@ class Pipeline::Runtime {
     Stage& stage = *nodes_[i].stage;
     const Kind kind = nodes_[i].shape.kind;
 
-    std::vector<std::shared_ptr<void>> parts;  // a join's inputs
-    if (kind == Kind::kJoin) {
+    std::vector<std::shared_ptr<void>> parts;  // a join's or merge's inputs
+    if (has_ports(kind)) {
       JoinedParts& set = *static_cast<JoinedParts*>(in.value.get());
-      bool whole = true;
+      std::size_t present = 0;
       for (Message& part : set.parts) {
         release(part);
-        whole = whole && part.value;
+        present += part.value ? 1 : 0;
         parts.push_back(std::move(part.value));
       }
-      if (!whole) in.value.reset();
+      if (kind == Kind::kMerge && present > 1) {
+        throw StageError(nodes_[i].name, in.seq,
+                         "it got the item from " + std::to_string(present) +
+                             " of its inputs; a merge takes the branches of one router, which "
+                             "sends each item down one");
+      }
+      if (kind == Kind::kMerge && present == 1) {
+        c.items_in.fetch_add(1, std::memory_order_relaxed);
+        c.items_out.fetch_add(1, std::memory_order_relaxed);
+        for (std::shared_ptr<void>& part : parts) {
+          if (part) push(i, Message{in.seq, std::move(part)});
+        }
+        return;
+      }
+      if (present < parts.size()) in.value.reset();
     } else {
       release(in);
     }
 
     if (!in.value) {  // a tombstone: keep the sequence whole, do no work
-      if (kind == Kind::kMap || kind == Kind::kJoin) push(i, Message{in.seq, nullptr});
+      if (kind != Kind::kFlatMap && kind != Kind::kSink) push(i, Message{in.seq, nullptr});
       if (kind == Kind::kFlatMap) graph_->gates[i]->decrementer().try_put(1);
       return;
     }
@@ -677,7 +785,27 @@ class Pipeline::Runtime {
         });
         if (ctx.drop_reason()) c.record_drop(in.seq, *ctx.drop_reason());
         break;
+      case Kind::kRoute: {
+        std::size_t output = 0;
+        std::shared_ptr<void> out = invoke(i, in.seq, [&] {
+          return detail::StageAccess::route(stage, in.value, ctx, output);
+        });
+        in.value.reset();
+        if (out && output >= nodes_[i].shape.outputs.size()) {
+          throw StageError(nodes_[i].name, in.seq,
+                           "routed the item to output " + std::to_string(output) + " of " +
+                               std::to_string(nodes_[i].shape.outputs.size()));
+        }
+        if (out) {
+          c.items_out.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          c.record_drop(in.seq, ctx.drop_reason().value_or("dropped by the stage"));
+        }
+        push(i, Message{in.seq, std::move(out)}, out ? output : kAllOutputs);
+        break;
+      }
       case Kind::kSource:
+      case Kind::kMerge:
         break;
     }
   }
@@ -804,7 +932,7 @@ void Pipeline::prepare() {
   std::vector<std::optional<std::uint64_t>> planned(nodes_.size());
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const std::optional<std::uint64_t> in =
-        nodes_[i].inputs.empty() ? std::nullopt : planned[nodes_[i].inputs.front()];
+        nodes_[i].inputs.empty() ? std::nullopt : planned[nodes_[i].inputs.front().stage];
     if (i + 1 == nodes_.size()) expected_ = in.value_or(0);
     planned[i] = nodes_[i].stage->plan(in);
   }

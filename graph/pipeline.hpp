@@ -24,9 +24,19 @@ struct StageOptions {
   /// Deliver items to this stage in sequence order (forced on for stages that require it).
   bool ordered = false;
   /// Names of the stages this one takes its items from, added before it; empty: the stage
-  /// added just before. One for a map, flat map or sink; two or more for a join. A stage's
-  /// output reaches every stage that names it (fan-out).
+  /// added just before. One for a map, flat map, router or sink; two or more for a join or
+  /// merge. A stage's output reaches every stage that names it (fan-out); a router's outputs
+  /// are named "router.output".
   std::vector<std::string> inputs;
+};
+
+/// An input that takes every item of its stage (not one output of a router).
+inline constexpr std::size_t kAllOutputs = static_cast<std::size_t>(-1);
+
+/// One input of a stage: the stage it comes from and, for a router, which of its outputs.
+struct InputLink {
+  std::size_t stage = 0;
+  std::size_t output = kAllOutputs;
 };
 
 /// What the graph checks know of a stage before it is built (a registry entry has the same).
@@ -40,13 +50,13 @@ struct StageDecl {
 std::string options_problem(const StageShape& shape, const StageOptions& options);
 
 /// Returns a one-line problem if `next` cannot be added after the stages `earlier` (listed in
-/// the order they were added), else an empty string; on success `inputs` holds the indices in
-/// `earlier` of its inputs. Checks the options, the inputs (names, count, kinds, item types,
+/// the order they were added), else an empty string; on success `inputs` holds its inputs
+/// (indices in `earlier`, and the router output each takes). Checks the options, the inputs (names, count, kinds, item types,
 /// capacities), that a join's inputs are numbered alike and that consumers of a shared output
 /// can copy it. Shared by Pipeline::add and config validation so both give the same message.
 std::string add_problem(const std::vector<StageDecl>& earlier,
                         const StageDecl& next,
-                        std::vector<std::size_t>& inputs);
+                        std::vector<InputLink>& inputs);
 
 /// Returns a one-line problem if the complete graph `stages` cannot run (the last stage is not a
 /// sink; an output nobody consumes), else an empty string.
@@ -126,7 +136,7 @@ class Pipeline {
     std::unique_ptr<Stage> stage;
     StageShape shape;
     StageOptions options;
-    std::vector<std::size_t> inputs;  // indices of the stages it takes items from
+    std::vector<InputLink> inputs;  // the stages (and router outputs) it takes items from
   };
   class Runtime;
   // Seeks the source to the position a resuming stage asks for, then plans the item counts.

@@ -16,6 +16,10 @@ const char* to_string(StageShape::Kind kind) {
       return "sink";
     case StageShape::Kind::kJoin:
       return "join";
+    case StageShape::Kind::kRoute:
+      return "router";
+    case StageShape::Kind::kMerge:
+      return "merge";
   }
   return "?";
 }
@@ -25,6 +29,7 @@ std::size_t StageShape::max_inputs() const {
     case Kind::kSource:
       return 0;
     case Kind::kJoin:
+    case Kind::kMerge:
       return static_cast<std::size_t>(-1);
     default:
       return 1;
@@ -32,7 +37,7 @@ std::size_t StageShape::max_inputs() const {
 }
 
 std::size_t StageShape::min_inputs() const {
-  return kind == Kind::kSource ? 0 : kind == Kind::kJoin ? 2 : 1;
+  return kind == Kind::kSource ? 0 : (kind == Kind::kJoin || kind == Kind::kMerge) ? 2 : 1;
 }
 
 const ParamSpec* StageInfo::find_param(const std::string& name) const {
@@ -43,7 +48,18 @@ const ParamSpec* StageInfo::find_param(const std::string& name) const {
 }
 
 Registry& Registry::global() {
-  static Registry registry;
+  // Built into the graph: `merge`, which runs no code of its own.
+  static Registry registry = [] {
+    Registry r;
+    r.add({"merge",
+           {"Takes each item back from the branch of a router it went through: the one item with "
+            "that sequence number among its inputs, in sequence order. Inputs: two or more "
+            "branches of one router; emits their item type.",
+            {}},
+           MergeStage::static_shape(),
+           [](const Params&) { return std::unique_ptr<Stage>(new MergeStage); }});
+    return r;
+  }();
   return registry;
 }
 

@@ -62,7 +62,7 @@ class Emitter {
 /// The static shape of a stage, known before it is constructed (a registry entry has one too),
 /// so configs are validated without building anything.
 struct StageShape {
-  enum class Kind { kSource, kMap, kFlatMap, kSink, kJoin };
+  enum class Kind { kSource, kMap, kFlatMap, kSink, kJoin, kRoute, kMerge };
 
   Kind kind = Kind::kMap;
   ItemType input;   // none for a source; the type of every input of a join
@@ -72,9 +72,11 @@ struct StageShape {
   /// The input type can be copied, so the stage can share a producer with other consumers
   /// (fan-out): each consumer but the last gets its own copy of the item's value.
   bool copyable_input = true;
+  /// A router's named outputs (each item goes to one of them); empty for other stages.
+  std::vector<std::string> outputs;
 
-  /// How many inputs a stage of this kind takes: none for a source, one for a map, flat map or
-  /// sink, two or more for a join.
+  /// How many inputs a stage of this kind takes: none for a source, one for a map, flat map,
+  /// router or sink, two or more for a join or merge.
   std::size_t min_inputs() const;
   std::size_t max_inputs() const;
 };
@@ -138,6 +140,11 @@ class Stage {
   virtual void consume_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {}
   virtual std::shared_ptr<void> join_erased(std::vector<std::shared_ptr<void>>& /*parts*/,
                                             ItemContext&) {
+    return nullptr;
+  }
+  virtual std::shared_ptr<void> route_erased(std::shared_ptr<void>& /*value*/,
+                                             ItemContext&,
+                                             std::size_t& /*output*/) {
     return nullptr;
   }
   // A copy of an input value, for the consumers of a fan-out (shape().copyable_input).
@@ -331,6 +338,78 @@ class Join : public Stage {
   }
   std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const final {
     return detail::copy_value<In>(value);
+  }
+};
+
+/// What a Router returns: which of its outputs the item goes to (an index into the names its
+/// shape declares), and the item.
+template <class Out>
+struct Routed {
+  std::size_t output = 0;
+  Out value;
+};
+
+/// Sends each item to one of its named outputs. The stages that take another of its outputs get
+/// a tombstone in its place, so they do no work for it and their sequence stays whole; a `merge`
+/// downstream takes each item back from the branch it went through, in sequence order. Consumers
+/// name an output as `stage.output`. Any concurrency; `process` must then be thread-safe. The
+/// class declares its outputs in its shape:
+///
+///   class Parity final : public Router<std::uint64_t, std::uint64_t> {
+///    public:
+///     static StageShape static_shape() { return shape_with_outputs({"even", "odd"}); }
+///     StageShape shape() const override { return static_shape(); }
+///
+///    protected:
+///     std::optional<Routed<std::uint64_t>> process(std::uint64_t&& n, ItemContext&) override {
+///       return Routed<std::uint64_t>{n % 2, n};
+///     }
+///   };
+///   // stages: parity, then {slow, inputs: parity.odd}, then {merge, inputs: [parity.even, slow]}
+template <class In, class Out>
+class Router : public Stage {
+ public:
+  using input_type = In;
+  using output_type = Out;
+  static StageShape shape_with_outputs(std::vector<std::string> outputs) {
+    StageShape shape =
+        detail::shape_of<In>(StageShape::Kind::kRoute, ItemType::of<Out>(), kUnlimited);
+    shape.outputs = std::move(outputs);
+    return shape;
+  }
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> inputs) override {
+    return inputs;
+  }
+
+ protected:
+  virtual std::optional<Routed<Out>> process(In&& in, ItemContext& ctx) = 0;
+
+ private:
+  std::shared_ptr<void> route_erased(std::shared_ptr<void>& value,
+                                     ItemContext& ctx,
+                                     std::size_t& output) final {
+    std::optional<Routed<Out>> out = process(std::move(*static_cast<In*>(value.get())), ctx);
+    if (!out) return nullptr;
+    output = out->output;
+    return std::make_shared<Out>(std::move(out->value));
+  }
+  std::shared_ptr<void> copy_input_erased(const std::shared_ptr<void>& value) const final {
+    return detail::copy_value<In>(value);
+  }
+};
+
+/// Built in as stage type `merge`: two or more inputs, the branches of one router; for each
+/// sequence number it emits the one item that came through any of them (the others bring
+/// tombstones), in sequence order. Its output type is its inputs'. No code of its own runs.
+class MergeStage final : public Stage {
+ public:
+  static StageShape static_shape() {
+    return {StageShape::Kind::kMerge, ItemType::of<Anything>(), ItemType::of<SameAsInputs>(),
+            kUnlimited};
+  }
+  StageShape shape() const override { return static_shape(); }
+  std::optional<std::uint64_t> plan(std::optional<std::uint64_t> inputs) override {
+    return inputs;
   }
 };
 

@@ -314,3 +314,122 @@ stages:
       "(did you mean 'numbers'?)",
       Error);
 }
+
+namespace {
+
+// Sends even numbers to "even", odd ones to "odd".
+class Parity final : public Router<std::uint64_t, std::uint64_t> {
+ public:
+  static StageShape static_shape() { return shape_with_outputs({"even", "odd"}); }
+  StageShape shape() const override { return static_shape(); }
+
+ protected:
+  std::optional<Routed<std::uint64_t>> process(std::uint64_t&& n, ItemContext& ctx) override {
+    if (n % 25 == 24) return ctx.drop("every 25th");
+    return Routed<std::uint64_t>{n % 2, n};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Pipeline.Dag.RouteAroundAStageAndMergeInOrder" * doctest::timeout(60)) {
+  // Odd numbers go through a slow stage, even ones around it; the merge gives them back in
+  // order, and the slow stage works only on what was routed to it.
+  for (const std::size_t capacity : {1, 4}) {
+    CAPTURE(capacity);
+    Pipeline p;
+    auto* sink = new RecordSink;
+    p.add("numbers", std::make_unique<CountSource<>>(1000));
+    p.add("parity", std::make_unique<Parity>(),
+          {.concurrency = std::min<std::size_t>(capacity, 2), .queue_capacity = 2});
+    p.add("slow", scale(10, 40), {.concurrency = std::min<std::size_t>(capacity, 2),
+                                  .queue_capacity = capacity, .inputs = {"parity.odd"}});
+    p.add("merge", std::make_unique<MergeStage>(),
+          {.queue_capacity = capacity, .inputs = {"parity.even", "slow"}});
+    p.add("sink", std::unique_ptr<Stage>(sink), {.ordered = true});
+    const RunReport report = p.run({.threads = 3});
+    std::vector<std::uint64_t> expected;
+    for (std::uint64_t n = 0; n < 1000; ++n) {
+      if (n % 25 != 24) expected.push_back(n % 2 == 0 ? n : 10 * n);
+    }
+    CHECK(sink->values == expected);
+    CHECK(report.stages[1].dropped == 40);
+    CHECK(report.stages[2].items_in == 480);  // the odd ones only (20 of the 500 were dropped)
+    CHECK(report.stages[3].items_in == 960);
+  }
+}
+
+TEST_CASE("Pipeline.Dag.RouterOutputsAreChecked") {
+  auto source = [] { return std::make_unique<CountSource<>>(10); };
+  SUBCASE("a router's output must be named") {
+    Pipeline p;
+    p.add("numbers", source());
+    p.add("parity", std::make_unique<Parity>());
+    CHECK_THROWS_WITH_AS(p.add("m", scale(1)),
+                         "stage 'm' takes input 'parity', a router: name one of its outputs "
+                         "('parity.even', 'parity.odd')",
+                         Error);
+    CHECK_THROWS_WITH_AS(p.add("m", scale(1), {.inputs = {"parity.eve"}}),
+                         "stage 'm' takes input 'parity.eve', but router 'parity' has no output "
+                         "'eve' (its outputs: 'parity.even', 'parity.odd')",
+                         Error);
+  }
+  SUBCASE("every output goes somewhere") {
+    Pipeline p;
+    p.add("numbers", source());
+    p.add("parity", std::make_unique<Parity>());
+    p.add("sink", null_sink_for_tests(), {.inputs = {"parity.even"}});
+    CHECK_THROWS_WITH_AS(p.run(),
+                         "the output 'parity.odd' goes nowhere: no stage takes it as input; end "
+                         "that branch with a sink (type: discard)",
+                         Error);
+  }
+  SUBCASE("a merge of branches that both carry the item fails naming it") {
+    Pipeline p;
+    p.add("numbers", source());
+    p.add("a", scale(1));
+    p.add("b", scale(1), {.inputs = {"numbers"}});
+    p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"a", "b"}});
+    p.add("sink", null_sink_for_tests());
+    CHECK_THROWS_WITH_AS(p.run({.threads = 1}),
+                         "stage 'merge' failed on item 0: it got the item from 2 of its inputs; a "
+                         "merge takes the branches of one router, which sends each item down one",
+                         StageError);
+  }
+  SUBCASE("a merge's inputs emit one type") {
+    Pipeline p;
+    p.add("numbers", source());
+    p.add("parity", std::make_unique<Parity>());
+    p.add("text", std::make_unique<ProbeMap<std::uint64_t, std::string>>(
+                      [](std::uint64_t&& n, ItemContext&) {
+                        return std::optional<std::string>(std::to_string(n));
+                      }),
+          {.inputs = {"parity.odd"}});
+    CHECK_THROWS_WITH_AS(
+        p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"parity.even", "text"}}),
+        "merge 'merge' passes on one item type, but 'parity.even' emits unsigned long and 'text' "
+        "emits std::string",
+        Error);
+  }
+}
+
+TEST_CASE("Config.Dag.RouterAndMergeFromYaml" * doctest::timeout(60)) {
+  Registry registry = Registry::global();
+  registry.add({"parity", {"test router", {}}, Parity::static_shape(), [](const Params&) {
+                  return std::unique_ptr<Stage>(new Parity);
+                }});
+  const PipelineConfig config = parse_pipeline_config(R"(threads: 2
+stages:
+  - {type: sequence, name: numbers, params: {count: 200}}
+  - {type: parity}
+  - {type: spin, name: odd_work, inputs: parity.odd, concurrency: 2, params: {rounds: 100}}
+  - {type: merge, inputs: [parity.even, odd_work]}
+  - {type: discard}
+)",
+                                                      "route.yaml", {}, registry);
+  const RunReport report = build_pipeline(config, registry)->run(config.run);
+  CHECK(report.stages[2].items_in == 96);   // odd, less every 25th
+  CHECK(report.stages[4].items_in == 192);
+  CHECK(graph_text(stage_decls(config, registry)).find("merge     merge     <- parity.even, odd_work") !=
+        std::string::npos);
+}

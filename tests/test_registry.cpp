@@ -8,7 +8,8 @@ using namespace flowtrain;
 TEST_CASE("Registry.Builtins.EveryBuiltinStageIsRegistered") {
   // The stage library registers its stages when it loads; a link that dropped it, or a stage
   // whose registrar was lost, fails here.
-  for (const char* type : {"sequence", "spin", "drop_every", "batch", "discard"}) {
+  for (const char* type :
+       {"sequence", "spin", "drop_every", "route_every", "merge", "batch", "discard"}) {
     CAPTURE(type);
     const StageInfo* info = Registry::global().find(type);
     REQUIRE(info != nullptr);
