@@ -78,6 +78,7 @@ PhasesOutcome run_phases(RunConfig& config,
                          const RunPhasesOptions& options,
                          const PhaseHooks& hooks) {
   const std::vector<PipelineConfig*> phases = selected(config, options);
+  for (const PipelineConfig* phase : phases) check_thread_budget(*phase);  // all, before any runs
   World* world = nullptr;
   if (const JobPlacement placement = job_placement_from_env(); placement.distributed()) {
     WorldOptions world_options;

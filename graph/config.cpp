@@ -813,9 +813,21 @@ std::vector<StageDecl> stage_decls(const PipelineConfig& config, const Registry&
   for (const StageConfig& stage : config.stages) {
     const StageInfo* info = registry.find(stage.type);
     if (!info) throw Error(stage.location + ": unknown stage type '" + stage.type + "'");
-    out.push_back({stage.name, info->shape, stage.options});
+    StageDecl decl{stage.name, info->shape, stage.options};
+    if (!info->doc.threads_param.empty()) {
+      decl.threads_param = info->doc.threads_param;
+      decl.threads_per_invocation = static_cast<std::size_t>(stage.params.get_int(decl.threads_param));
+    }
+    out.push_back(std::move(decl));
   }
   return out;
+}
+
+void check_thread_budget(const PipelineConfig& phase, const Registry& registry) {
+  const std::string problem = thread_budget_problem(stage_decls(phase, registry), phase.run);
+  if (problem.empty()) return;
+  const std::string where = phase.stages.empty() ? phase.origin : phase.stages.front().location;
+  throw Error(where + ": " + phase_label(phase.name) + problem);
 }
 
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Registry& registry) {

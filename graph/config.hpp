@@ -126,6 +126,13 @@ PipelineConfig parse_pipeline_config(const std::string& text,
                                      const std::vector<std::string>& overrides = {},
                                      const Registry& registry = Registry::global());
 
+/// Throws Error (naming the phase and the file:line of its first stage) if the busiest moment
+/// of the phase could need more threads than its `cores` (thread_budget_problem). Run before
+/// the first phase for every phase that will run: a phase a command does not run may be
+/// configured for another machine share.
+///   for (const PipelineConfig& phase : config.phases) check_thread_budget(phase);
+void check_thread_budget(const PipelineConfig& phase, const Registry& registry = Registry::global());
+
 /// Constructs the stages of a validated config (one phase). Errors thrown by a stage's
 /// constructor (a file it cannot open, say) come back as Error prefixed with the stage's
 /// location and name, and the phase's name.

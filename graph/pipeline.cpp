@@ -302,6 +302,67 @@ std::string graph_problem(const std::vector<StageDecl>& stages) {
   return {};
 }
 
+namespace {
+
+std::size_t hardware_threads() { return static_cast<std::size_t>(tbb::info::default_concurrency()); }
+
+// Graph threads and cores of a run: the options', or one per hardware thread (cores: at least
+// the threads).
+std::pair<std::size_t, std::size_t> threads_and_cores(const RunOptions& options) {
+  const std::size_t threads = options.threads > 0 ? options.threads : hardware_threads();
+  return {threads, options.cores > 0 ? options.cores : std::max(hardware_threads(), threads)};
+}
+
+// The output slots of stages[i]: the smallest queue_capacity among its consumers (0: none).
+std::size_t out_capacity(const std::vector<StageDecl>& stages, std::size_t i) {
+  std::size_t cap = 0;
+  for (const std::size_t c : consumers_of(stages, i)) {
+    const std::size_t q = stages[c].options.queue_capacity;
+    cap = cap == 0 ? q : std::min(cap, q);
+  }
+  return cap;
+}
+
+// The concurrency stages[i] can reach: its own, the threads, and its output slots.
+std::size_t reachable_workers(std::size_t concurrency, std::size_t threads, std::size_t slots) {
+  std::size_t w = concurrency == kUnlimited ? threads : std::min(concurrency, threads);
+  if (slots > 0) w = std::min(w, slots);
+  return std::max<std::size_t>(w, 1);
+}
+
+}  // namespace
+
+std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threads) {
+  std::vector<std::size_t> slots;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const std::size_t w =
+        reachable_workers(stages[i].options.concurrency, threads, out_capacity(stages, i));
+    slots.insert(slots.end(), w, stages[i].threads_per_invocation);
+  }
+  std::sort(slots.begin(), slots.end(), std::greater<>());
+  slots.resize(std::min(slots.size(), threads));
+  std::size_t sum = 0;
+  for (std::size_t n : slots) sum += n;
+  return sum;
+}
+
+std::string thread_budget_problem(const std::vector<StageDecl>& stages, const RunOptions& options) {
+  const auto [threads, cores] = threads_and_cores(options);
+  const std::size_t peak = peak_threads(stages, threads);
+  if (peak <= cores) return {};
+  std::string heavy;
+  std::string param;  // what to lower, as the stages name it
+  for (const StageDecl& s : stages) {
+    if (s.threads_per_invocation <= 1) continue;
+    heavy += ", '" + s.name + "' " + std::to_string(s.threads_per_invocation) + " intra-op threads";
+    if (param.empty()) param = s.threads_param;
+  }
+  return "thread budget: up to " + std::to_string(peak) + " threads could run at once (" +
+         std::to_string(threads) + " graph threads" + heavy + "), more than the " +
+         std::to_string(cores) + " cores granted; lower threads" +
+         (param.empty() ? std::string() : " or a stage's " + param) + ", or raise cores";
+}
+
 std::string graph_text(const std::vector<StageDecl>& stages) {
   std::size_t width = 0;
   for (const StageDecl& s : stages) width = std::max(width, s.name.size());
@@ -327,7 +388,9 @@ Pipeline::~Pipeline() = default;
 
 std::vector<StageDecl> Pipeline::decls() const {
   std::vector<StageDecl> out;
-  for (const Node& node : nodes_) out.push_back({node.name, node.shape, node.options});
+  for (const Node& node : nodes_) {
+    out.push_back({node.name, node.shape, node.options, node.stage->threads_per_invocation()});
+  }
   return out;
 }
 
@@ -387,11 +450,11 @@ class Pipeline::Runtime {
  public:
   Runtime(Pipeline& pipeline, const RunOptions& options)
       : nodes_(pipeline.nodes_),
+        decls_(pipeline.decls()),
         stop_(pipeline.stop_),
         key_prefix_(options.key_prefix),
-        threads_(options.threads > 0 ? options.threads : hardware_threads()),
-        // Unless granted explicitly, the cores are the machine's (or `threads`, if more).
-        cores_(options.cores > 0 ? options.cores : std::max(hardware_threads(), threads_)),
+        threads_(threads_and_cores(options).first),
+        cores_(threads_and_cores(options).second),
         start_(detail::Clock::now()),
         consumers_(nodes_.size()),
         out_capacity_(nodes_.size(), 0) {
@@ -404,7 +467,9 @@ class Pipeline::Runtime {
         cap = cap == 0 ? q : std::min(cap, q);
       }
     }
-    if (peak_threads() > cores_) throw Error(budget_problem());
+    if (std::string problem = thread_budget_problem(decls_, options); !problem.empty()) {
+      throw Error(problem);
+    }
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
     }
@@ -561,36 +626,6 @@ class Pipeline::Runtime {
     return in_order;
   }
 
-  static std::size_t hardware_threads() {
-    return static_cast<std::size_t>(tbb::info::default_concurrency());
-  }
-
-  // The most threads the graph can keep busy at once: `threads_` invocations running together,
-  // the ones using the most threads (intra-op math) first.
-  std::size_t peak_threads() const {
-    std::vector<std::size_t> slots;
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      slots.insert(slots.end(), workers(i), nodes_[i].stage->threads_per_invocation());
-    }
-    std::sort(slots.begin(), slots.end(), std::greater<>());
-    slots.resize(std::min(slots.size(), threads_));
-    std::size_t sum = 0;
-    for (std::size_t n : slots) sum += n;
-    return sum;
-  }
-
-  std::string budget_problem() const {
-    std::string heavy;
-    for (const Node& node : nodes_) {
-      const std::size_t n = node.stage->threads_per_invocation();
-      if (n > 1) heavy += ", '" + node.name + "' " + std::to_string(n) + " intra-op threads";
-    }
-    return "thread budget: up to " + std::to_string(peak_threads()) +
-           " threads could run at once (" + std::to_string(threads_) + " graph threads" + heavy +
-           "), more than the " + std::to_string(cores_) +
-           " cores granted; lower threads or a stage's intraop_threads, or raise cores";
-  }
-
   std::vector<detail::StageGeometry> geometry() const {
     std::vector<detail::StageGeometry> out;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -608,11 +643,7 @@ class Pipeline::Runtime {
 
   // The concurrency stage i can reach: its own, the threads, and its output slots.
   std::size_t workers(std::size_t i) const {
-    std::size_t w = nodes_[i].options.concurrency == kUnlimited
-                        ? threads_
-                        : std::min(nodes_[i].options.concurrency, threads_);
-    if (out_capacity_[i] > 0) w = std::min(w, out_capacity_[i]);
-    return std::max<std::size_t>(w, 1);
+    return reachable_workers(nodes_[i].options.concurrency, threads_, out_capacity_[i]);
   }
 
   // Puts stage i's output on its edges: to the consumers of `output` (a router's choice) or of
@@ -851,7 +882,7 @@ class Pipeline::Runtime {
     report.wall_s = std::chrono::duration<double>(detail::Clock::now() - start_).count();
     report.threads = threads_;
     report.cores = cores_;
-    report.peak_threads = peak_threads();
+    report.peak_threads = peak_threads(decls_, threads_);
     report.stopped = stop_.load();
     report.key_prefix = key_prefix_;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -883,6 +914,7 @@ class Pipeline::Runtime {
   }
 
   std::vector<Node>& nodes_;
+  const std::vector<StageDecl> decls_;
   std::atomic<bool>& stop_;
   const std::string key_prefix_;
   const std::size_t threads_;

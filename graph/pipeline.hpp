@@ -30,6 +30,23 @@ struct StageOptions {
   std::vector<std::string> inputs;
 };
 
+/// How a pipeline runs.
+struct RunOptions {
+  std::size_t threads = 0;        // TBB threads for the graph (0: one per hardware thread)
+  /// Cores the run may use (0: one per hardware thread). The busiest moment the graph can reach
+  /// (`threads` invocations at once, each using its stage's threads_per_invocation()) must fit.
+  std::size_t cores = 0;
+  double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
+  std::string trace_path;         // write a Chrome trace-event JSON here when not empty
+  /// Called every `progress_interval_s` from a background thread while the run lasts.
+  std::function<void(const Progress&)> on_progress;
+  double progress_interval_s = 1;
+  /// Where this pipeline's keys sit in its config, copied to RunReport::key_prefix for the
+  /// verdict's advice: "phases.distill." for a phase of a multi-phase config (its
+  /// PipelineConfig::run has it), empty for a single pipeline.
+  std::string key_prefix;
+};
+
 /// An input that takes every item of its stage (not one output of a router).
 inline constexpr std::size_t kAllOutputs = static_cast<std::size_t>(-1);
 
@@ -44,6 +61,10 @@ struct StageDecl {
   std::string name;
   StageShape shape;
   StageOptions options;
+  /// Threads one invocation keeps busy (Stage::threads_per_invocation), and the param that sets
+  /// them ("intraop_threads"; empty when fixed), for the thread budget and its advice.
+  std::size_t threads_per_invocation = 1;
+  std::string threads_param;
 };
 
 /// Returns a one-line problem with `options` for a stage of this shape, else an empty string.
@@ -62,27 +83,22 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
 /// sink; an output nobody consumes), else an empty string.
 std::string graph_problem(const std::vector<StageDecl>& stages);
 
+/// The most threads the graph of `stages` can keep busy at once on `threads` graph threads:
+/// that many invocations running together, the ones using the most threads (intra-op math)
+/// first, each stage at the concurrency it can reach.
+std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threads);
+
+/// Returns a one-line problem if the busiest moment of `stages` run with `options` (threads and
+/// cores; 0: one per hardware thread) would need more threads than the cores granted, else an
+/// empty string. Checked when a config is loaded (every phase, before the first runs) and again
+/// by Pipeline::run.
+std::string thread_budget_problem(const std::vector<StageDecl>& stages, const RunOptions& options);
+
 /// The graph as text, one line per stage with its kind, inputs and options, for `flowtrain check`:
 ///   numbers   source                       concurrency 1
 ///   square    map      <- numbers          concurrency 4, queue 16
 std::string graph_text(const std::vector<StageDecl>& stages);
 
-/// How a pipeline runs.
-struct RunOptions {
-  std::size_t threads = 0;        // TBB threads for the graph (0: one per hardware thread)
-  /// Cores the run may use (0: one per hardware thread). The busiest moment the graph can reach
-  /// (`threads` invocations at once, each using its stage's threads_per_invocation()) must fit.
-  std::size_t cores = 0;
-  double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
-  std::string trace_path;         // write a Chrome trace-event JSON here when not empty
-  /// Called every `progress_interval_s` from a background thread while the run lasts.
-  std::function<void(const Progress&)> on_progress;
-  double progress_interval_s = 1;
-  /// Where this pipeline's keys sit in its config, copied to RunReport::key_prefix for the
-  /// verdict's advice: "phases.distill." for a phase of a multi-phase config (its
-  /// PipelineConfig::run has it), empty for a single pipeline.
-  std::string key_prefix;
-};
 
 /// A graph of stages run as a oneTBB flow graph with bounded queues. Each stage takes the
 /// output of the stage added before it unless it names its inputs; one output may feed several

@@ -15,6 +15,10 @@ namespace flowtrain {
 struct StageDoc {
   std::string summary;
   std::vector<ParamSpec> params;
+  /// The int param giving the threads one invocation keeps busy (Stage::threads_per_invocation),
+  /// e.g. "intraop_threads"; empty if always 1. Lets a config's thread budget be checked before
+  /// anything is built.
+  std::string threads_param;
 };
 
 /// A registered stage type: everything needed to validate a config entry and to build it.

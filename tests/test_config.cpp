@@ -28,11 +28,32 @@ class LinesSource final : public Source<std::string> {
   std::string path_;
 };
 
+// A map whose invocations use `intraop_threads` threads, for the thread budget checks.
+class HeavyMap final : public Map<std::uint64_t, std::uint64_t> {
+ public:
+  explicit HeavyMap(const Params& params) : threads_(params.get_int("intraop_threads")) {}
+  static StageDoc describe() {
+    return {"intra-op math", {int_param("intraop_threads", 1, "threads per invocation", 1)},
+            "intraop_threads"};
+  }
+  std::size_t threads_per_invocation() const override {
+    return static_cast<std::size_t>(threads_);
+  }
+
+ protected:
+  std::optional<std::uint64_t> process(std::uint64_t&& v, ItemContext&) override { return v; }
+
+ private:
+  std::int64_t threads_;
+};
+
 const Registry& test_registry() {
   static const Registry registry = [] {
     Registry r = Registry::global();
     r.add({"lines", LinesSource::describe(), LinesSource::static_shape(),
            [](const Params& p) { return std::unique_ptr<Stage>(new LinesSource(p)); }});
+    r.add({"heavy", HeavyMap::describe(), HeavyMap::static_shape(),
+           [](const Params& p) { return std::unique_ptr<Stage>(new HeavyMap(p)); }});
     return r;
   }();
   return registry;
@@ -244,7 +265,7 @@ phases:
         params: {rounds: 10}
       - {type: discard}
   - name: eval
-    cores: 1
+    cores: 2
     stages:
       - {type: sequence, params: {count: 30}}
       - {type: discard}
@@ -306,7 +327,7 @@ TEST_CASE("Config.Phases.InheritDefaults") {
   CHECK(eval.run.threads == 2);
   CHECK(teacher.run.cores == 4);
   CHECK(student.run.cores == 4);
-  CHECK(eval.run.cores == 1);
+  CHECK(eval.run.cores == 2);
   CHECK(teacher.run.trace_path == "run.json");
   // The verdict of a phase names its keys under the phase.
   CHECK(teacher.run.key_prefix == "phases.teacher.");
@@ -339,6 +360,24 @@ TEST_CASE("Config.Phases.InheritDefaults") {
   }
 }
 
+TEST_CASE("Config.Phases.ThreadBudgetCheckedPerPhase") {
+  // A budget only the last phase breaks: check_thread_budget, which run_phases calls for every
+  // phase it will run before the first, names the phase and where its stages start.
+  const std::string heavy = replace(kPhases, "      - {type: sequence, params: {count: 30}}\n",
+                                    "      - {type: sequence, params: {count: 30}}\n"
+                                    "      - {type: heavy, params: {intraop_threads: 4}}\n");
+  const RunConfig config = parse_run_config(heavy, "kd.yaml", {}, test_registry());
+  check_thread_budget(config.phases[0], test_registry());
+  check_thread_budget(config.phases[1], test_registry());
+  CHECK_THROWS_WITH_AS(check_thread_budget(config.phases[2], test_registry()),
+                       "kd.yaml:21: phase 'eval': thread budget: up to 5 threads could run at once "
+                       "(2 graph threads, 'heavy' 4 intra-op threads), more than the 2 cores "
+                       "granted; lower threads or a stage's intraop_threads, or raise cores",
+                       Error);
+  const RunConfig more = parse_run_config(heavy, "kd.yaml", {"phases.eval.cores=5"}, test_registry());
+  check_thread_budget(more.phases[2], test_registry());
+}
+
 TEST_CASE("Config.Phases.Errors") {
   SUBCASE("both stages and phases") {
     CHECK(run_error_of(std::string(kPhases) + "stages: []\n") ==
@@ -363,15 +402,16 @@ TEST_CASE("Config.Phases.Errors") {
     CHECK(run_error_of(replace(kPhases, "rounds: 10", "rouns: 10")) ==
           "kd.yaml:16: phase 'student': stage 'work' (spin): unknown param 'rouns' (did you mean "
           "'rounds'?)");
-    CHECK(run_error_of(replace(kPhases, "    cores: 1", "    cores: 0")) ==
+    CHECK(run_error_of(replace(kPhases, "    cores: 2", "    cores: 0")) ==
           "kd.yaml:19: phase 'eval': cores must be a whole number >= 1, got '0'");
     CHECK(run_error_of(replace(kPhases, "{type: sequence, params: {count: 30}}", "{type: spin}")) ==
           "kd.yaml:21: phase 'eval': the first stage 'spin' must be a source, not a map");
   }
+
   SUBCASE("unknown keys") {
     CHECK(run_error_of(replace(kPhases, "    threads: 1", "    thread: 1")) ==
           "kd.yaml:10: phase 'student': unknown key 'thread' (did you mean 'threads'?)");
-    CHECK(run_error_of(replace(kPhases, "    cores: 1\n    stages:", "    cores: 1\n    stags:")) ==
+    CHECK(run_error_of(replace(kPhases, "    cores: 2\n    stages:", "    cores: 2\n    stags:")) ==
           "kd.yaml:20: phase 'eval': unknown key 'stags' (did you mean 'stages'?)");
   }
   SUBCASE("not a list") {

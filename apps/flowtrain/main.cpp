@@ -42,6 +42,7 @@ int run(const std::string& path, const std::vector<std::string>& overrides, doub
 
 int check(const std::string& path, const std::vector<std::string>& overrides) {
   const flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
+  for (const flowtrain::PipelineConfig& phase : config.phases) flowtrain::check_thread_budget(phase);
   std::size_t stages = 0;
   for (const flowtrain::PipelineConfig& phase : config.phases) stages += phase.stages.size();
   std::cout << path << ": ok (";

@@ -196,6 +196,7 @@ flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command
   const std::vector<std::string>& names = command_phases().at(command);
   for (const flowtrain::PipelineConfig& phase : config.phases) {
     if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
+    flowtrain::check_thread_budget(phase);
     for (const flowtrain::StageConfig& stage : phase.stages) {
       const auto classes = stage.params.values().find("classes");
       if (classes == stage.params.values().end() ||

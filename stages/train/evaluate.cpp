@@ -21,7 +21,8 @@ StageDoc EvaluateStage::describe() {
   return {"Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
           "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
           {model_param(),
-           intraop_threads_param(), autocast_param()}};
+           intraop_threads_param(), autocast_param()},
+          "intraop_threads"};
 }
 
 void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {

@@ -196,7 +196,7 @@ StageDoc StudentStepStage::describe() {
   return {"Trains a ViT student, one serial step per batch in order: forward, loss "
           "(distillation from the batch's teacher outputs, else supervised), backward, gradient "
           "clipping, AdamW with warm-up + cosine; checkpoints and exact resume.",
-          std::move(params)};
+          std::move(params), "intraop_threads"};
 }
 
 std::optional<std::uint64_t> StudentStepStage::plan(std::optional<std::uint64_t> batches) {

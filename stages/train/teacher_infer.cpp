@@ -21,7 +21,8 @@ StageDoc TeacherInferStage::describe() {
           "and adds its logits (and regression outputs) to the batch, for the student's "
           "distillation loss.",
           {model_param(),
-           intraop_threads_param(), autocast_param()}};
+           intraop_threads_param(), autocast_param()},
+          "intraop_threads"};
 }
 
 std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemContext&) {

@@ -264,9 +264,15 @@ TEST_CASE("Train.ThreadBudget.IntraOpCountsAgainstCores") {
                              (dir / "teacher.pt") +
                              "}}\n  - {type: student_step, params: {intraop_threads: 2, " +
                              tiny_vit(32, 1, 2) + "}}\n";
-  // Two graph threads could run teacher and student together: 4 threads on 2 cores.
-  CHECK_THROWS_WITH_AS(run_config("threads: 2\ncores: 2\nstages:\n" + stages),
-                       doctest::Contains("thread budget: up to 4 threads could run at once"),
+  // Two graph threads could run teacher and student together: 4 threads on 2 cores. Refused
+  // from the config, before anything is built.
+  CHECK_THROWS_WITH_AS(
+      check_thread_budget(parse_pipeline_config("threads: 2\ncores: 2\nstages:\n" + stages, "t.yaml")),
+                       doctest::Contains("thread budget: up to 4 threads could run at once (2 "
+                                         "graph threads, 'teacher_infer' 2 intra-op threads, "
+                                         "'student_step' 2 intra-op threads), more than the 2 "
+                                         "cores granted; lower threads or a stage's "
+                                         "intraop_threads, or raise cores"),
                        Error);
   // One graph thread: they take turns on both cores.
   const RunReport report = run_config("threads: 1\ncores: 2\nstages:\n" + stages);
