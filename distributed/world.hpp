@@ -9,8 +9,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "graph/error.hpp"
 #include "distributed/job.hpp"
+#include "graph/error.hpp"
 
 namespace flowtrain::dist {
 

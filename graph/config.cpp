@@ -255,11 +255,12 @@ YAML::Node find_named(YAML::Node list,
               known + ")");
 }
 
-// Throws if a YAML alias makes `node` contain itself (`&a {threads: *a}`): every walk over the
-// config would then recurse without end.
-void reject_alias_cycles(const YAML::Node& node,
-                         const std::string& origin,
-                         std::vector<YAML::Node>& ancestors) {
+// Throws if a YAML alias makes `node` contain itself (`&a {threads: *a}`: every walk over the
+// config would then recurse without end), or if a map repeats a key (YAML forbids it, yaml-cpp
+// keeps both and a lookup sees only the first: a value given twice must not be half-ignored).
+void reject_bad_structure(const YAML::Node& node,
+                          const std::string& origin,
+                          std::vector<YAML::Node>& ancestors) {
   if (!node.IsMap() && !node.IsSequence()) return;
   for (const YAML::Node& ancestor : ancestors) {
     if (ancestor.is(node)) {
@@ -267,16 +268,26 @@ void reject_alias_cycles(const YAML::Node& node,
                   ": a YAML alias refers to a node that contains it (an endless cycle)");
     }
   }
+  std::map<std::string, int> keys;  // key -> line it was first given on
   ancestors.push_back(node);
   for (auto it = node.begin(); it != node.end(); ++it) {
-    reject_alias_cycles(node.IsMap() ? it->second : *it, origin, ancestors);
+    if (node.IsMap() && it->first.IsScalar()) {
+      const int line = it->first.Mark().line + 1;
+      const auto [first, fresh] = keys.emplace(it->first.Scalar(), line);
+      if (!fresh) {
+        throw Error(origin + ":" + std::to_string(line) + ": duplicate key '" +
+                    it->first.Scalar() + "' (first given on line " +
+                    std::to_string(first->second) + "); give each key once");
+      }
+    }
+    reject_bad_structure(node.IsMap() ? it->second : *it, origin, ancestors);
   }
   ancestors.pop_back();
 }
 
-void reject_alias_cycles(const YAML::Node& node, const std::string& origin) {
+void reject_bad_structure(const YAML::Node& node, const std::string& origin) {
   std::vector<YAML::Node> ancestors;
-  reject_alias_cycles(node, origin, ancestors);
+  reject_bad_structure(node, origin, ancestors);
 }
 
 void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
@@ -298,7 +309,7 @@ void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
     throw Error("override '" + text + "': value is not valid YAML: " + e.msg);
   }
   if (!value.IsDefined() || value.IsNull()) value.reset(YAML::Node(std::string()));
-  reject_alias_cycles(value, "override '" + text + "'");
+  reject_bad_structure(value, "override '" + text + "'");
 
   // yaml-cpp's Node::operator= assigns content; reset() rebinds the handle.
   YAML::Node node = root;
@@ -611,7 +622,7 @@ YAML::Node load_root(const std::string& text,
     throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
   if (!root.IsDefined() || root.IsNull()) throw Error(origin + ": the config is empty");
-  reject_alias_cycles(root, origin);
+  reject_bad_structure(root, origin);
   for (const std::string& text_override : overrides) {
     if (!root.IsMap()) break;  // validate() reports it
     apply_override(root, text_override, loc);

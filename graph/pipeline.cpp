@@ -76,8 +76,11 @@ std::vector<std::string> input_names(const std::vector<StageDecl>& stages, std::
   return {stages[i - 1].name};
 }
 
-std::optional<std::size_t> index_of(const std::vector<StageDecl>& stages, const std::string& name) {
-  for (std::size_t i = 0; i < stages.size(); ++i) {
+// The index of the stage named `name` among the first `count` of `stages`.
+std::optional<std::size_t> index_of(const std::vector<StageDecl>& stages,
+                                    const std::string& name,
+                                    std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
     if (stages[i].name == name) return i;
   }
   return std::nullopt;
@@ -91,10 +94,13 @@ std::string output_names(const StageDecl& router) {
   return out;
 }
 
-// Resolves an input name, "stage" or "router.output", among `stages`; returns a problem (after
-// "stage 'x' takes input 'name'") or an empty string.
-std::string resolve(const std::vector<StageDecl>& stages, const std::string& name, InputLink& link) {
-  if (const std::optional<std::size_t> p = index_of(stages, name)) {
+// Resolves an input name, "stage" or "router.output", among the first `count` of `stages`;
+// returns a problem (after "stage 'x' takes input 'name'") or an empty string.
+std::string resolve(const std::vector<StageDecl>& stages,
+                    std::size_t count,
+                    const std::string& name,
+                    InputLink& link) {
+  if (const std::optional<std::size_t> p = index_of(stages, name, count)) {
     if (stages[*p].shape.kind == Kind::kRoute) {
       return ", a router: name one of its outputs (" + output_names(stages[*p]) + ")";
     }
@@ -103,7 +109,7 @@ std::string resolve(const std::vector<StageDecl>& stages, const std::string& nam
   }
   const std::size_t dot = name.rfind('.');
   const std::optional<std::size_t> p =
-      dot == std::string::npos ? std::nullopt : index_of(stages, name.substr(0, dot));
+      dot == std::string::npos ? std::nullopt : index_of(stages, name.substr(0, dot), count);
   if (!p) return ", which is not a stage listed before it; list each stage after its inputs";
   const StageDecl& router = stages[*p];
   const std::vector<std::string>& outputs = router.shape.outputs;
@@ -123,10 +129,9 @@ std::string resolve(const std::vector<StageDecl>& stages, const std::string& nam
 // The inputs of stages[i], resolved (the stages before it are valid).
 std::vector<InputLink> links_of(const std::vector<StageDecl>& stages, std::size_t i) {
   std::vector<InputLink> links;
-  const std::vector<StageDecl> before(stages.begin(), stages.begin() + static_cast<long>(i));
   for (const std::string& name : input_names(stages, i)) {
     InputLink link;
-    resolve(before, name, link);
+    resolve(stages, i, name, link);
     links.push_back(link);
   }
   return links;
@@ -189,7 +194,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
   if (std::string problem = options_problem(next.shape, next.options); !problem.empty()) {
     return label + ": " + problem;
   }
-  if (index_of(earlier, next.name)) return "two stages are named '" + next.name + "'";
+  if (index_of(earlier, next.name, earlier.size())) {
+    return "two stages are named '" + next.name + "'";
+  }
   if (next.shape.kind == Kind::kSource) {
     if (!next.options.inputs.empty()) return "source '" + next.name + "' takes no inputs";
     if (!earlier.empty()) {
@@ -202,9 +209,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     return "the first stage '" + next.name + "' must be a source, not a " +
            to_string(next.shape.kind);
   }
-  std::vector<StageDecl> all = earlier;
-  all.push_back(next);
-  const std::vector<std::string> names = input_names(all, earlier.size());
+  const std::vector<std::string> names =
+      next.options.inputs.empty() ? std::vector<std::string>{earlier.back().name}
+                                  : next.options.inputs;
   if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
     return label + " is a " + to_string(next.shape.kind) + " and takes " +
            (has_ports(next.shape.kind) ? "two or more inputs" : "one input") + ", not " +
@@ -212,7 +219,7 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
   }
   for (const std::string& name : names) {
     InputLink link;
-    if (std::string problem = resolve(earlier, name, link); !problem.empty()) {
+    if (std::string problem = resolve(earlier, earlier.size(), name, link); !problem.empty()) {
       return label + " takes input '" + name + "'" + problem;
     }
     for (const InputLink& other : inputs) {
@@ -229,26 +236,23 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
       return "item type mismatch: '" + next.name + "' takes " + next.shape.input.name() +
              ", but '" + prev.name + "' emits " + emitted(earlier, link.stage).name();
     }
-    if (prev.options.concurrency == kUnlimited ||
+    if (prev.options.concurrency != kUnlimited &&
         prev.options.concurrency > next.options.queue_capacity) {
-      if (prev.options.concurrency != kUnlimited) {
-        return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" +
-               next.name + "' is below the concurrency " +
-               std::to_string(prev.options.concurrency) + " of '" + prev.name +
-               "': each worker of '" + prev.name +
-               "' needs an output slot; raise queue_capacity or lower concurrency";
-      }
+      return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" +
+             next.name + "' is below the concurrency " + std::to_string(prev.options.concurrency) +
+             " of '" + prev.name + "': each worker of '" + prev.name +
+             "' needs an output slot; raise queue_capacity or lower concurrency";
     }
     // A shared output is copied for each consumer but the last: all of them must allow it.
-    std::vector<std::size_t> sharers = consumers_of(earlier, link.stage, link.output);
-    if (!sharers.empty()) {
-      sharers.push_back(earlier.size());
-      for (const std::size_t c : sharers) {
-        if (!all[c].shape.copyable_input) {
-          return "'" + all[c].name + "' cannot share the output of '" + prev.name +
-                 "' with other stages: its input type " + all[c].shape.input.name() +
-                 " cannot be copied";
-        }
+    const std::vector<std::size_t> sharers = consumers_of(earlier, link.stage, link.output);
+    std::vector<const StageDecl*> consumers;
+    for (const std::size_t c : sharers) consumers.push_back(&earlier[c]);
+    if (!consumers.empty()) consumers.push_back(&next);
+    for (const StageDecl* c : consumers) {
+      if (!c->shape.copyable_input) {
+        return "'" + c->name + "' cannot share the output of '" + prev.name +
+               "' with other stages: its input type " + c->shape.input.name() +
+               " cannot be copied";
       }
     }
     inputs.push_back(link);

@@ -110,6 +110,14 @@ TEST_CASE("Config.Valid.ParsesEverything") {
   CHECK(r.stages[3].items_in == 13);  // 12 batches of 8 and one of 4
 }
 
+TEST_CASE("Config.Errors.DuplicateKeyNamesBothLines") {
+  // yaml-cpp keeps both; a lookup saw the first and the second was silently ignored.
+  CHECK(error_of(replace(kGood, "threads: 2", "threads: 2\nthreads: 1")) ==
+        "cfg.yaml:2: duplicate key 'threads' (first given on line 1); give each key once");
+  CHECK(error_of("stages:\n  - {type: sequence, params: {count: 3, count: 4}}\n  - {type: discard}\n") ==
+        "cfg.yaml:2: duplicate key 'count' (first given on line 2); give each key once");
+}
+
 TEST_CASE("Config.Errors.SelfReferencingAliasIsAnErrorNotACrash") {
   // Every walk over such a config recursed until the stack ran out (exit 139).
   CHECK(error_of("&a {threads: *a}\n") ==

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <system_error>
 
-#include "graph/error.hpp"
 #include "distributed/job.hpp"
+#include "graph/error.hpp"
 
 namespace flowtrain::data {
 

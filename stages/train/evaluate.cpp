@@ -2,8 +2,8 @@
 
 #include <torch/torch.h>
 
-#include "graph/error.hpp"
 #include "distributed/world.hpp"
+#include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
 

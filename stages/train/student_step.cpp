@@ -5,10 +5,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "graph/error.hpp"
 #include "distributed/grad_sync.hpp"
 #include "distributed/world.hpp"
 #include "distributed/zero.hpp"
+#include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 
 namespace flowtrain::train {

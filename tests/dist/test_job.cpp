@@ -1,8 +1,8 @@
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
-#include "graph/error.hpp"
 #include "distributed/job.hpp"
+#include "graph/error.hpp"
 
 using namespace flowtrain;
 
