@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -172,24 +174,31 @@ ParamValue parse_param(const ParamSpec& spec,
     loc.fail(node, where + "must be " + (spec.type == ParamType::kInt ? "an " : "a ") +
                        to_string(spec.type) + ", got " + scalar_text(node));
   };
-  auto check_min = [&](double v) {
+  auto check_range = [&](double v, std::optional<double> max) {
+    std::ostringstream os;
     if (spec.min && v < *spec.min) {
-      std::ostringstream os;
       os << where << "must be >= " << *spec.min << ", got " << node.Scalar();
-      loc.fail(node, os.str());
+    } else if (max && v > *max) {
+      os << where << "must be <= " << std::fixed << std::setprecision(0) << *max << ", got "
+         << node.Scalar();
+    } else {
+      return;
     }
+    loc.fail(node, os.str());
   };
   switch (spec.type) {
     case ParamType::kInt: {
       std::int64_t v = 0;
       if (!scalar_as(node, v)) wrong();
-      check_min(static_cast<double>(v));
+      // Stages read ints as int: nothing above 2^31 - 1 may wrap into a negative.
+      check_range(static_cast<double>(v),
+                  spec.max.value_or(static_cast<double>(std::numeric_limits<std::int32_t>::max())));
       return v;
     }
     case ParamType::kFloat: {
       double v = 0;
       if (!scalar_as(node, v)) wrong();
-      check_min(v);
+      check_range(v, spec.max);
       return v;
     }
     case ParamType::kBool: {
@@ -747,6 +756,7 @@ std::string params_markdown(const std::vector<ParamSpec>& specs,
   for (const ParamSpec& p : specs) {
     std::string doc = p.doc;
     if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
+    if (p.max) doc += " (at most " + std::to_string(static_cast<long long>(*p.max)) + ")";
     out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " + doc +
            " |\n";
   }

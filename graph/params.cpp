@@ -52,14 +52,20 @@ std::string ParamSpec::default_text() const {
 ParamSpec int_param(std::string name,
                     std::int64_t default_value,
                     std::string doc,
-                    std::optional<double> min) {
-  return {std::move(name), ParamType::kInt, default_value, std::move(doc), min};
+                    std::optional<double> min,
+                    std::optional<double> max) {
+  ParamSpec spec{std::move(name), ParamType::kInt, default_value, std::move(doc), min};
+  spec.max = max;
+  return spec;
 }
 ParamSpec float_param(std::string name,
                       double default_value,
                       std::string doc,
-                      std::optional<double> min) {
-  return {std::move(name), ParamType::kFloat, default_value, std::move(doc), min};
+                      std::optional<double> min,
+                      std::optional<double> max) {
+  ParamSpec spec{std::move(name), ParamType::kFloat, default_value, std::move(doc), min};
+  spec.max = max;
+  return spec;
 }
 ParamSpec bool_param(std::string name, bool default_value, std::string doc) {
   return {std::move(name), ParamType::kBool, default_value, std::move(doc)};

@@ -33,6 +33,9 @@ struct ParamSpec {
   std::string doc;
   std::optional<double> min = std::nullopt;  // inclusive lower bound for numbers
   std::vector<std::string> choices = {};     // the allowed values of a string, if restricted
+  /// Inclusive upper bound for numbers. An int without one is still refused above 2^31 - 1, so a
+  /// value never wraps when a stage reads it as an int.
+  std::optional<double> max = std::nullopt;
 
   /// The default as a config would spell it ("0.5", "true", "[1, 2]", "\"\"").
   std::string default_text() const;
@@ -43,11 +46,13 @@ struct ParamSpec {
 ParamSpec int_param(std::string name,
                     std::int64_t default_value,
                     std::string doc,
-                    std::optional<double> min = std::nullopt);
+                    std::optional<double> min = std::nullopt,
+                    std::optional<double> max = std::nullopt);
 ParamSpec float_param(std::string name,
                       double default_value,
                       std::string doc,
-                      std::optional<double> min = std::nullopt);
+                      std::optional<double> min = std::nullopt,
+                      std::optional<double> max = std::nullopt);
 ParamSpec bool_param(std::string name, bool default_value, std::string doc);
 ParamSpec string_param(std::string name,
                        std::string default_value,

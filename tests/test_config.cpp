@@ -110,6 +110,18 @@ TEST_CASE("Config.Valid.ParsesEverything") {
   CHECK(r.stages[3].items_in == 13);  // 12 batches of 8 and one of 4
 }
 
+TEST_CASE("Config.Errors.NumbersOutOfRange") {
+  // Before: batch size 2^31 wrapped to a negative int deep inside the stage (30 stack frames).
+  CHECK(error_of(kGood, {"stages.batch.params.size=2147483648"}) ==
+        "override 'stages.batch.params.size=2147483648': stage 'batch' (batch): param 'size' must "
+        "be <= 1048576, got 2147483648");
+  // An int without a declared bound still cannot wrap.
+  CHECK(error_of(kGood, {"stages.numbers.params.count=2147483648"}) ==
+        "override 'stages.numbers.params.count=2147483648': stage 'numbers' (sequence): param "
+        "'count' must be <= 2147483647, got 2147483648");
+  CHECK(error_of(kGood, {"stages.numbers.params.count=2147483647"}).empty());
+}
+
 TEST_CASE("Config.Errors.DuplicateKeyNamesBothLines") {
   // yaml-cpp keeps both; a lookup saw the first and the second was silently ignored.
   CHECK(error_of(replace(kGood, "threads: 2", "threads: 2\nthreads: 1")) ==

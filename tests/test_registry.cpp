@@ -32,5 +32,5 @@ TEST_CASE("Registry.Listing.ShowsParamsTypesDefaults") {
   CHECK(text.find("rounds") != std::string::npos);
   CHECK(text.find("20000") != std::string::npos);
   const std::string md = stages_markdown();
-  CHECK(md.find("| `size` | int | `32` | items per batch |") != std::string::npos);
+  CHECK(md.find("| `size` | int | `32` | items per batch (at most 1048576) |") != std::string::npos);
 }

@@ -11,7 +11,8 @@ AssembleBatchStage::AssembleBatchStage(const Params& params)
 
 StageDoc AssembleBatchStage::describe() {
   return {"Emits the batches decode_crop filled, in order, once their rows are in.",
-          {int_param("batch_size", 64, "rows of a batch: decode_crop's batch_size", 1),
+          {int_param("batch_size", 64, "rows of a batch: decode_crop's batch_size", 1,
+                     1 << 20),
            bool_param("drop_last", false, "drop the last batch if it is smaller")}};
 }
 

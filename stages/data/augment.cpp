@@ -157,7 +157,7 @@ AugmentPolicy::Options augment_options_from(const Params& params) {
 std::vector<ParamSpec> augment_param_specs() {
   return {string_param("mode", "train", "train: random views; eval: deterministic centre crop",
                        {"train", "eval"}),
-          int_param("size", 224, "output side in pixels (square)", 1),
+          int_param("size", 224, "output side in pixels (square)", 1, 8192),
           float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
           float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
           float_param("flip", 0.5, "train: probability of a horizontal flip", 0),

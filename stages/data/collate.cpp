@@ -18,7 +18,7 @@ CollateStage::CollateStage(const Params& params)
 
 StageDoc CollateStage::describe() {
   return {"Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
-          join_params({{int_param("batch_size", 64, "samples per batch", 1),
+          join_params({{int_param("batch_size", 64, "samples per batch", 1, 1 << 20),
                         bool_param("drop_last", false, "drop the last batch if it is smaller")},
                        normalize_param_specs(),
                        batch_pool_param_specs()})};

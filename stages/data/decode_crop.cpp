@@ -53,7 +53,8 @@ StageDoc DecodeCropStage::describe() {
       "renders it as augment does and writes it normalised into its row of a pooled batch; "
       "assemble_batch emits the batches.",
       join_params(
-          {{int_param("batch_size", 64, "rows of a batch (assemble_batch's batch_size too)", 1),
+          {{int_param("batch_size", 64, "rows of a batch (assemble_batch's batch_size too)", 1,
+                     1 << 20),
             bool_param("roi", true,
                        "decode only the crop's part of a JPEG, at the smallest DCT "
                        "scale that keeps its shorter side >= size; false: decode "

@@ -38,17 +38,17 @@ std::vector<ParamSpec> vit_param_specs() {
   return {
       string_param("model", "vit_cpu_student", "ViT preset",
                    {"vit_ti", "vit_s", "vit_b", "vit_cpu_teacher", "vit_cpu_student"}),
-      int_param("image_size", 112, "input side in pixels (augment's size)", 1),
-      int_param("classes", 0, "number of classes (required)", 0),
+      int_param("image_size", 112, "input side in pixels (augment's size)", 1, 8192),
+      int_param("classes", 0, "number of classes (required)", 0, 1 << 20),
       int_param("regression_outputs", 0, "size of the regression head (0: none)", 0),
       float_param("regression_scale", 1.0,
                   "the regression head predicts target / scale, multiplied back in its output "
                   "(so targets like 350 kcal train at order one; the loss is on that scale)",
                   1e-9),
-      int_param("patch_size", 0, "patch side (0: the preset's)", 0),
-      int_param("dim", 0, "embedding width (0: the preset's)", 0),
-      int_param("depth", 0, "number of blocks (0: the preset's)", 0),
-      int_param("heads", 0, "attention heads (0: the preset's)", 0),
+      int_param("patch_size", 0, "patch side (0: the preset's)", 0, 1024),
+      int_param("dim", 0, "embedding width (0: the preset's)", 0, 1 << 16),
+      int_param("depth", 0, "number of blocks (0: the preset's)", 0, 1024),
+      int_param("heads", 0, "attention heads (0: the preset's)", 0, 1024),
       float_param("dropout", 0.0, "dropout probability", 0),
   };
 }

@@ -10,7 +10,7 @@ BatchStage::BatchStage(const Params& params)
 
 StageDoc BatchStage::describe() {
   return {"Groups integers into batches of `size`, in sequence order.",
-          {int_param("size", 32, "items per batch", 1),
+          {int_param("size", 32, "items per batch", 1, 1 << 20),
            bool_param("drop_last", false, "drop the last batch if it is smaller than `size`")}};
 }
 
