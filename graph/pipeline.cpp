@@ -460,17 +460,15 @@ class Pipeline::Runtime {
         threads_(threads_and_cores(options).first),
         cores_(threads_and_cores(options).second),
         start_(detail::Clock::now()),
-        consumers_(nodes_.size()),
-        out_capacity_(nodes_.size(), 0) {
+        consumers_(nodes_.size()) {
     for (std::size_t c = 0; c < nodes_.size(); ++c) {
       const std::vector<InputLink>& in = nodes_[c].inputs;
       for (std::size_t port = 0; port < in.size(); ++port) {
         consumers_[in[port].stage].push_back({c, port, in[port].output});
-        std::size_t& cap = out_capacity_[in[port].stage];
-        const std::size_t q = nodes_[c].options.queue_capacity;
-        cap = cap == 0 ? q : std::min(cap, q);
       }
     }
+    // The same slots the thread budget and the checks count with.
+    for (std::size_t i = 0; i < nodes_.size(); ++i) out_capacity_.push_back(out_capacity(decls_, i));
     if (std::string problem = thread_budget_problem(decls_, options); !problem.empty()) {
       throw Error(problem);
     }
