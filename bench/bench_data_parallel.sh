@@ -22,12 +22,12 @@ stages:
   - {type: jpeg_decode, params: {min_side: 112}}
   - {type: augment, params: {size: 112}}
   - {type: collate, params: {batch_size: 32, drop_last: true}}
-  - type: student_step
+  - type: train_step
     queue_capacity: 2
     params: {model: vit_cpu_student, image_size: 112, classes: 10, alpha: 1, intraop_threads: 1}
 YAML
 
-# One line per run: wall, images/s and the per-step numbers of rank 0's student_step.
+# One line per run: wall, images/s and the per-step numbers of rank 0's train_step.
 run() {
   local ranks=$1 log="$work/run.log"
   if [ "$ranks" = 1 ]; then
@@ -37,7 +37,7 @@ run() {
     $cli run "$work/dp.yaml" --nproc 2 > "$log" 2>&1
   fi
   local line wall
-  line=$(grep -m1 "results of 'student_step'" "$log")
+  line=$(grep -m1 "results of 'train_step'" "$log")
   wall=$(grep -m1 "^wall" "$log" | awk '{print $2}')
   get() { local v; v=$(echo "$line" | grep -o "$1 [0-9.e+-]*" | awk '{print $2}'); echo "${v:-0}"; }
   echo "$ranks $wall $(get steps) $(get forward_ms) $(get backward_ms) $(get sync_wait_ms) $(get sync_comm_ms) $(get optimizer_ms)"

@@ -2,7 +2,7 @@
 // layouts of the run's cores between the teacher and the student.
 //
 //   image_folder -> [q] -> jpeg_decode (2) -> [q] -> augment (2, 112 px) -> [q] -> collate (64)
-//     -> [q 2] -> teacher_infer (vit_cpu_teacher) -> [q 2] -> student_step (vit_cpu_student)
+//     -> [q 2] -> teacher_infer (vit_cpu_teacher) -> [q 2] -> train_step (vit_cpu_student)
 //
 // Teacher dim 384 depth 6 heads 6, student dim 192 depth 4 heads 3, both patch 16 at 112 px,
 // batch 64, alpha 0.5, no checkpoints. The teacher is randomly initialised (its weights do not
@@ -18,7 +18,7 @@
 // --steps batches. Figures are medians over the rounds; the ratios to the first layout listed
 // are taken within each round (runs minutes apart on a shared machine drift), then their median.
 //
-// Per step: "student waits" is student_step's starved share x wall / steps (its input queue
+// Per step: "student waits" is train_step's starved share x wall / steps (its input queue
 // empty: in A this includes the teacher's time, which runs on the same thread), "teacher waits"
 // the same for teacher_infer, per worker (the data stages not keeping up; in A it includes the
 // student's time, in C a second teacher worker with no batch to take), "teacher" its busy time
@@ -86,7 +86,7 @@ struct Sample {
   double steps = 0;
   double images_per_s = 0;
   double step_ms = 0;          // wall / steps
-  double student_wait_ms = 0;  // student_step starved x wall / steps
+  double student_wait_ms = 0;  // train_step starved x wall / steps
   double teacher_wait_ms = 0;  // teacher_infer starved x wall / steps
   double teacher_ms = 0;       // teacher_infer busy per batch
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
@@ -149,7 +149,7 @@ std::string config_yaml(const Layout& l,
          s(l.teacher_concurrency) + ", queue_capacity: 2, params: {model: '" + teacher +
          "', intraop_threads: " + s(l.teacher_intraop) +
          "}}\n"
-         "  - {type: student_step, queue_capacity: 2, params: {model: vit_cpu_student, "
+         "  - {type: train_step, queue_capacity: 2, params: {model: vit_cpu_student, "
          "image_size: " +
          s(kImageSize) + ", classes: " + s(kClasses) +
          ", alpha: 0.5, temperature: 2, lr: 0.001, intraop_threads: " + s(l.student_intraop) +
@@ -203,7 +203,7 @@ Sample run_once(const Layout& l,
   const double cpu = process_cpu_s() - cpu_before, machine = machine_busy_s() - machine_before;
 
   const flowtrain::StageReport& t = stage(r, "teacher_infer");
-  const flowtrain::StageReport& st = stage(r, "student_step");
+  const flowtrain::StageReport& st = stage(r, "train_step");
   Sample s;
   s.wall_s = r.wall_s;
   s.steps = result(st, "steps");

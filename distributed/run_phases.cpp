@@ -29,7 +29,7 @@ std::string default_progress(const Progress& p) {
   return buf;
 }
 
-// "rank 1: wall 2.31 s, 'work' busy 87%, 'student_step' steps 6 loss 0.0312": what rank 0
+// "rank 1: wall 2.31 s, 'work' busy 87%, 'train_step' steps 6 loss 0.0312": what rank 0
 // prints for every rank after a phase of a data-parallel job.
 std::string rank_summary(int rank, const RunReport& report) {
   char buf[160];

@@ -479,9 +479,14 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
       loc.fail(entry, stage_ctx + problem);
     }
+    // Checked after the earlier entries' nodes, so its default input is spelled out.
+    StageOptions checked = stage.options;
+    if (checked.inputs.empty() && !config.stages.empty() && info->shape.kind != StageShape::Kind::kSource) {
+      checked.inputs = {config.stages.back().name};
+    }
     std::vector<InputLink> resolved;
     if (std::string problem = add_problem(stage_decls(config, registry),
-                                          {stage.name, info->shape, stage.options}, resolved);
+                                          {stage.name, info->shape, checked}, resolved);
         !problem.empty()) {
       loc.fail(entry, ctx + problem);
     }
@@ -829,14 +834,62 @@ PipelineConfig parse_pipeline_config(const std::string& text,
   return single_pipeline(parse_run_config(text, origin, overrides, registry));
 }
 
+namespace {
+const StageInfo& registered(const StageConfig& stage, const Registry& registry) {
+  const StageInfo* info = registry.find(stage.type);
+  if (!info) throw Error(stage.location + ": unknown stage type '" + stage.type + "'");
+  return *info;
+}
+
+// True if an entry after `i` takes its output: names it (or one of its outputs) as an input, or
+// follows it with no inputs named.
+bool consumed(const std::vector<StageConfig>& stages, std::size_t i, const Registry& registry) {
+  const std::string& name = stages[i].name;
+  for (std::size_t j = i + 1; j < stages.size(); ++j) {
+    const std::vector<std::string>& inputs = stages[j].options.inputs;
+    if (inputs.empty() && j == i + 1 &&
+        registered(stages[j], registry).shape.kind != StageShape::Kind::kSource) {
+      return true;
+    }
+    for (const std::string& input : inputs) {
+      if (input == name || input.rfind(name + ".", 0) == 0) return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Registry& registry) {
+  std::vector<StageConfig> out;
+  for (std::size_t i = 0; i < config.stages.size(); ++i) {
+    const StageConfig& entry = config.stages[i];
+    out.push_back(entry);
+    if (out.size() > 1 && out.back().options.inputs.empty() &&
+        out[out.size() - 2].name != config.stages[i - 1].name) {
+      out.back().options.inputs = {config.stages[i - 1].name};
+    }
+    const StageInfo& info = registered(entry, registry);
+    if (!info.expand || consumed(config.stages, i, registry)) continue;
+    for (ExpandedNode& node : info.expand(entry.params)) {
+      StageConfig expanded;
+      expanded.type = std::move(node.type);
+      expanded.name = entry.name + "/" + node.node;
+      expanded.options.inputs = {entry.name};
+      expanded.params = std::move(node.params);
+      expanded.location = entry.location;
+      out.push_back(std::move(expanded));
+    }
+  }
+  return out;
+}
+
 std::vector<StageDecl> stage_decls(const PipelineConfig& config, const Registry& registry) {
   std::vector<StageDecl> out;
-  for (const StageConfig& stage : config.stages) {
-    const StageInfo* info = registry.find(stage.type);
-    if (!info) throw Error(stage.location + ": unknown stage type '" + stage.type + "'");
-    StageDecl decl{stage.name, info->shape, stage.options};
-    if (!info->doc.threads_param.empty()) {
-      decl.threads_param = info->doc.threads_param;
+  for (const StageConfig& stage : expanded_stages(config, registry)) {
+    const StageInfo& info = registered(stage, registry);
+    StageDecl decl{stage.name, info.shape, stage.options};
+    if (!info.doc.threads_param.empty()) {
+      decl.threads_param = info.doc.threads_param;
       decl.threads_per_invocation = static_cast<std::size_t>(stage.params.get_int(decl.threads_param));
     }
     out.push_back(std::move(decl));
@@ -853,12 +906,10 @@ void check_thread_budget(const PipelineConfig& phase, const Registry& registry) 
 
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Registry& registry) {
   auto pipeline = std::make_unique<Pipeline>();
-  for (const StageConfig& stage : config.stages) {
-    const StageInfo* info = registry.find(stage.type);
-    if (!info) throw Error(stage.location + ": unknown stage type '" + stage.type + "'");
+  for (const StageConfig& stage : expanded_stages(config, registry)) {
     std::unique_ptr<Stage> built;
     try {
-      built = info->make(stage.params);
+      built = registered(stage, registry).make(stage.params);
     } catch (const std::exception& e) {
       throw Error(stage.location + ": " + phase_label(config.name) +
                   stage_label(stage.name, stage.type) + e.what());

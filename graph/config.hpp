@@ -139,7 +139,14 @@ void check_thread_budget(const PipelineConfig& phase, const Registry& registry =
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
                                          const Registry& registry = Registry::global());
 
-/// The stages of a validated config (one phase) as the graph checks and graph_text see them:
+/// The nodes a config (one phase) runs: its entries in order, each entry whose output no other
+/// entry takes followed by the nodes it expands into (StageInfo::expand: a `train_step` brings
+/// its step log, checkpoint and snapshot writers), named "<entry>/<node>" and taking the
+/// entry's output. Entries after an expansion get their default input spelled out.
+std::vector<StageConfig> expanded_stages(const PipelineConfig& config,
+                                         const Registry& registry = Registry::global());
+
+/// The nodes of a validated config (expanded_stages) as the graph checks and graph_text see them:
 ///   std::cout << graph_text(stage_decls(phase));
 std::vector<StageDecl> stage_decls(const PipelineConfig& config,
                                    const Registry& registry = Registry::global());

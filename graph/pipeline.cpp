@@ -723,6 +723,7 @@ class Pipeline::Runtime {
       rt_.counters_[stage_]->items_out.fetch_add(1, std::memory_order_relaxed);
       rt_.push(stage_, Message{rt_.next_seq_[stage_]++, std::move(value)});
     }
+    bool stopped() const override { return rt_.stop_.load(std::memory_order_relaxed); }
 
    private:
     Runtime& rt_;

@@ -21,12 +21,23 @@ struct StageDoc {
   std::string threads_param;
 };
 
+/// A node a config entry brings with it (see StageInfo::expand).
+struct ExpandedNode {
+  std::string node;  // named "<entry>/<node>" in the graph
+  std::string type;  // a registered stage type
+  Params params;     // complete: the type's defaults, then the entry's values
+};
+
 /// A registered stage type: everything needed to validate a config entry and to build it.
 struct StageInfo {
   std::string type;
   StageDoc doc;
   StageShape shape;
   std::function<std::unique_ptr<Stage>(const Params&)> make;
+  /// The nodes that take an entry's output when no other entry does, from the entry's params
+  /// (a training step's step log, checkpoint and snapshot writers): one entry in a config, every
+  /// node in the report. Empty for most types.
+  std::function<std::vector<ExpandedNode>(const Params&)> expand;
 
   const ParamSpec* find_param(const std::string& name) const;
 };
@@ -51,9 +62,10 @@ namespace detail {
 template <class S>
 struct Registrar {
   explicit Registrar(const char* type) {
-    Registry::global().add(StageInfo{type, S::describe(), S::static_shape(), [](const Params& p) {
-                                       return std::unique_ptr<Stage>(new S(p));
-                                     }});
+    StageInfo info{type, S::describe(), S::static_shape(),
+                   [](const Params& p) { return std::unique_ptr<Stage>(new S(p)); }};
+    if constexpr (requires(const Params& p) { S::expand(p); }) info.expand = &S::expand;
+    Registry::global().add(std::move(info));
   }
 };
 }  // namespace detail
@@ -64,7 +76,8 @@ struct Registrar {
 #define FLOWTRAIN_CONCAT(a, b) FLOWTRAIN_CONCAT_INNER(a, b)
 
 /// Makes a stage class available to configs under `type`. The class needs
-/// `static StageDoc describe()` and a constructor taking `const Params&`:
+/// `static StageDoc describe()` and a constructor taking `const Params&`, and may have
+/// `static std::vector<ExpandedNode> expand(const Params&)` (StageInfo::expand):
 ///
 ///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };
 ///   FLOWTRAIN_REGISTER_STAGE("spin", SpinStage);

@@ -1,5 +1,6 @@
 #include "graph/report.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -102,8 +103,11 @@ std::string RunReport::layout() const {
 
 std::string format_report(const RunReport& r) {
   std::string out;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%-16s %-8s %7s %9s %9s %6s %5s %8s %8s %10s %15s\n", "stage",
+  char buf[512];
+  // The name column fits the longest name ("student/checkpoint"), and is at least 16 wide.
+  int width = 16;
+  for (const StageReport& s : r.stages) width = std::max(width, static_cast<int>(s.name.size()));
+  std::snprintf(buf, sizeof buf, "%-*s %-8s %7s %9s %9s %6s %5s %8s %8s %10s %15s\n", width, "stage",
                 "kind", "workers", "in", "out", "drop", "busy", "starved", "blocked", "items/s",
                 "queue avg/max/cap");
   out += buf;
@@ -115,8 +119,8 @@ std::string format_report(const RunReport& r) {
       std::snprintf(buf, sizeof buf, "%.1f/%.0f/%zu", s.queue_mean, s.queue_max, s.queue_capacity);
       queue = buf;
     }
-    std::snprintf(buf, sizeof buf, "%-16s %-8s %7zu %9s %9s %6llu %5s %8s %8s %10.0f %15s\n",
-                  s.name.c_str(), to_string(s.kind), s.workers,
+    std::snprintf(buf, sizeof buf, "%-*s %-8s %7zu %9s %9s %6llu %5s %8s %8s %10.0f %15s\n",
+                  width, s.name.c_str(), to_string(s.kind), s.workers,
                   s.kind == StageShape::Kind::kSource ? "-" : std::to_string(s.items_in).c_str(),
                   s.kind == StageShape::Kind::kSink ? "-" : std::to_string(s.items_out).c_str(),
                   static_cast<unsigned long long>(s.dropped), percent(s.busy_fraction).c_str(),

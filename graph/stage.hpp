@@ -43,6 +43,7 @@ class ItemContext {
 class EmitSink {
  public:
   virtual void emit(std::shared_ptr<void> value) = 0;
+  virtual bool stopped() const { return false; }
 
  protected:
   ~EmitSink() = default;
@@ -54,6 +55,10 @@ class Emitter {
  public:
   explicit Emitter(EmitSink& sink) : sink_(sink) {}
   void emit(Out value) { sink_.emit(std::make_shared<Out>(std::move(value))); }
+  /// True in `finish` when the run was stopped (Ctrl-C, SIGTERM, Pipeline::request_stop)
+  /// rather than its input exhausted. A stage holding a partial group (a batch) then drops it:
+  /// a resumed run rebuilds it whole from the source position of the last full one.
+  bool stopped() const { return sink_.stopped(); }
 
  private:
   EmitSink& sink_;

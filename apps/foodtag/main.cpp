@@ -1,8 +1,8 @@
 // foodtag: distils a ViT teacher into a small ViT student that tags food photos with their food
 // group and an energy estimate (kcal per 100 g). See README.md; the graph of each phase:
 //
-//   csv_manifest -> decode_crop (x2) -> assemble_batch -> student_step "teacher"
-//   csv_manifest -> decode_crop (x2) -> assemble_batch -> teacher_infer (x2) -> student_step
+//   csv_manifest -> decode_crop (x2) -> assemble_batch -> train_step "teacher"
+//   csv_manifest -> decode_crop (x2) -> assemble_batch -> teacher_infer (x2) -> train_step
 //   csv_manifest -> jpeg_decode (x2) -> augment (eval) -> collate -> evaluate
 //
 //   foodtag prepare         fetch the photos and tables (npm), stratified train/val manifests

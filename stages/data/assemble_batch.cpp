@@ -13,7 +13,7 @@ StageDoc AssembleBatchStage::describe() {
   return {"Emits the batches decode_crop filled, in order, once their rows are in.",
           {int_param("batch_size", 64, "rows of a batch: decode_crop's batch_size", 1,
                      1 << 20),
-           bool_param("drop_last", false, "drop the last batch if it is smaller")}};
+           bool_param("drop_last", false, "drop the last batch if it is smaller (a run that is stopped always drops its partial batch: resuming redoes it whole)")}};
 }
 
 std::optional<std::uint64_t> AssembleBatchStage::plan(std::optional<std::uint64_t> rows) {
@@ -43,7 +43,7 @@ void AssembleBatchStage::process(BatchRow&& row, Emitter<Batch>& out) {
 }
 
 void AssembleBatchStage::finish(Emitter<Batch>& out) {
-  if (batch_.open() && !drop_last_) out.emit(batch_.take(last_position_ + 1));
+  if (batch_.open() && !drop_last_ && !out.stopped()) out.emit(batch_.take(last_position_ + 1));
   batch_.discard();
 }
 

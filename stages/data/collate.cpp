@@ -19,7 +19,7 @@ CollateStage::CollateStage(const Params& params)
 StageDoc CollateStage::describe() {
   return {"Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
           join_params({{int_param("batch_size", 64, "samples per batch", 1, 1 << 20),
-                        bool_param("drop_last", false, "drop the last batch if it is smaller")},
+                        bool_param("drop_last", false, "drop the last batch if it is smaller (a run that is stopped always drops its partial batch: resuming redoes it whole)")},
                        normalize_param_specs(),
                        batch_pool_param_specs()})};
 }
@@ -66,7 +66,7 @@ std::optional<std::uint64_t> CollateStage::plan(std::optional<std::uint64_t> sam
 }
 
 void CollateStage::finish(Emitter<Batch>& out) {
-  if (batch_.open() && !drop_last_) out.emit(batch_.take(end_position_));
+  if (batch_.open() && !drop_last_ && !out.stopped()) out.emit(batch_.take(end_position_));
   batch_.discard();
 }
 

@@ -51,12 +51,17 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"zero_shards", &TrainState::zero_shards},
 };
 
-void fsync_path(const std::string& path, int flags) {
+// The reason of the last failed system call, for an error naming `path`.
+Error write_error(const std::string& path, const std::string& what) {
+  return Error("cannot write " + path + ": " + what + " (" + std::strerror(errno) + ")");
+}
+
+void fsync_path(const std::string& path, int flags, const std::string& target) {
   const int fd = ::open(path.c_str(), flags);
   if (fd < 0 || ::fsync(fd) != 0) {
-    const std::string reason = std::strerror(errno);
+    const Error error = write_error(target, "fsync of " + path + " failed");
     if (fd >= 0) ::close(fd);
-    throw Error("cannot write checkpoint " + path + ": fsync failed (" + reason + ")");
+    throw error;
   }
   ::close(fd);
 }
@@ -73,10 +78,9 @@ std::int64_t read_int(torch::serialize::InputArchive& archive,
 
 }  // namespace
 
-void save_checkpoint(const std::string& path,
-                     ViT& model,
-                     const torch::optim::Optimizer* optimizer,
-                     const TrainState& state) {
+std::string checkpoint_bytes(ViT& model,
+                             const torch::optim::Optimizer* optimizer,
+                             const TrainState& state) {
   torch::serialize::OutputArchive archive;
   archive.write(kFormatKey, c10::IValue(kFormatVersion));
   const ViTConfig& config = model->config();
@@ -105,22 +109,50 @@ void save_checkpoint(const std::string& path,
     std::lock_guard<std::mutex> lock(generator.mutex());
     archive.write("rng", generator.get_state());
   }
+  std::string bytes;
+  archive.save_to([&bytes](const void* data, std::size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return bytes;
+}
 
+void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string temporary = path + ".tmp";
-  try {
-    archive.save_to(temporary);
-  } catch (const c10::Error& e) {
-    std::remove(temporary.c_str());
-    throw Error("cannot write checkpoint " + path + ": " + e.what_without_backtrace());
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw write_error(path, "cannot create " + temporary);
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      const Error error = write_error(path, "writing " + temporary + " failed");
+      ::close(fd);
+      std::remove(temporary.c_str());
+      throw error;
+    }
+    written += static_cast<std::size_t>(n);
   }
-  fsync_path(temporary, O_RDONLY);
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const Error error = write_error(path, "flushing " + temporary + " failed");
     std::remove(temporary.c_str());
-    throw Error("cannot write checkpoint " + path + ": rename failed (" + reason + ")");
+    throw error;
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const Error error = write_error(path, "rename failed");
+    std::remove(temporary.c_str());
+    throw error;
   }
   const fs::path folder = fs::path(path).parent_path();
-  fsync_path(folder.empty() ? "." : folder.string(), O_RDONLY | O_DIRECTORY);
+  fsync_path(folder.empty() ? "." : folder.string(), O_RDONLY | O_DIRECTORY, path);
+}
+
+void save_checkpoint(const std::string& path,
+                     ViT& model,
+                     const torch::optim::Optimizer* optimizer,
+                     const TrainState& state) {
+  write_file_atomically(path, checkpoint_bytes(model, optimizer, state));
 }
 
 bool is_checkpoint(const std::string& path) {

@@ -33,9 +33,20 @@ struct Checkpoint {
   mutable torch::serialize::InputArchive archive;  // reading it is not const in LibTorch
 };
 
-/// Writes a checkpoint atomically: to `path`.tmp, fsync, rename over `path`, fsync the folder,
-/// so a crash at any moment leaves either the old file or the new one, never a torn one.
-/// `optimizer` may be null (a model-only file). Throws Error naming the path on failure.
+/// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG and,
+/// unless `optimizer` is null (a model-only file), the optimizer state. Taking the bytes is
+/// what must happen between steps; writing them (write_file_atomically) can happen later.
+std::string checkpoint_bytes(ViT& model,
+                             const torch::optim::Optimizer* optimizer,
+                             const TrainState& state);
+
+/// Writes `bytes` to `path` atomically: to `path`.tmp, fsync, rename over `path`, fsync the
+/// folder, so a crash at any moment leaves either the old file or the new one, never a torn one.
+/// On failure (a full disk, a missing folder) removes the temporary file and throws Error
+/// naming `path` and the reason.
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
+/// checkpoint_bytes written with write_file_atomically:
 ///
 ///   save_checkpoint(dir + "/step-00000100.pt", model, &optimizer, state);
 void save_checkpoint(const std::string& path,

@@ -23,7 +23,7 @@ void BatchStage::process(std::uint64_t&& value, Emitter<std::vector<std::uint64_
 }
 
 void BatchStage::finish(Emitter<std::vector<std::uint64_t>>& out) {
-  if (!batch_.empty() && !drop_last_) out.emit(std::move(batch_));
+  if (!batch_.empty() && !drop_last_ && !out.stopped()) out.emit(std::move(batch_));
   batch_.clear();
 }
 

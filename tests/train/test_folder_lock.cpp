@@ -10,7 +10,7 @@
 #include "graph/error.hpp"
 #include "graph/params.hpp"
 #include "stages/train/folder_lock.hpp"
-#include "stages/train/student_step.hpp"
+#include "stages/train/train_step.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
@@ -33,7 +33,7 @@ TEST_CASE("Train.FolderLock.SecondClaimFailsNamingTheHolder") {
 TEST_CASE("Train.FolderLock.TwoTrainingStagesCannotShareACheckpointDir") {
   // Two runs into one checkpoint_dir used to both "succeed", interleaving steps.csv.
   TempDir dir("lock-stage");
-  Params params = Params::defaults(StudentStepStage::describe().params);
+  Params params = Params::defaults(TrainStepStage::describe().params);
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, std::int64_t>>{{"classes", 4},
                                                          {"image_size", 32},
@@ -44,9 +44,9 @@ TEST_CASE("Train.FolderLock.TwoTrainingStagesCannotShareACheckpointDir") {
     params.set(key, value);
   }
   params.set("checkpoint_dir", dir / "run");
-  const StudentStepStage first(params);
+  const TrainStepStage first(params);
   CHECK_THROWS_WITH_AS(
-      StudentStepStage{params},
+      TrainStepStage{params},
       doctest::Contains(
           ("checkpoint_dir " + (dir / "run") + " is in use by another run (pid ").c_str()),
       Error);

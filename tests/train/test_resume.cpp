@@ -29,12 +29,11 @@ Process start_run(const std::string& config,
 
 bool has_step_checkpoint(const std::string& dir) { return !step_checkpoints(dir).empty(); }
 
-}  // namespace
-
-// A run killed with SIGKILL and resumed ends with the same weights, bit for bit, as a run that
-// was never interrupted: same batches from the same data position, optimizer state, schedule
-// and random state (dropout is on, so the RNG state matters).
-TEST_CASE("Train.Resume.SigkillThenResumeIsBitExact" * doctest::timeout(300)) {
+// A run interrupted by `signal` as soon as its first checkpoint is on disk, then resumed, ends
+// with the same weights, bit for bit, as a run that was never interrupted: same batches from the
+// same data position, optimizer state, schedule and random state (dropout is on, so the RNG
+// state matters).
+void check_interrupted_run_resumes_exactly(int signal) {
   TempDir dir("resume");
   const std::string config = dir / "train.yaml";
   std::ofstream(config) << "threads: 2\nstages:\n" + data_stages("train", 4, true) +
@@ -50,26 +49,32 @@ TEST_CASE("Train.Resume.SigkillThenResumeIsBitExact" * doctest::timeout(300)) {
   REQUIRE(wait_for(start_run(config, checkpoint_dir("whole"), dir / "whole.log"), 120).code == 0);
   REQUIRE(fs::exists(dir / "whole/final.pt"));
 
-  // Killed as soon as its first checkpoint is on disk.
-  const Process killed = start_run(config, checkpoint_dir("killed"), dir / "killed.log");
+  const Process interrupted = start_run(config, checkpoint_dir("stopped"), dir / "stopped.log");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!has_step_checkpoint(dir / "killed") && std::chrono::steady_clock::now() < deadline) {
+  while (!has_step_checkpoint(dir / "stopped") && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  REQUIRE(has_step_checkpoint(dir / "killed"));
-  kill(killed.pid, SIGKILL);
-  REQUIRE(wait_for(killed, 60).signal == SIGKILL);
-  REQUIRE_FALSE(fs::exists(dir / "killed/final.pt"));  // it really died mid-run
-  const std::uint64_t killed_at = read_checkpoint(*latest_checkpoint(dir / "killed")).state.step;
+  REQUIRE(has_step_checkpoint(dir / "stopped"));
+  kill(interrupted.pid, signal);
+  const Exit stop = wait_for(interrupted, 60);
+  if (signal == SIGKILL) {
+    REQUIRE(stop.signal == SIGKILL);
+  } else {
+    // Stopped cleanly: a resumable checkpoint of the last whole batch, never a partial one.
+    REQUIRE(stop.code == 130);
+    CHECK(stop.output.find("stopped by SIGINT") != std::string::npos);
+  }
+  REQUIRE_FALSE(fs::exists(dir / "stopped/final.pt"));  // it really stopped mid-run
+  const Checkpoint stopped_at = read_checkpoint(*latest_checkpoint(dir / "stopped"));
+  CHECK(stopped_at.state.data_position == stopped_at.state.step * 32);
 
-  // Resumed from its newest checkpoint.
-  const Exit resumed_run = wait_for(start_run(config, checkpoint_dir("killed"), dir / "resumed.log"), 120);
+  const Exit resumed_run = wait_for(start_run(config, checkpoint_dir("stopped"), dir / "resumed.log"), 120);
   REQUIRE(resumed_run.code == 0);
-  const std::string& log = resumed_run.output;
-  CHECK(log.find("resumed_at " + std::to_string(killed_at)) != std::string::npos);
+  CHECK(resumed_run.output.find("resumed_at " + std::to_string(stopped_at.state.step)) !=
+        std::string::npos);
 
   const Checkpoint whole = read_checkpoint(dir / "whole/final.pt");
-  const Checkpoint resumed = read_checkpoint(dir / "killed/final.pt");
+  const Checkpoint resumed = read_checkpoint(dir / "stopped/final.pt");
   CHECK(whole.state.step == 40);  // 4 epochs x 10 batches
   CHECK(resumed.state.step == whole.state.step);
   CHECK(resumed.state.data_position == whole.state.data_position);
@@ -79,4 +84,16 @@ TEST_CASE("Train.Resume.SigkillThenResumeIsBitExact" * doctest::timeout(300)) {
   std::size_t equal = 0;
   for (const auto& item : pa) equal += torch::equal(item.value(), pb[item.key()]) ? 1 : 0;
   CHECK(equal == pa.size());
+}
+
+}  // namespace
+
+TEST_CASE("Train.Resume.SigkillThenResumeIsBitExact" * doctest::timeout(300)) {
+  check_interrupted_run_resumes_exactly(SIGKILL);
+}
+
+// Ctrl-C used to checkpoint a partial batch (19 of 32 images), and the resumed run then took 41
+// steps with other weights.
+TEST_CASE("Train.Resume.SigintThenResumeIsBitExact" * doctest::timeout(300)) {
+  check_interrupted_run_resumes_exactly(SIGINT);
 }

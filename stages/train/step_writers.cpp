@@ -1,0 +1,109 @@
+#include "stages/train/step_writers.hpp"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "graph/error.hpp"
+#include "stages/train/checkpoint.hpp"
+
+namespace flowtrain::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+void create_folder(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
+}
+}  // namespace
+
+StepLogStage::StepLogStage(const Params& params) : dir_(params.get_string("dir")) {}
+
+StageDoc StepLogStage::describe() {
+  return {"Appends one row per training step (step, epoch, loss, correct, seen, lr, time_s) to "
+          "dir/steps.csv on rank 0; a resumed run continues the file.",
+          {output_path_param("dir", "folder of steps.csv (empty: none written)")}};
+}
+
+void StepLogStage::consume(StepRecord&& record, ItemContext&) {
+  if (dir_.empty() || record.rank != 0 || record.step == 0) return;
+  if (!file_.is_open()) {
+    // The first step of a new run is step 1; a resumed run starts later and continues the file.
+    const std::string path = (fs::path(dir_) / "steps.csv").string();
+    create_folder(dir_);
+    const bool fresh = record.step == 1 || !fs::exists(path);
+    file_.open(path, fresh ? std::ios::trunc : std::ios::app);
+    if (!file_) throw Error("cannot write " + path);
+    if (fresh) file_ << "step,epoch,loss,correct,seen,lr,time_s\n";
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "%llu,%u,%.6g,%llu,%llu,%.6g,%.3f\n",
+                static_cast<unsigned long long>(record.step), record.epoch + 1, record.loss,
+                static_cast<unsigned long long>(record.correct),
+                static_cast<unsigned long long>(record.seen), record.lr, record.time_s);
+  // Flushed per row: a run killed at any point leaves every finished step's row.
+  file_ << line << std::flush;
+  if (!file_) throw Error("cannot write " + (fs::path(dir_) / "steps.csv").string());
+}
+
+CheckpointStage::CheckpointStage(const Params& params)
+    : dir_(params.get_string("dir")),
+      keep_(static_cast<std::uint64_t>(params.get_int("keep"))) {
+  if (dir_.empty()) throw Error("param 'dir' is required");
+}
+
+StageDoc CheckpointStage::describe() {
+  return {"Writes the checkpoints a training step sends (weights, optimizer state, RNG, data "
+          "position) to dir atomically, one file per rank, and deletes this rank's step files "
+          "beyond the newest `keep`.",
+          {output_path_param("dir", "folder of the checkpoint files (required)"),
+           int_param("keep", 2, "step checkpoints kept (older ones are deleted; final.pt never)",
+                     1)}};
+}
+
+void CheckpointStage::consume(StepRecord&& record, ItemContext&) {
+  if (!record.checkpoint) return;
+  create_folder(dir_);
+  // Each rank writes its own file: its data position, and with ZeRO its optimizer shard.
+  write_file_atomically(rank_file((fs::path(dir_) / record.checkpoint_name).string(), record.rank),
+                        *record.checkpoint);
+  ++written_;
+  // Each rank prunes its own files (listing rank 0's would miss the files whose rank-0 twin
+  // another process already removed).
+  const std::vector<std::string> steps = step_checkpoints(dir_, record.rank);
+  std::error_code ec;
+  for (std::size_t i = 0; i + keep_ < steps.size(); ++i) fs::remove(steps[i], ec);
+}
+
+std::vector<StageResult> CheckpointStage::results() const {
+  return {{"written", static_cast<double>(written_)}};
+}
+
+SnapshotStage::SnapshotStage(const Params& params) : dir_(params.get_string("dir")) {
+  if (dir_.empty()) throw Error("param 'dir' is required");
+}
+
+StageDoc SnapshotStage::describe() {
+  return {"Writes the model snapshots a training step sends (the weights alone) to "
+          "dir/snapshots/, to validate the model along the training.",
+          {output_path_param("dir", "folder holding snapshots/ (required)")}};
+}
+
+void SnapshotStage::consume(StepRecord&& record, ItemContext&) {
+  if (!record.snapshot) return;
+  const fs::path dir = fs::path(dir_) / "snapshots";
+  create_folder(dir);
+  write_file_atomically((dir / step_checkpoint_name(record.step)).string(), *record.snapshot);
+  ++written_;
+}
+
+std::vector<StageResult> SnapshotStage::results() const {
+  return {{"written", static_cast<double>(written_)}};
+}
+
+FLOWTRAIN_REGISTER_STAGE("step_log", StepLogStage);
+FLOWTRAIN_REGISTER_STAGE("checkpoint", CheckpointStage);
+FLOWTRAIN_REGISTER_STAGE("snapshot", SnapshotStage);
+
+}  // namespace flowtrain::train

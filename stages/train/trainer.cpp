@@ -1,0 +1,162 @@
+#include "stages/train/trainer.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "distributed/grad_sync.hpp"
+#include "distributed/zero.hpp"
+#include "graph/error.hpp"
+#include "stages/train/compute.hpp"
+
+namespace flowtrain::train {
+
+namespace {
+
+std::string number(double v) {
+  if (std::isnan(v)) return "nan";  // printf may say "-nan"
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainerOptions& options,
+                 c10d::ProcessGroup* group,
+                 const Checkpoint* resume_from)
+    : options_(options) {
+  if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
+  torch::manual_seed(options_.seed);
+  model_ = ViT(options_.model);
+  if (group) {
+    rank_ = group->getRank();
+    world_size_ = group->getSize();
+  }
+  if (options_.zero && group) {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    zero_ = std::make_unique<dist::ShardedOptimizer>(
+        named, *group,
+        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); });
+  } else {
+    optimizer_ = make_adamw(model_, options_.optimizer);
+  }
+  if (resume_from) {
+    const TrainState& saved = resume_from->state;
+    if (saved.world_size != static_cast<std::uint64_t>(world_size_) ||
+        saved.zero_shards != (zero_ ? saved.world_size : 0)) {
+      throw Error(resume_from->path + " was written by " + std::to_string(saved.world_size) +
+                  " rank(s)" + (saved.zero_shards ? " with ZeRO" : "") +
+                  "; resume it with the same number of ranks and the same zero setting");
+    }
+    restore_training(*resume_from, model_, optimizer());
+    state_ = saved;
+    resumed_ = true;
+  }
+  state_.world_size = static_cast<std::uint64_t>(world_size_);
+  state_.zero_shards = zero_ ? static_cast<std::uint64_t>(world_size_) : 0;
+  if (group) {
+    // After any restore: every rank starts from rank 0's weights.
+    sync_ = std::make_unique<dist::GradSync>(
+        *model_, *group,
+        dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
+                                .bucket_bytes = options_.bucket_bytes});
+  }
+}
+
+Trainer::~Trainer() = default;
+
+torch::optim::AdamW& Trainer::optimizer() const { return zero_ ? zero_->local() : *optimizer_; }
+
+StepOutcome Trainer::step(const data::Batch& batch) {
+  if (!batch.teacher_logits.defined() && options_.loss.alpha < 1) {
+    throw Error("batch " + std::to_string(batch.number) +
+                " has no teacher outputs: put a teacher_infer stage before this one, or set "
+                "alpha: 1 for supervised training");
+  }
+  using Clock = std::chrono::steady_clock;
+  StepOutcome out;
+  out.begin = Clock::now();
+  model_->train();
+  const std::uint64_t step = state_.step + 1;
+
+  ViTOutput forward;
+  {
+    Autocast autocast(options_.bf16);
+    forward = model_->forward(batch.images);
+  }
+  const torch::Tensor logits = forward.logits.to(torch::kFloat);
+  // The loss sees the regression at the head's own scale (order one), not the targets' units.
+  const double scale = model_->config().regression_scale;
+  const torch::Tensor regression =
+      forward.regression.defined() ? forward.regression.to(torch::kFloat) / scale : torch::Tensor();
+  const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
+  const KdLoss loss =
+      batch.teacher_logits.defined()
+          ? kd_loss(logits, batch.teacher_logits, batch.labels, options_.loss, regression, targets)
+          : supervised_loss(logits, batch.labels, options_.loss.regression_weight, regression,
+                            targets);
+  out.loss = loss.total.item<double>();
+  out.forward_end = Clock::now();
+
+  optimizer().zero_grad();
+  // Backward even for a non-finite loss: with data parallelism every rank must take part in
+  // the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
+  loss.total.backward();
+  out.backward_end = Clock::now();
+  if (sync_) sync_->finish();
+  out.sync_end = Clock::now();
+  const double clip = options_.clip_grad_norm;
+  const double grad_norm =
+      torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
+
+  state_.data_position = batch.end_position;
+  if (!batch.views.empty()) state_.epoch = batch.views.back().epoch;
+  out.seen = static_cast<std::uint64_t>(batch.size());
+  if (!std::isfinite(out.loss) || !std::isfinite(grad_norm)) {
+    std::string what = "step " + std::to_string(step) + " (batch " +
+                       std::to_string(batch.number) + "): " +
+                       (std::isfinite(out.loss) ? "gradient norm is " + number(grad_norm)
+                                                : "loss is " + number(out.loss)) +
+                       " (cross-entropy " + number(loss.ce.item<double>());
+    if (loss.kd.defined()) what += ", distillation " + number(loss.kd.item<double>());
+    what += ")";
+    if (!options_.skip_nonfinite) {
+      throw Error(what + "; lower lr, or set on_nonfinite: skip to skip such steps");
+    }
+    optimizer().zero_grad();
+    ++state_.skipped_steps;
+    out.end = Clock::now();
+    return out;
+  }
+
+  out.lr = scheduled_lr(options_.optimizer, state_.step, state_.total_steps);
+  set_lr(optimizer(), out.lr);
+  if (zero_) {
+    zero_->step();
+  } else {
+    optimizer_->step();
+  }
+  out.end = Clock::now();
+  state_.step = step;
+  out.applied = true;
+  out.correct =
+      static_cast<std::uint64_t>(logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
+  return out;
+}
+
+std::string Trainer::checkpoint(bool with_optimizer) const {
+  return checkpoint_bytes(const_cast<ViT&>(model_), with_optimizer ? &optimizer() : nullptr,
+                          state_);
+}
+
+double Trainer::sync_comm_seconds() const { return sync_ ? sync_->comm_seconds() : 0; }
+
+std::int64_t Trainer::optimizer_state_bytes() const {
+  return dist::optimizer_state_bytes(optimizer());
+}
+
+}  // namespace flowtrain::train

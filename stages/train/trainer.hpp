@@ -1,0 +1,109 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "stages/data/batch.hpp"
+#include "stages/train/checkpoint.hpp"
+#include "stages/train/kd_loss.hpp"
+#include "stages/train/optimizer.hpp"
+#include "stages/train/vit.hpp"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace flowtrain::dist {
+class GradSync;
+class ShardedOptimizer;
+}  // namespace flowtrain::dist
+
+namespace flowtrain::train {
+
+/// What a Trainer trains, and how.
+struct TrainerOptions {
+  ViTConfig model;
+  std::uint64_t seed = 0;  // the initial weights and every random draw of training follow it
+  OptimizerOptions optimizer;
+  KdLossOptions loss;
+  double clip_grad_norm = 1.0;   // 0: off
+  bool skip_nonfinite = false;   // a NaN/infinite loss or gradient: skip the update (else throw)
+  bool bf16 = false;             // autocast the forward to bfloat16
+  // With a process group (data parallelism):
+  bool zero = false;             // shard the optimizer state across the ranks (ZeRO-1)
+  std::int64_t first_bucket_bytes = 1'000'000;  // first gradient bucket to all-reduce
+  std::int64_t bucket_bytes = 25'000'000;       // the other buckets
+};
+
+/// One training step, as measured.
+struct StepOutcome {
+  bool applied = false;       // false: skipped for a non-finite loss or gradient
+  double loss = 0;
+  double lr = 0;              // the step's learning rate (0 when skipped)
+  std::uint64_t correct = 0;  // training predictions that matched the label
+  std::uint64_t seen = 0;     // samples in the batch
+  std::chrono::steady_clock::time_point begin, forward_end, backward_end, sync_end, end;
+};
+
+/// The training math of a ViT, with no graph around it: the model, the loss (distillation
+/// from the batch's teacher outputs, else supervised), AdamW with warm-up + cosine (or its
+/// ZeRO shard), gradient clipping and, given a process group, the gradient all-reduce, which
+/// backward hooks start bucket by bucket so it overlaps backward. Tests drive it directly:
+///
+///   Trainer trainer({.model = vit_config("vit_cpu_student", 112, 10), .seed = 1});
+///   trainer.set_total_steps(100);
+///   StepOutcome out = trainer.step(batch);   // forward, loss, backward, sync, clip, AdamW
+///   std::string bytes = trainer.checkpoint(/*with_optimizer=*/true);
+///
+/// Steps run in the order they are called, each on the weights the previous one left.
+class Trainer {
+ public:
+  /// `group`: the data-parallel process group, or nullptr for one process. `resume_from`:
+  /// a checkpoint to continue from (its weights, optimizer state, RNG and state), checked
+  /// against this job's ranks and ZeRO setting. With a group, every rank then starts from
+  /// rank 0's weights.
+  explicit Trainer(const TrainerOptions& options,
+                   c10d::ProcessGroup* group = nullptr,
+                   const Checkpoint* resume_from = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// The learning-rate schedule's length (a resumed trainer keeps its checkpoint's).
+  void set_total_steps(std::uint64_t steps) { state_.total_steps = steps; }
+
+  /// One step on `batch`. Throws Error naming the step and batch if the loss or gradient is not
+  /// finite (unless skip_nonfinite), or if the batch has no teacher outputs and alpha < 1.
+  StepOutcome step(const data::Batch& batch);
+
+  /// A checkpoint file's bytes: the model, its shape, the state, the RNG and (with_optimizer)
+  /// this rank's optimizer state. Written to disk with write_file_atomically.
+  std::string checkpoint(bool with_optimizer) const;
+
+  const TrainState& state() const { return state_; }
+  ViT& model() { return model_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  bool resumed() const { return resumed_; }
+  /// With a group: all-reduce time summed over the steps, first bucket's start to last's end.
+  double sync_comm_seconds() const;
+  /// Bytes of optimizer state this rank holds.
+  std::int64_t optimizer_state_bytes() const;
+
+ private:
+  torch::optim::AdamW& optimizer() const;
+
+  TrainerOptions options_;
+  ViT model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;  // without ZeRO
+  std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
+  std::unique_ptr<dist::GradSync> sync_;            // with a group
+  int rank_ = 0;
+  int world_size_ = 1;
+  TrainState state_;
+  bool resumed_ = false;
+};
+
+}  // namespace flowtrain::train

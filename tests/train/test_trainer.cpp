@@ -1,0 +1,158 @@
+// The Trainer alone, with no graph around it: what a training step computes, and exact resume
+// from checkpoint bytes.
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <limits>
+
+#include "graph/error.hpp"
+#include "stages/train/trainer.hpp"
+#include "tests/train/training_fixture.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::train;
+using flowtrain::testing::TempDir;
+
+namespace {
+
+TrainerOptions tiny(std::uint64_t seed) {
+  TrainerOptions options;
+  options.model = ViTConfig{.image_size = 16, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+                            .classes = 3};
+  options.seed = seed;
+  options.optimizer.lr = 1e-2;
+  options.loss.alpha = 1;  // labels only: no teacher needed
+  return options;
+}
+
+// Batch `number` of a fixed synthetic set: the class is the mean intensity's third.
+data::Batch batch(std::uint64_t number) {
+  torch::manual_seed(1000 + number);  // the data, not the training, follows this seed
+  data::Batch b;
+  b.number = number;
+  b.end_position = (number + 1) * 8;
+  b.labels = torch::randint(0, 3, {8}, torch::kLong);
+  b.images = torch::randn({8, 3, 16, 16}) * 0.1 + b.labels.view({8, 1, 1, 1}).to(torch::kFloat);
+  return b;
+}
+
+// Steps `from` to `to` (exclusive), each on its own batch, built before the step so the
+// trainer's random draws are its own.
+void run_steps(Trainer& trainer, std::uint64_t from, std::uint64_t to) {
+  for (std::uint64_t n = from; n < to; ++n) {
+    const data::Batch b = batch(n);
+    trainer.step(b);
+  }
+}
+
+bool same_weights(Trainer& a, Trainer& b) {
+  const auto pa = a.model()->parameters();
+  const auto pb = b.model()->parameters();
+  if (pa.size() != pb.size()) return false;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    if (!torch::equal(pa[i], pb[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("Train.Trainer.LearnsAFixedTask") {
+  Trainer trainer(tiny(1));
+  trainer.set_total_steps(60);
+  double first = 0, last = 0;
+  for (std::uint64_t n = 0; n < 60; ++n) {
+    const data::Batch b = batch(n % 4);
+    const StepOutcome out = trainer.step(b);
+    REQUIRE(out.applied);
+    CHECK(out.seen == 8);
+    (n < 4 ? first : last) += n < 4 || n >= 56 ? out.loss / 4 : 0;
+  }
+  CHECK(trainer.state().step == 60);
+  CHECK(trainer.state().data_position == 4 * 8);
+  CHECK(last < first * 0.5);
+}
+
+TEST_CASE("Train.Trainer.SameSeedSameWeightsOtherSeedOthers") {
+  Trainer a(tiny(7)), b(tiny(7)), c(tiny(8));
+  for (Trainer* t : {&a, &b, &c}) {
+    t->set_total_steps(5);
+    run_steps(*t, 0, 5);
+  }
+  CHECK(same_weights(a, b));
+  CHECK_FALSE(same_weights(a, c));
+}
+
+// Bytes taken after step 3, written and read back, continue to the same weights as a trainer
+// that never stopped: the optimizer state, the schedule and the RNG (dropout) travel with them.
+TEST_CASE("Train.Trainer.ResumeFromCheckpointBytesIsExact") {
+  TrainerOptions options = tiny(3);
+  options.model.dropout = 0.1;
+  TempDir dir("trainer");
+  Trainer whole(options), first(options);
+  whole.set_total_steps(8);
+  first.set_total_steps(8);
+  run_steps(whole, 0, 8);
+  run_steps(first, 0, 3);
+  const std::string path = dir / "step-3.pt";
+  write_file_atomically(path, first.checkpoint(true));
+  const Checkpoint checkpoint = read_checkpoint(path);
+  CHECK(checkpoint.state.step == 3);
+  CHECK(checkpoint.state.total_steps == 8);
+  CHECK(checkpoint.state.data_position == 3 * 8);
+
+  torch::manual_seed(12345);  // whatever the process did since: the checkpoint's RNG counts
+  Trainer resumed(options, nullptr, &checkpoint);
+  CHECK(resumed.resumed());
+  run_steps(resumed, 3, 8);
+  CHECK(resumed.state().step == 8);
+  CHECK(same_weights(whole, resumed));
+  CHECK_FALSE(same_weights(whole, first));
+}
+
+TEST_CASE("Train.Trainer.NonFiniteLossStopsOrSkips") {
+  data::Batch bad = batch(0);
+  bad.images[0][0][0][0] = std::numeric_limits<float>::quiet_NaN();
+  Trainer strict(tiny(1));
+  CHECK_THROWS_WITH_AS(strict.step(bad), doctest::Contains("step 1 (batch 0): loss is nan"),
+                       Error);
+
+  TrainerOptions options = tiny(1);
+  options.skip_nonfinite = true;
+  Trainer lenient(options);
+  const StepOutcome out = lenient.step(bad);
+  CHECK_FALSE(out.applied);
+  CHECK(lenient.state().step == 0);
+  CHECK(lenient.state().skipped_steps == 1);
+  CHECK(lenient.step(batch(1)).applied);
+  CHECK(lenient.state().step == 1);
+}
+
+TEST_CASE("Train.Trainer.DistillationNeedsTeacherOutputs") {
+  TrainerOptions options = tiny(1);
+  options.loss.alpha = 0.5;
+  Trainer trainer(options);
+  CHECK_THROWS_WITH_AS(trainer.step(batch(0)), doctest::Contains("has no teacher outputs"), Error);
+  data::Batch b = batch(0);
+  b.teacher_logits = torch::randn({8, 3});
+  CHECK(trainer.step(b).applied);
+}
+
+TEST_CASE("Train.Checkpoint.FullDiskIsAnErrorNamingTheFileAndLeavesNoTemporary") {
+  // /dev/full fails every write with ENOSPC; a folder that is not writable stands in where a
+  // tmpfs cannot be mounted. Writing into /dev/full's "folder" is refused at create time, so
+  // write through a symlinked temporary instead.
+  if (!std::filesystem::exists("/dev/full")) {
+    MESSAGE("no /dev/full on this machine: not checked");
+    return;
+  }
+  TempDir dir("full");
+  const std::string path = dir / "final.pt";
+  std::filesystem::create_symlink("/dev/full", path + ".tmp");
+  const std::string expected =
+      "cannot write " + path + ": writing " + path + ".tmp failed (No space left on device)";
+  CHECK_THROWS_WITH_AS(write_file_atomically(path, std::string(1 << 16, 'x')),
+                       doctest::Contains(expected.c_str()), Error);
+  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK_FALSE(std::filesystem::is_symlink(path + ".tmp"));
+}
