@@ -339,3 +339,56 @@ TEST_CASE("Train.Regression.TargetLearnedAndMaeReported" * doctest::timeout(180)
   CHECK(mae < 0.4);  // predicting the mean (1.5) would give 1
   CHECK(result(evaluated, "evaluate", "top1") >= 0.9);
 }
+
+namespace {
+std::vector<std::string> node_names(const std::string& yaml) {
+  std::vector<std::string> names;
+  for (const StageConfig& s : expanded_stages(parse_pipeline_config(yaml, "nodes.yaml"))) {
+    names.push_back(s.name);
+  }
+  return names;
+}
+}  // namespace
+
+// One train_step entry brings the nodes that write its files, named after it; with no folder
+// only the step log; an entry that takes the step's output itself turns the expansion off.
+TEST_CASE("Train.TrainStep.EntryBringsItsWriterNodes") {
+  TempDir dir;
+  const std::string head = "stages:\n" + data_stages("train", 1, true);
+  const std::string params = tiny_vit(32, 1, 2) + ", checkpoint_dir: " + (dir / "run");
+  const std::vector<std::string> data = {"source", "jpeg_decode", "augment", "collate"};
+  auto with = [&](std::vector<std::string> rest) {
+    std::vector<std::string> all = data;
+    all.insert(all.end(), rest.begin(), rest.end());
+    return all;
+  };
+  CHECK(node_names(head + "  - {type: train_step, name: student, params: {" + params +
+                   ", snapshot_every: 5}}\n") ==
+        with({"student", "student/step_log", "student/checkpoint", "student/snapshot"}));
+  CHECK(node_names(head + "  - {type: student_step, params: {" + tiny_vit(32, 1, 2) + "}}\n") ==
+        with({"student_step", "student_step/step_log"}));
+  CHECK(node_names(head + "  - {type: train_step, params: {" + params + "}}\n" +
+                   "  - {type: checkpoint, params: {dir: " + (dir / "mine") + ", keep: 1}}\n") ==
+        with({"train_step", "checkpoint"}));
+}
+
+// The writers get the records: steps.csv has a row per step, the checkpoint node the files.
+TEST_CASE("Train.TrainStep.WritersWriteStepsAndCheckpoints" * doctest::timeout(120)) {
+  TempDir dir;
+  const RunReport report = run_config(
+      "threads: 2\nstages:\n" + data_stages("train", 1, true) +
+      "  - {type: train_step, params: {" + tiny_vit(32, 1, 2) +
+      ", alpha: 1, checkpoint_every: 4, keep_checkpoints: 1, snapshot_every: 5, checkpoint_dir: " +
+      (dir / "run") + "}}\n");
+  CHECK(result(report, "train_step", "steps") == 10);
+  CHECK(result(report, "train_step/checkpoint", "written") == 3);  // steps 4 and 8, final.pt
+  CHECK(result(report, "train_step/snapshot", "written") == 2);    // steps 5 and 10
+  CHECK(step_checkpoints(dir / "run") == std::vector<std::string>{dir / "run/step-00000008.pt"});
+  CHECK(read_checkpoint(dir / "run/final.pt").state.step == 10);
+  CHECK(std::filesystem::exists(dir / "run/snapshots/step-00000010.pt"));
+  std::ifstream csv(dir / "run/steps.csv");
+  std::string line;
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  CHECK(rows == 11);  // header + 10 steps
+}
