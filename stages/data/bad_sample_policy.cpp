@@ -29,49 +29,64 @@ std::vector<ParamSpec> BadSamplePolicy::param_specs() {
                        "'fail' stops the run",
                        {"skip", "fail"}),
           float_param("max_bad_fraction", 0.05,
-                      "stop the run once more than this share of the samples seen (at least "
-                      "20) were bad",
+                      "stop the run once more than this share of the samples so far were bad "
+                      "(judged in sequence order, from the 20th sample on, so every run of the "
+                      "same data decides alike)",
                       0)};
 }
 
-void BadSamplePolicy::accept() {
-  seen_.fetch_add(1);
-  check_fraction();
-}
+void BadSamplePolicy::accept(const ItemContext& ctx) { judge(ctx.seq(), std::nullopt); }
 
 std::nullopt_t BadSamplePolicy::reject(const std::string& path,
                                        std::string reason,
                                        ItemContext& ctx) {
-  seen_.fetch_add(1);
   std::string what = (path.empty() ? std::string("(no path)") : path) + ": " + reason;
-  if (fail_on_bad_) {
-    bad_.fetch_add(1);
-    throw Error(what);
-  }
-  {
-    std::lock_guard lock(last_bad_mutex_);
-    last_bad_ = what;
-  }
-  bad_.fetch_add(1);
-  check_fraction();
+  if (fail_on_bad_) throw Error(what);
+  judge(ctx.seq(), what);
   return ctx.drop(std::move(what));
 }
 
-void BadSamplePolicy::check_fraction() {
-  // bad_ first: every sample is counted in seen_ before bad_, so the pair never has bad > seen.
-  const std::uint64_t bad = bad_.load();
-  const std::uint64_t seen = seen_.load();
-  if (seen < kMinSeenForFraction ||
-      static_cast<double>(bad) <= max_bad_fraction_ * static_cast<double>(seen)) {
-    return;
+std::uint64_t BadSamplePolicy::seen() const {
+  std::lock_guard lock(mutex_);
+  return seen_;
+}
+
+std::uint64_t BadSamplePolicy::bad() const {
+  std::lock_guard lock(mutex_);
+  return bad_;
+}
+
+void BadSamplePolicy::judge(std::uint64_t seq, std::optional<std::string> bad) {
+  std::lock_guard lock(mutex_);
+  if (seq != next_ || !ahead_.empty()) {
+    ahead_.emplace(seq, std::move(bad));
+    // A sample missing this long was dropped before the stage: pass over it.
+    if (ahead_.size() > kLookahead) next_ = ahead_.begin()->first;
+    if (ahead_.begin()->first != next_) return;
+    bad = std::move(ahead_.begin()->second);
+    ahead_.erase(ahead_.begin());
   }
-  char text[160];
-  std::snprintf(text, sizeof text,
-                "%llu of %llu samples were bad (%.1f%%), above max_bad_fraction %g; last: ",
-                static_cast<unsigned long long>(bad), static_cast<unsigned long long>(seen),
-                100.0 * static_cast<double>(bad) / static_cast<double>(seen), max_bad_fraction_);
-  std::lock_guard lock(last_bad_mutex_);
-  throw Error(text + last_bad_);
+  for (;;) {
+    ++next_;
+    ++seen_;
+    if (bad) {
+      ++bad_;
+      last_bad_ = std::move(*bad);
+    }
+    if (seen_ >= kMinSeenForFraction &&
+        static_cast<double>(bad_) > max_bad_fraction_ * static_cast<double>(seen_)) {
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "%llu of %llu samples were bad (%.1f%%), above max_bad_fraction %g; last: ",
+                    static_cast<unsigned long long>(bad_), static_cast<unsigned long long>(seen_),
+                    100.0 * static_cast<double>(bad_) / static_cast<double>(seen_),
+                    max_bad_fraction_);
+      throw Error(text + last_bad_);
+    }
+    if (ahead_.empty() || ahead_.begin()->first != next_) return;
+    bad = std::move(ahead_.begin()->second);
+    ahead_.erase(ahead_.begin());
+  }
 }
 
 }  // namespace flowtrain::data

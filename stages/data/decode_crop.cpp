@@ -93,7 +93,7 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   release_encoded(sample);
   scratch.trim();
   if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
-  policy_.accept();
+  policy_.accept(ctx);
 
   BatchRow row;
   row.batch = ctx.seq() / static_cast<std::uint64_t>(batch_size_);

@@ -475,7 +475,7 @@ std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx
   if (error.empty()) error = decode_image(bytes, options_, sample.image).error;
   release_encoded(sample);
   if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
-  policy_.accept();
+  policy_.accept(ctx);
   return std::move(sample);
 }
 
