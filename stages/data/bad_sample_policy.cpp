@@ -1,22 +1,31 @@
 #include "stages/data/bad_sample_policy.hpp"
 
 #include <cstdio>
+#include <iostream>
 
+#include "distributed/world.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::data {
 
-namespace {
-bool parse_policy(const std::string& policy) {
-  if (policy == "skip") return false;
-  if (policy == "fail") return true;
-  throw Error("on_bad_sample must be 'skip' or 'fail', not '" + policy + "'");
-}
-}  // namespace
-
 BadSamplePolicy::BadSamplePolicy(const Params& params)
-    : fail_on_bad_(parse_policy(params.get_string("on_bad_sample"))),
-      max_bad_fraction_(params.get_float("max_bad_fraction")) {
+    : max_bad_fraction_(params.get_float("max_bad_fraction")) {
+  if (const dist::World* world = dist::World::current()) {
+    rank_ = world->rank();
+    world_size_ = world->size();
+  }
+  const std::string policy = params.get_string("on_bad_sample");
+  if (policy == "skip") {
+    mode_ = Mode::kSkip;
+  } else if (policy == "replace") {
+    mode_ = Mode::kReplace;
+  } else if (policy == "fail") {
+    mode_ = Mode::kFail;
+  } else if (policy == "auto") {
+    mode_ = world_size_ > 1 ? Mode::kReplace : Mode::kSkip;
+  } else {
+    throw Error("on_bad_sample must be 'auto', 'skip', 'replace' or 'fail', not '" + policy + "'");
+  }
   if (!(max_bad_fraction_ >= 0 && max_bad_fraction_ <= 1)) {
     throw Error("max_bad_fraction must be between 0 and 1, not " +
                 std::to_string(max_bad_fraction_));
@@ -24,10 +33,12 @@ BadSamplePolicy::BadSamplePolicy(const Params& params)
 }
 
 std::vector<ParamSpec> BadSamplePolicy::param_specs() {
-  return {string_param("on_bad_sample", "skip",
-                       "a sample that cannot be read or decoded: 'skip' drops and reports it, "
-                       "'fail' stops the run",
-                       {"skip", "fail"}),
+  return {string_param("on_bad_sample", "auto",
+                       "a sample that cannot be read or decoded: 'skip' drops and reports it; "
+                       "'replace' decodes a stand-in drawn from (seed, epoch, index), keeping "
+                       "the sample count; 'fail' stops the run; 'auto': replace with several "
+                       "ranks (they must take equal steps), else skip",
+                       {"auto", "skip", "replace", "fail"}),
           float_param("max_bad_fraction", 0.05,
                       "stop the run once more than this share of the samples so far were bad "
                       "(judged in sequence order, from the 20th sample on, so every run of the "
@@ -35,15 +46,49 @@ std::vector<ParamSpec> BadSamplePolicy::param_specs() {
                       0)};
 }
 
-void BadSamplePolicy::accept(const ItemContext& ctx) { judge(ctx.seq(), std::nullopt); }
+std::string BadSamplePolicy::describe(const Sample& sample, const std::string& error) {
+  return (sample.path.empty() ? std::string("(no path)") : sample.path) + ": " + error;
+}
 
-std::nullopt_t BadSamplePolicy::reject(const std::string& path,
-                                       std::string reason,
-                                       ItemContext& ctx) {
-  std::string what = (path.empty() ? std::string("(no path)") : path) + ": " + reason;
-  if (fail_on_bad_) throw Error(what);
-  judge(ctx.seq(), what);
-  return ctx.drop(std::move(what));
+void BadSamplePolicy::reject(const std::string& what) const {
+  if (mode_ == Mode::kFail) throw Error(what);
+  if (world_size_ > 1) {
+    throw Error("rank " + std::to_string(rank_) + ": " + what +
+                "; dropping it would leave this rank a step short of the others, which would "
+                "wait for it until the collective timeout: use on_bad_sample: replace (or auto)");
+  }
+}
+
+Sample BadSamplePolicy::stand_in(const Sample& bad,
+                                 const std::string& what,
+                                 std::uint32_t tries) const {
+  if (!bad.origin) {
+    throw Error(what + "; on_bad_sample: replace needs a dataset source to draw a stand-in from");
+  }
+  if (tries == kMaxStandIns) {
+    throw Error(what + "; and the " + std::to_string(kMaxStandIns) +
+                " stand-ins drawn for it were bad too");
+  }
+  return bad.origin->stand_in(bad, tries);
+}
+
+void BadSamplePolicy::replaced(const std::string& what, const Sample& stand_in) {
+  {
+    std::lock_guard lock(mutex_);
+    ++replacements_;
+  }
+  std::cerr << ("flowtrain: replaced " + what + " with " + stand_in.path + "\n");
+}
+
+std::uint64_t BadSamplePolicy::replacements() const {
+  std::lock_guard lock(mutex_);
+  return replacements_;
+}
+
+std::vector<StageResult> BadSamplePolicy::results() const {
+  const std::uint64_t n = replacements();
+  if (n == 0) return {};
+  return {{"replaced", static_cast<double>(n)}};
 }
 
 std::uint64_t BadSamplePolicy::seen() const {

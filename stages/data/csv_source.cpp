@@ -28,7 +28,7 @@ StageDoc CsvManifestSource::describe() {
       source_param_specs(path_param("manifest", "CSV file with a path,label,... header"))};
 }
 
-Sample CsvManifestSource::make_sample(std::uint64_t index) {
+Sample CsvManifestSource::make_sample(std::uint64_t index) const {
   const DatasetEntry& entry = manifest_.entries[index];
   Sample sample;
   sample.path = entry.path;

@@ -22,7 +22,7 @@ class CsvManifestSource final : public DatasetSource {
   const std::vector<std::string>& target_names() const { return manifest_.target_names; }
 
  protected:
-  Sample make_sample(std::uint64_t index) override;
+  Sample make_sample(std::uint64_t index) const override;
 
  private:
   CsvManifestSource(const Params& params, const SourceOptions& options);

@@ -167,21 +167,26 @@ class EpochCursor {
 
 /// Base of the dataset sources: walks an EpochCursor, supports resume (seek) and plans its
 /// total. Subclasses turn a position into a Sample.
-class DatasetSource : public Source<Sample> {
+class DatasetSource : public Source<Sample>, public SampleOrigin {
  public:
   /// Samples this source emits over the whole run (after a seek: the rest of it).
   std::uint64_t total() const { return cursor_.total() - cursor_.ordinal(); }
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t>) override { return total(); }
   bool seek(std::uint64_t position) override;
+  Sample stand_in(const Sample& bad, std::uint32_t attempt) const final;
 
  protected:
-  DatasetSource(std::size_t size, const SourceOptions& options) : cursor_(size, options) {}
+  DatasetSource(std::size_t size, const SourceOptions& options)
+      : cursor_(size, options), size_(size), seed_(options.order.seed) {}
   /// The sample of dataset index `index` (Sample::index, epoch and position are set after).
-  virtual Sample make_sample(std::uint64_t index) = 0;
+  /// Called from the source's thread and, for stand-ins, from decoding workers: must only read.
+  virtual Sample make_sample(std::uint64_t index) const = 0;
 
  private:
   std::optional<Sample> next() final;
   EpochCursor cursor_;
+  std::size_t size_;
+  std::uint64_t seed_;
 };
 
 }  // namespace flowtrain::data

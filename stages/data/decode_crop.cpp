@@ -67,33 +67,33 @@ StageDoc DecodeCropStage::describe() {
 
 std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& ctx) {
   CropScratch& scratch = crop_scratch();
-  std::span<const std::uint8_t> bytes;
-  std::string error = sample_bytes(sample, bytes);
-  bool rendered = false;
-  if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
-    sample.augment = augment_.draw(sample.index, sample.epoch, scratch.decoder.aspect());
-    PixelRect crop;
-    if (scratch.decoder.decode(sample.augment, size_, scratch.decoded, crop)) {
-      render_view(scratch.decoded, crop, sample.augment, size_, scratch.view,
-                  Resample::kAreaFrom2x);
-      rendered = true;
+  const bool decoded = policy_.decode(sample, ctx, [&](Sample& s) {
+    std::span<const std::uint8_t> bytes;
+    std::string error = sample_bytes(s, bytes);
+    bool rendered = false;
+    if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
+      s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
+      PixelRect crop;
+      if (scratch.decoder.decode(s.augment, size_, scratch.decoded, crop)) {
+        render_view(scratch.decoded, crop, s.augment, size_, scratch.view, Resample::kAreaFrom2x);
+        rendered = true;
+      }
     }
-  }
-  if (error.empty() && !rendered) {
-    // Not a JPEG this decoder takes, or a refusal: the whole-image decoder decides and says why.
-    error = decode_image(bytes, decode_, scratch.decoded).error;
-    if (error.empty()) {
-      const Image& image = scratch.decoded;
-      sample.augment = augment_.draw(sample.index, sample.epoch,
-                                     static_cast<double>(image.width) / image.height);
-      render_view(image, crop_rect(sample.augment, image.width, image.height), sample.augment,
-                  size_, scratch.view);
+    if (error.empty() && !rendered) {
+      // Not a JPEG this decoder takes, or a refusal: the whole-image decoder decides and says why.
+      error = decode_image(bytes, decode_, scratch.decoded).error;
+      if (error.empty()) {
+        const Image& image = scratch.decoded;
+        s.augment = augment_.draw(s.index, s.epoch, static_cast<double>(image.width) / image.height);
+        render_view(image, crop_rect(s.augment, image.width, image.height), s.augment, size_,
+                    scratch.view);
+      }
     }
-  }
-  release_encoded(sample);
-  scratch.trim();
-  if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
-  policy_.accept(ctx);
+    release_encoded(s);
+    scratch.trim();
+    return error;
+  });
+  if (!decoded) return std::nullopt;
 
   BatchRow row;
   row.batch = ctx.seq() / static_cast<std::uint64_t>(batch_size_);

@@ -38,6 +38,8 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
   explicit DecodeCropStage(const Params& params);
   static StageDoc describe();
+  /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
+  std::vector<StageResult> results() const override { return policy_.results(); }
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
 

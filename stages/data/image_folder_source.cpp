@@ -48,7 +48,7 @@ StageDoc ImageFolderSource::describe() {
   return doc;
 }
 
-Sample ImageFolderSource::make_sample(std::uint64_t index) {
+Sample ImageFolderSource::make_sample(std::uint64_t index) const {
   const DatasetEntry& entry = folder_.entries[index];
   Sample sample;
   sample.path = entry.path;

@@ -22,7 +22,7 @@ class ImageFolderSource final : public DatasetSource {
   const std::vector<std::string>& classes() const { return folder_.classes; }
 
  protected:
-  Sample make_sample(std::uint64_t index) override;
+  Sample make_sample(std::uint64_t index) const override;
 
  private:
   ImageFolderSource(const Params& params, const SourceOptions& options);

@@ -470,12 +470,14 @@ StageDoc JpegDecodeStage::describe() {
 }
 
 std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx) {
-  std::span<const std::uint8_t> bytes;
-  std::string error = sample_bytes(sample, bytes);
-  if (error.empty()) error = decode_image(bytes, options_, sample.image).error;
-  release_encoded(sample);
-  if (!error.empty()) return policy_.reject(sample.path, std::move(error), ctx);
-  policy_.accept(ctx);
+  const bool decoded = policy_.decode(sample, ctx, [this](Sample& s) {
+    std::span<const std::uint8_t> bytes;
+    std::string error = sample_bytes(s, bytes);
+    if (error.empty()) error = decode_image(bytes, options_, s.image).error;
+    release_encoded(s);
+    return error;
+  });
+  if (!decoded) return std::nullopt;
   return std::move(sample);
 }
 

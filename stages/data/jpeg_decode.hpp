@@ -73,6 +73,8 @@ class JpegDecodeStage final : public Map<Sample, Sample> {
  public:
   explicit JpegDecodeStage(const Params& params);
   static StageDoc describe();
+  /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
+  std::vector<StageResult> results() const override { return policy_.results(); }
 
   /// Samples processed so far, and how many of them were bad.
   std::uint64_t seen() const { return policy_.seen(); }

@@ -77,6 +77,21 @@ struct EncodedBytes {
 };
 
 /// One training example as it flows from a source through decode and augment to collate.
+struct Sample;
+
+/// Where a sample came from, so a decoding stage can ask for a stand-in when it cannot read it
+/// (`on_bad_sample: replace`). Implemented by the dataset sources; thread-safe.
+class SampleOrigin {
+ public:
+  /// The sample that stands in for `bad` on try `attempt` (0, 1, ...): another dataset index
+  /// drawn from (seed, bad.epoch, bad.index, attempt), with bad's epoch and position, so every
+  /// run and every rank makes the same choice.
+  virtual Sample stand_in(const Sample& bad, std::uint32_t attempt) const = 0;
+
+ protected:
+  ~SampleOrigin() = default;
+};
+
 struct Sample {
   std::uint64_t index = 0;  // position in the whole dataset: stable across epochs and ranks
   std::uint32_t epoch = 0;
@@ -87,6 +102,7 @@ struct Sample {
   EncodedBytes encoded;        // the image file's bytes; empty means decode reads `path`
   Image image;                        // decoded pixels, then the augmented view
   AugmentParams augment;              // what augment did (identity until then)
+  const SampleOrigin* origin = nullptr;  // the source that made it, which outlives the run
 };
 
 }  // namespace flowtrain::data

@@ -31,7 +31,7 @@ StageDoc ShardSource::describe() {
       source_param_specs(path_param("shard", "packed shard file"))};
 }
 
-Sample ShardSource::make_sample(std::uint64_t index) {
+Sample ShardSource::make_sample(std::uint64_t index) const {
   const ShardReader::Record record = reader_->record(index);
   Sample sample;
   sample.path = reader_->path() + "#" + std::to_string(index);

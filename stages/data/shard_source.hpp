@@ -21,7 +21,7 @@ class ShardSource final : public DatasetSource {
   static StageDoc describe();
 
  protected:
-  Sample make_sample(std::uint64_t index) override;
+  Sample make_sample(std::uint64_t index) const override;
 
  private:
   ShardSource(const Params& params, const SourceOptions& options);

@@ -141,3 +141,33 @@ TEST_CASE("Dist.Zero.PartitionBalancesElements") {
   CHECK(dist::partition_parameters({5, 5, 5, 5}, 2) == std::vector<int>{0, 1, 0, 1});
   CHECK(dist::partition_parameters({7}, 3) == std::vector<int>{0});
 }
+
+// A sample one rank cannot decode used to leave that rank a step short and the other waiting in
+// the all-reduce until the timeout. With several ranks a bad sample is replaced by a stand-in
+// (on_bad_sample: auto), so both take every step; `skip` stops at once, naming rank and file.
+TEST_CASE("Dist.DataParallel.BadSampleOnOneRankIsReplaced" * doctest::timeout(600)) {
+  TempDir dir("dp-bad");
+  const std::string config = write_config(dir);
+  fs::copy(synthetic_images() + "/train", dir / "images", fs::copy_options::recursive);
+  std::string broken;
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(dir / "images")) {
+    if (e.is_regular_file()) broken = e.path().string();
+  }
+  REQUIRE_FALSE(broken.empty());
+  std::ofstream(broken, std::ios::trunc) << "not a JPEG";
+  const std::string root = "stages.source.params.root=" + (dir / "images");
+
+  const Exit replaced = run_cli(args(config, dir / "replaced", 16, {"--nproc", "2", root}));
+  REQUIRE(replaced.code == 0);
+  CHECK(read_checkpoint(dir / "replaced/final.pt").state.step == 10);
+  CHECK(replaced.output.find("flowtrain: replaced " + broken + ": ") != std::string::npos);
+
+  const Exit skipped = run_cli(args(config, dir / "skipped", 16,
+                                    {"--nproc", "2", root, "--timeout", "120",
+                                     "stages.jpeg_decode.params.on_bad_sample=skip"}));
+  CHECK(skipped.code != 0);
+  CHECK(skipped.seconds < 60);  // not the collective timeout
+  CHECK(std::regex_search(skipped.output,
+                          std::regex("rank [01]: " + broken + ": .*dropping it would leave this "
+                                     "rank a step short")));
+}
