@@ -624,7 +624,25 @@ void interpolate(YAML::Node node, const YAML::Node& root, Locator& loc) {
   }
 }
 
-// Reads config text, applies the overrides, then the `${...}` references.
+// Replaces `${cwd}` in every string by the folder the command was started in, before the key
+// references, so a key may use it and be referred to (`dir: ${cwd}/runs`, then `${output.dir}`).
+void substitute_cwd(YAML::Node node) {
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) substitute_cwd(it->second);
+  } else if (node.IsSequence()) {
+    for (YAML::Node child : node) substitute_cwd(child);
+  } else if (node.IsScalar() && node.Scalar().find("${cwd}") != std::string::npos) {
+    std::string text = node.Scalar();
+    const std::string cwd = std::filesystem::current_path().string();
+    for (std::size_t at = text.find("${cwd}"); at != std::string::npos; at = text.find("${cwd}", at)) {
+      text.replace(at, 6, cwd);
+      at += cwd.size();
+    }
+    node = text;
+  }
+}
+
+// Reads config text, applies the overrides, then `${cwd}` and the `${...}` key references.
 YAML::Node load_root(const std::string& text,
                      const std::string& origin,
                      const std::vector<std::string>& overrides,
@@ -641,6 +659,7 @@ YAML::Node load_root(const std::string& text,
     if (!root.IsMap()) break;  // validate() reports it
     apply_override(root, text_override, loc);
   }
+  substitute_cwd(root);
   interpolate(root, root, loc);
   return root;
 }

@@ -898,6 +898,7 @@ class Pipeline::Runtime {
       s.workers = workers(i);
       s.queue_capacity = i == 0 ? 0 : nodes_[i].options.queue_capacity;
       s.threads_per_invocation = nodes_[i].stage->threads_per_invocation();
+      s.intra_op_parallel = nodes_[i].stage->intra_op_parallel();
       s.results = nodes_[i].stage->results();
       s.items_in = c.items_in.load();
       s.items_out = c.items_out.load();

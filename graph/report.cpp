@@ -64,11 +64,12 @@ std::string RunReport::verdict() const {
   for (std::size_t i = *b + 1; i < stages.size(); ++i) {
     if (!waiter || stages[i].busy_s > waiter->busy_s) waiter = &stages[i];
   }
+  if (waiter && waiter->busy_fraction < 0.05) waiter = nullptr;  // a writer that barely works
   if (waiter && waiter->starved_fraction >= 0.05) {
     line += ", while '" + waiter->name + "' waits for input " + percent(waiter->starved_fraction) +
             " of the time";
   }
-  if (s.max_concurrency == kSerial && s.kind == StageShape::Kind::kSink) {
+  if (s.max_concurrency == kSerial && s.intra_op_parallel) {
     // A serial compute stage (a training step): only its intra-op threads can speed it up.
     line += "; it runs serially by design on " + count(s.threads_per_invocation, "intra-op thread") +
             (s.threads_per_invocation < cores

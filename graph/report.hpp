@@ -57,6 +57,7 @@ struct StageReport {
   std::size_t workers = 1;            // concurrency it could actually reach
   std::size_t queue_capacity = 0;     // of its input queue; 0 for a source
   std::size_t threads_per_invocation = 1;  // intra-op threads of one invocation
+  bool intra_op_parallel = false;          // Stage::intra_op_parallel()
 
   std::uint64_t items_in = 0;     // real items processed (sources: 0)
   std::uint64_t items_out = 0;    // items emitted

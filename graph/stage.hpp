@@ -110,6 +110,10 @@ class Stage {
   /// Threads one invocation keeps busy: 1, or more for a stage running intra-op parallel math.
   /// The pipeline checks that the busiest moment of the graph fits RunOptions::cores.
   virtual std::size_t threads_per_invocation() const { return 1; }
+  /// True for a stage whose invocations run intra-op parallel math (a training or inference
+  /// step): more intra-op threads, not more workers, speed a serial one up. The report's advice
+  /// uses it.
+  virtual bool intra_op_parallel() const { return false; }
 
   /// Called once before the run, in chain order, with the number of items the stage will
   /// probably receive (std::nullopt: unknown); returns how many it will probably emit. Sources

@@ -564,6 +564,26 @@ TEST_CASE("Config.Sections.Errors") {
   }
 }
 
+// `${cwd}` is the folder the command runs in, whatever folder holds the config, and a key
+// holding it can itself be referred to.
+TEST_CASE("Config.Sections.CwdIsTheWorkingDirectory") {
+  const auto dir = std::filesystem::temp_directory_path() / "flowtrain_cwd_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "photos");
+  std::ofstream(dir / "data.txt") << "x\n";
+  const std::filesystem::path previous = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  const std::string text = "data: {folder: \"${cwd}/photos\", runs: \"${data.folder}/runs\"}\n"
+                           "stages:\n  - type: lines\n    params: {path: \"${cwd}/data.txt\"}\n"
+                           "  - type: discard\n";
+  const RunConfig c = parse_run_config(text, "/elsewhere/app.yaml", {}, kSections, test_registry());
+  std::filesystem::current_path(previous);
+  CHECK(c.sections.at("data").get_string("folder") == (dir / "photos").string());
+  CHECK(c.sections.at("data").get_string("runs") == (dir / "photos/runs").string());
+  CHECK(c.phases[0].stages[0].params.get_string("path") == (dir / "data.txt").string());
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("Config.Sections.PathsAndEffectiveText") {
   const auto dir = std::filesystem::temp_directory_path() / "flowtrain_sections_test";
   std::filesystem::remove_all(dir);

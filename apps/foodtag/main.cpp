@@ -29,11 +29,27 @@
 #include "distributed/run_phases.hpp"
 #include "distributed/world.hpp"
 
+namespace {
+// The config `foodtag` reads without -c: the one installed beside it
+// (PREFIX/bin/foodtag -> PREFIX/share/flowtrain/foodtag/foodtag.yaml), else the source tree's,
+// for the binary of a build folder.
+std::string default_config() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path installed =
+        exe.parent_path().parent_path() / FOODTAG_INSTALLED_CONFIG;
+    if (std::filesystem::is_regular_file(installed, ec)) return installed.string();
+  }
+  return FOODTAG_DEFAULT_CONFIG;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"foodtag: distil a ViT teacher into a small ViT student that tags food photos"};
   app.require_subcommand(1);
   foodtag::Invocation in;
-  in.config_path = FOODTAG_DEFAULT_CONFIG;
+  in.config_path = default_config();
 
   auto add_common = [&](CLI::App* cmd) {
     cmd->add_option("-c,--config", in.config_path, "foodtag config (YAML)")->capture_default_str();

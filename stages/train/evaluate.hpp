@@ -21,6 +21,7 @@ class EvaluateStage final : public SerialSink<data::Batch> {
   static StageDoc describe();
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
+  bool intra_op_parallel() const override { return true; }
   std::vector<StageResult> results() const override;
 
   /// Top-1 accuracy so far (0 before any batch).

@@ -21,6 +21,7 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
   static StageDoc describe();
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
+  bool intra_op_parallel() const override { return true; }
 
  protected:
   std::optional<data::Batch> process(data::Batch&& batch, ItemContext& ctx) override;
