@@ -97,7 +97,7 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
   for (const auto& entry : flowtrain::data::read_csv_manifest(manifest).entries) {
     std::vector<std::uint8_t> buffer;
     std::span<const std::uint8_t> bytes;
-    if (!flowtrain::data::read_file(entry.path, buffer, bytes)) {
+    if (flowtrain::data::read_file(entry.path, buffer, bytes).empty()) {
       files.emplace_back(bytes.begin(), bytes.end());
     }
   }

@@ -107,11 +107,13 @@ PhasesOutcome run_phases(RunConfig& config,
     if (hooks.prepare) hooks.prepare(phase, leader);
     std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
     if (leader) {
+      // The nodes the report lists, the ones a `train_step` entry brings included.
+      const std::size_t nodes = expanded_stages(phase).size();
       if (phase.name.empty()) {
-        std::cout << "running " << config.origin << ": " << phase.stages.size() << " stages";
+        std::cout << "running " << config.origin << ": " << nodes << " stages";
       } else {
         std::cout << "phase " << phase.name << " (" << i + 1 << "/" << phases.size()
-                  << "): " << phase.stages.size() << " stages";
+                  << "): " << nodes << " stages";
       }
       if (world) std::cout << " on each of " << world->size() << " ranks";
       std::cout << std::endl;

@@ -44,7 +44,9 @@ int check(const std::string& path, const std::vector<std::string>& overrides) {
   const flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
   for (const flowtrain::PipelineConfig& phase : config.phases) flowtrain::check_thread_budget(phase);
   std::size_t stages = 0;
-  for (const flowtrain::PipelineConfig& phase : config.phases) stages += phase.stages.size();
+  for (const flowtrain::PipelineConfig& phase : config.phases) {
+    stages += flowtrain::expanded_stages(phase).size();
+  }
   std::cout << path << ": ok (";
   if (!config.phases[0].name.empty()) std::cout << config.phases.size() << " phases, ";
   std::cout << stages << " stages)\n";

@@ -159,7 +159,8 @@ void check_prepared(const Context& ctx) {
 
 void check_model(const fs::path& path, const std::string& command) {
   if (!fs::exists(path)) {
-    throw Error("no model at " + path.string() + ": run `foodtag " + command + "` first");
+    throw Error("no model at " + path.string() + ": run `foodtag " + command +
+                "` first, or point the stage's model param at your own model");
   }
 }
 
@@ -183,17 +184,29 @@ std::optional<double> stage_result(const flowtrain::RunReport& report, const std
 // What a phase command needs before it starts: the models of earlier commands, the data, a
 // writable run folder, a valid config.
 flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command) {
-  if (command == "distill" || command == "eval") {
-    check_model(ctx.teacher_checkpoint(), "train-teacher");
-  }
-  if (command == "eval") check_model(ctx.student_checkpoint(), "distill");
   check_prepared(ctx);
   check_output_dir(ctx);
   flowtrain::RunConfig config =
       flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  const std::vector<std::string>& names = command_phases().at(command);
+  // A model a phase takes from an earlier command that has not run yet: say which command writes
+  // it. A stage pointed at the user's own model (a TorchScript teacher) needs neither.
+  for (const flowtrain::PipelineConfig& phase : config.phases) {
+    if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
+    for (const flowtrain::StageConfig& stage : phase.stages) {
+      const auto it = stage.params.values().find("model");
+      const std::string* path = it == stage.params.values().end()
+                                    ? nullptr
+                                    : std::get_if<std::string>(&it->second);
+      if (!path) continue;
+      for (const auto& [model, writer] : {std::pair{ctx.teacher_checkpoint(), "train-teacher"},
+                                          std::pair{ctx.student_checkpoint(), "distill"}}) {
+        if (fs::path(*path).lexically_normal() == model.lexically_normal()) check_model(model, writer);
+      }
+    }
+  }
   // The models' class count must be the prepared data's number of food groups.
   const std::size_t groups = read_lines(ctx.data_dir / "labels.txt").size();
-  const std::vector<std::string>& names = command_phases().at(command);
   for (const flowtrain::PipelineConfig& phase : config.phases) {
     if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
     flowtrain::check_thread_budget(phase);
@@ -574,7 +587,15 @@ int predict_command(const Context& ctx) {
   const std::vector<std::string> labels =
       fs::exists(labels_path) ? read_lines(labels_path) : std::vector<std::string>{};
   const flowtrain::train::Predictor predictor(model.string());
+  int failed = 0;
   for (const auto& p : predictor.predict(ctx.in.images, ctx.in.top)) {
+    if (!p.error.empty()) {
+      // The others are still tagged; the exit code says some were not.
+      std::cout << std::flush;
+      std::cerr << "foodtag predict: " << p.path << ": " << p.error << "\n";
+      ++failed;
+      continue;
+    }
     if (!labels.empty() && static_cast<std::int64_t>(labels.size()) != p.class_count) {
       throw Error(labels_path.string() + ": " + std::to_string(labels.size()) +
                   " food groups, but the model " + model.string() + " has " +
@@ -594,7 +615,8 @@ int predict_command(const Context& ctx) {
       std::cout << row;
     }
   }
-  return 0;
+  std::cout << std::flush;
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace

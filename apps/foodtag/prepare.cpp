@@ -722,8 +722,9 @@ PrepareResult prepare(const PrepareOptions& options, const Log& log) {
       continue;
     }
     std::span<const std::uint8_t> bytes;
-    if (const std::error_code error = flowtrain::data::read_file(file.string(), buffer, bytes)) {
-      skip(file, "cannot read (" + error.message() + ")");
+    if (const std::string error = flowtrain::data::read_file(file.string(), buffer, bytes);
+        !error.empty()) {
+      skip(file, "cannot read (" + error + ")");
       continue;
     }
     if (const auto decoded = flowtrain::data::decode_image(bytes, check, image); !decoded.ok()) {

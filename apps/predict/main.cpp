@@ -72,7 +72,15 @@ int predict(const Options& o) {
   const flowtrain::train::Predictor predictor(o.model, o.predictor);
   const std::vector<std::string> labels =
       o.labels.empty() ? std::vector<std::string>{} : read_labels(o.labels);
+  int failed = 0;
   for (const auto& p : predictor.predict(o.images, o.top)) {
+    if (!p.error.empty()) {
+      // The others are still tagged; the exit code says some were not.
+      std::cout << std::flush;
+      std::cerr << "flowtrain-predict: " << p.path << ": " << p.error << "\n";
+      ++failed;
+      continue;
+    }
     if (!labels.empty() && static_cast<std::int64_t>(labels.size()) != p.class_count) {
       throw Error(o.labels + ": " + std::to_string(labels.size()) + " labels for a model with " +
                   std::to_string(p.class_count) + " classes");
@@ -92,7 +100,7 @@ int predict(const Options& o) {
     }
   }
   std::cout << std::flush;
-  return 0;
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   CropScratch& scratch = crop_scratch();
   const bool decoded = policy_.decode(sample, ctx, [&](Sample& s) {
     std::span<const std::uint8_t> bytes;
-    std::string error = sample_bytes(s, bytes);
+    std::string error = sample_bytes(s, bytes, decode_.max_file_bytes);
     bool rendered = false;
     if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
       s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());

@@ -370,11 +370,14 @@ DecodeResult decode_any(std::span<const std::uint8_t> bytes,
 
 }  // namespace
 
-std::error_code read_file(const std::string& path,
-                          std::vector<std::uint8_t>& buffer,
-                          std::span<const std::uint8_t>& bytes) {
-  const auto last_error = [] { return std::error_code(errno, std::generic_category()); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+std::string read_file(const std::string& path,
+                      std::vector<std::uint8_t>& buffer,
+                      std::span<const std::uint8_t>& bytes,
+                      std::int64_t max_bytes) {
+  const auto last_error = [] { return std::string(std::strerror(errno)); };
+  const std::string too_big = "larger than max_file_bytes " + std::to_string(max_bytes);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (for a regular file it does nothing).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return last_error();
   struct Closer {
     int fd;
@@ -382,7 +385,15 @@ std::error_code read_file(const std::string& path,
   } closer{fd};
   struct stat status {};
   if (::fstat(fd, &status) != 0) return last_error();
-  if (S_ISDIR(status.st_mode)) return std::make_error_code(std::errc::is_a_directory);
+  if (S_ISDIR(status.st_mode)) return "is a directory";
+  if (!S_ISREG(status.st_mode)) {
+    return std::string("not a regular file (") +
+           (S_ISFIFO(status.st_mode) ? "a FIFO" : S_ISCHR(status.st_mode) ? "a character device"
+                                                 : S_ISBLK(status.st_mode) ? "a block device"
+                                                                           : "a socket") +
+           ")";
+  }
+  if (status.st_size > max_bytes) return too_big;
   // st_size is only a hint (files in /proc report 0, a file may grow meanwhile); the extra byte
   // lets the read that reports the end fit without growing the buffer.
   ensure_size(buffer, static_cast<std::size_t>(std::max<off_t>(status.st_size, 0)) + 1);
@@ -394,6 +405,7 @@ std::error_code read_file(const std::string& path,
     if (n < 0) return last_error();
     if (n == 0) break;
     size += static_cast<std::size_t>(n);
+    if (size > static_cast<std::size_t>(max_bytes)) return too_big;
   }
   bytes = std::span<const std::uint8_t>(buffer.data(), size);
   return {};
@@ -425,7 +437,11 @@ std::vector<ParamSpec> decode_param_specs() {
                   "any allocation",
                   1),
         bool_param("other_formats", true,
-                   "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only")},
+                   "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only"),
+        int_param("max_file_bytes", DecodeOptions{}.max_file_bytes,
+                  "refuse files larger than this (read no further); FIFOs and devices are "
+                  "refused without reading",
+                  1)},
        BadSamplePolicy::param_specs()});
 }
 
@@ -433,15 +449,19 @@ DecodeOptions decode_options_from(const Params& params) {
   DecodeOptions options;
   options.max_pixels = params.get_int("max_pixels");
   options.other_formats = params.get_bool("other_formats");
+  options.max_file_bytes = params.get_int("max_file_bytes");
   return options;
 }
 
-std::string sample_bytes(const Sample& sample, std::span<const std::uint8_t>& bytes) {
+std::string sample_bytes(const Sample& sample,
+                         std::span<const std::uint8_t>& bytes,
+                         std::int64_t max_file_bytes) {
   bytes = sample.encoded.bytes;
   if (!bytes.empty()) return {};
   if (sample.path.empty()) return "no encoded bytes and no path to read";
-  if (const std::error_code e = read_file(sample.path, thread_scratch().file, bytes)) {
-    return "cannot read file: " + e.message();
+  if (std::string error = read_file(sample.path, thread_scratch().file, bytes, max_file_bytes);
+      !error.empty()) {
+    return "cannot read file: " + error;
   }
   return {};
 }
@@ -472,7 +492,7 @@ StageDoc JpegDecodeStage::describe() {
 std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx) {
   const bool decoded = policy_.decode(sample, ctx, [this](Sample& s) {
     std::span<const std::uint8_t> bytes;
-    std::string error = sample_bytes(s, bytes);
+    std::string error = sample_bytes(s, bytes, options_.max_file_bytes);
     if (error.empty()) error = decode_image(bytes, options_, s.image).error;
     release_encoded(s);
     return error;

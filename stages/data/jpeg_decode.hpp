@@ -25,14 +25,19 @@ struct DecodeOptions {
   std::int64_t max_pixels = 100'000'000;
   /// Decode PNG, BMP, TIFF, WebP... through OpenCV; when false, only JPEG is accepted.
   bool other_formats = true;
+  /// Largest file read (a path that leads to something endless must not eat the memory).
+  std::int64_t max_file_bytes = std::int64_t{256} << 20;
 };
 
 /// Reads the whole file at `path` into `buffer`, which only grows, so a reused buffer is not
-/// reallocated; `bytes` views what was read. Returns why it could not, or no error. The one file
-/// reader of the data path (jpeg_decode, pack).
-std::error_code read_file(const std::string& path,
-                          std::vector<std::uint8_t>& buffer,
-                          std::span<const std::uint8_t>& bytes);
+/// reallocated; `bytes` views what was read. Returns why it could not ("not a regular file (a
+/// FIFO)", "larger than max_file_bytes 268435456", the system's reason), or an empty string.
+/// Never blocks on a FIFO and never reads past `max_bytes`. The one file reader of the data path
+/// (jpeg_decode, decode_crop, pack).
+std::string read_file(const std::string& path,
+                      std::vector<std::uint8_t>& buffer,
+                      std::span<const std::uint8_t>& bytes,
+                      std::int64_t max_bytes = DecodeOptions{}.max_file_bytes);
 
 /// What `decode_image` did.
 struct DecodeResult {
@@ -94,7 +99,9 @@ inline constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;
 /// The encoded bytes of `sample`: Sample::encoded, or else the file at Sample::path read into
 /// this thread's file buffer (reused from sample to sample; valid until release_encoded).
 /// Returns why they could not be had, or an empty string. For the stages that decode.
-std::string sample_bytes(const Sample& sample, std::span<const std::uint8_t>& bytes);
+std::string sample_bytes(const Sample& sample,
+                         std::span<const std::uint8_t>& bytes,
+                         std::int64_t max_file_bytes);
 
 /// Lets go of `sample`'s encoded bytes once decoded (downstream stages need the pixels only),
 /// and of this thread's decode buffers that grew past kKeepScratchBytes.

@@ -273,8 +273,8 @@ PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
     std::string reason;
     std::span<const std::uint8_t> bytes;
     std::span<const std::uint8_t> record;
-    if (const std::error_code error = read_file(e.path, file, bytes)) {
-      reason = "cannot open (" + error.message() + ")";
+    if (std::string error = read_file(e.path, file, bytes); !error.empty()) {
+      reason = "cannot open (" + error + ")";
     } else {
       const DecodeResult decoded = decode_image(bytes, check, image);
       if (!decoded.ok()) {

@@ -46,13 +46,13 @@ struct Predictor::Impl {
   data::Image eval_view(const std::string& path, int size) const {
     std::vector<std::uint8_t> buffer;
     std::span<const std::uint8_t> bytes;
-    if (const std::error_code error = data::read_file(path, buffer, bytes)) {
-      throw Error(path + ": cannot read file: " + error.message());
+    if (const std::string error = data::read_file(path, buffer, bytes); !error.empty()) {
+      throw Error("cannot read file: " + error);
     }
     data::Image decoded;
     if (const data::DecodeResult result = data::decode_image(bytes, decode, decoded);
         !result.ok()) {
-      throw Error(path + ": " + result.error);
+      throw Error(result.error);
     }
     const double aspect = static_cast<double>(decoded.width) / decoded.height;
     data::Image view;
@@ -77,33 +77,40 @@ Predictor::~Predictor() = default;
 std::vector<Predictor::Prediction> Predictor::predict(const std::vector<std::string>& paths,
                                                       int top) const {
   if (top < 1) throw Error("top must be >= 1, got " + std::to_string(top));
-  std::vector<Prediction> out;
+  std::vector<Prediction> out(paths.size());
   for (std::size_t first = 0; first < paths.size(); first += kBatch) {
     const std::size_t count = std::min(kBatch, paths.size() - first);
     torch::Tensor images = torch::empty({static_cast<std::int64_t>(count), 3, size_, size_});
-    for (std::size_t i = 0; i < count; ++i) {
-      const data::Image view = impl_->eval_view(paths[first + i], size_);
-      impl_->normalize(view, images[static_cast<std::int64_t>(i)].data_ptr<float>());
+    std::vector<std::size_t> tagged;  // indices into `paths` of the images in `images`
+    for (std::size_t i = first; i < first + count; ++i) {
+      out[i].path = paths[i];
+      try {
+        const data::Image view = impl_->eval_view(paths[i], size_);
+        impl_->normalize(view, images[static_cast<std::int64_t>(tagged.size())].data_ptr<float>());
+        tagged.push_back(i);
+      } catch (const Error& e) {
+        out[i].error = e.what();
+      }
     }
-    const ViTOutput result = impl_->model.forward(images);
+    if (tagged.empty()) continue;
+    const ViTOutput result =
+        impl_->model.forward(images.narrow(0, 0, static_cast<std::int64_t>(tagged.size())));
     const torch::Tensor probabilities = result.logits.to(torch::kFloat).softmax(1);
     const auto [values, indices] =
         probabilities.topk(std::min<std::int64_t>(top, probabilities.size(1)), 1);
-    for (std::size_t i = 0; i < count; ++i) {
-      const auto row = static_cast<std::int64_t>(i);
-      Prediction p;
-      p.path = paths[first + i];
+    for (std::size_t row = 0; row < tagged.size(); ++row) {
+      const auto r = static_cast<std::int64_t>(row);
+      Prediction& p = out[tagged[row]];
       p.class_count = probabilities.size(1);
       for (std::int64_t k = 0; k < values.size(1); ++k) {
-        p.classes.push_back(indices[row][k].item<std::int64_t>());
-        p.probabilities.push_back(values[row][k].item<double>());
+        p.classes.push_back(indices[r][k].item<std::int64_t>());
+        p.probabilities.push_back(values[r][k].item<double>());
       }
       if (result.regression.defined()) {
-        for (std::int64_t r = 0; r < result.regression.size(1); ++r) {
-          p.regression.push_back(result.regression[row][r].item<double>());
+        for (std::int64_t j = 0; j < result.regression.size(1); ++j) {
+          p.regression.push_back(result.regression[r][j].item<double>());
         }
       }
-      out.push_back(std::move(p));
     }
   }
   return out;

@@ -34,14 +34,16 @@ class Predictor {
     std::vector<double> probabilities;   // of those classes
     std::vector<double> regression;      // the regression head's outputs (empty: none)
     std::int64_t class_count = 0;        // classes the model has
+    std::string error;  // why the image could not be tagged ("cannot read file: ..."); else empty
   };
 
   /// Throws Error naming the file: missing, not TorchScript, no forward.
   explicit Predictor(const std::string& model_path, Options options = {});
   ~Predictor();
 
-  /// The top `top` classes of each image, 16 images per forward. Throws Error naming an image
-  /// that cannot be read or decoded, or a model whose forward does not give logits.
+  /// The top `top` classes of each image, in order, 16 images per forward. An image that cannot
+  /// be read or decoded gets its `error` and the others are still tagged. Throws Error for a
+  /// model whose forward does not give logits.
   std::vector<Prediction> predict(const std::vector<std::string>& paths, int top) const;
 
   int image_size() const { return size_; }

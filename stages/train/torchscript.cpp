@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "graph/error.hpp"
+#include "stages/train/checkpoint.hpp"
 
 namespace flowtrain::train {
 
@@ -397,12 +398,19 @@ ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
   } else {
     ::close(fd);
   }
+  // A checkpoint is a LibTorch archive too: it loads, but has no forward.
+  const auto checkpoint_hint = [&path] {
+    return Error(path + ": a flowtrain checkpoint, not a TorchScript model: make one with "
+                 "`flowtrain export " + path + " --out MODEL.pt`");
+  };
   try {
     impl_->module = torch::jit::load(path, device);
   } catch (const std::exception& e) {
+    if (is_checkpoint(path)) throw checkpoint_hint();
     throw Error(path + ": not a TorchScript model (" + short_reason(e) + ")");
   }
   if (!impl_->module.find_method("forward")) {
+    if (is_checkpoint(path)) throw checkpoint_hint();
     throw Error(path + ": the module has no forward method");
   }
   impl_->module.eval();

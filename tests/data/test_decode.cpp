@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -809,6 +810,38 @@ TEST_CASE("Data.Decode.ReplaceKeepsTheCountWithTheSameStandIns" * doctest::timeo
   REQUIRE(first.size() == 400);
   for (const auto& [position, path] : first) CHECK(broken.count(path) == 0);
   CHECK(run() == first);
+}
+
+// A FIFO in a manifest used to hang the run, and a file linked to /dev/zero to end in a bare
+// std::bad_alloc: both are refused without reading, and a file above max_file_bytes is read no
+// further; each is dropped with its name and reason while the good files decode.
+TEST_CASE("Data.Decode.FifoDeviceAndHugeFilesAreRefusedByName" * doctest::timeout(60)) {
+  TempDir dir("special");
+  const GeneratedDataset set = generate_jpeg_dataset({.root = dir.str(), .count = 4});
+  const std::string fifo = dir.str() + "/pipe.jpg";
+  const std::string zero = dir.str() + "/zero.jpg";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::filesystem::create_symlink("/dev/zero", zero);
+  std::vector<std::uint8_t> buffer;
+  std::span<const std::uint8_t> bytes;
+  CHECK(read_file(fifo, buffer, bytes) == "not a regular file (a FIFO)");
+  CHECK(read_file(zero, buffer, bytes) == "not a regular file (a character device)");
+  CHECK(read_file(set.files[0].path, buffer, bytes, 100) == "larger than max_file_bytes 100");
+  CHECK(read_file(set.files[0].path, buffer, bytes).empty());
+
+  std::vector<GeneratedFile> files = set.files;
+  files.push_back({fifo, 0});
+  files.push_back({zero, 0});
+  const DecodeRun run = run_decode(std::make_unique<FileListSource>(files),
+                                   decode_params({{"max_bad_fraction", 1.0}}));
+  CHECK(run.outputs.size() == 4);
+  const StageReport& decode = run.report.stages[1];
+  REQUIRE(decode.drops.size() == 2);
+  std::set<std::string> reasons;
+  for (const DropRecord& drop : decode.drops) reasons.insert(drop.reason);
+  CHECK(reasons == std::set<std::string>{fifo + ": cannot read file: not a regular file (a FIFO)",
+                                         zero + ": cannot read file: not a regular file (a "
+                                                "character device)"});
 }
 
 // ---- synthetic data ----------------------------------------------------------------------------
