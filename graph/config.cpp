@@ -479,7 +479,8 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
       loc.fail(entry, stage_ctx + problem);
     }
-    // Checked after the earlier entries' nodes, so its default input is spelled out.
+    // Checked against the earlier entries with their nodes (the last one, not yet taken by this
+    // one, is expanded there), so its default input is spelled out.
     StageOptions checked = stage.options;
     if (checked.inputs.empty() && !config.stages.empty() && info->shape.kind != StageShape::Kind::kSource) {
       checked.inputs = {config.stages.back().name};
@@ -883,10 +884,6 @@ std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Reg
   for (std::size_t i = 0; i < config.stages.size(); ++i) {
     const StageConfig& entry = config.stages[i];
     out.push_back(entry);
-    if (out.size() > 1 && out.back().options.inputs.empty() &&
-        out[out.size() - 2].name != config.stages[i - 1].name) {
-      out.back().options.inputs = {config.stages[i - 1].name};
-    }
     const StageInfo& info = registered(entry, registry);
     if (!info.expand || consumed(config.stages, i, registry)) continue;
     for (ExpandedNode& node : info.expand(entry.params)) {

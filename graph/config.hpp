@@ -142,7 +142,8 @@ std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
 /// The nodes a config (one phase) runs: its entries in order, each entry whose output no other
 /// entry takes followed by the nodes it expands into (StageInfo::expand: a `train_step` brings
 /// its step log, checkpoint and snapshot writers), named "<entry>/<node>" and taking the
-/// entry's output. Entries after an expansion get their default input spelled out.
+/// entry's output. (An entry that follows another with no `inputs` takes its output, so it is
+/// never preceded by an expansion.)
 std::vector<StageConfig> expanded_stages(const PipelineConfig& config,
                                          const Registry& registry = Registry::global());
 

@@ -189,7 +189,7 @@ std::optional<std::uint64_t> TrainStepStage::plan(std::optional<std::uint64_t> b
                                                           : batches.value_or(0));
   }
   if (!batches) return std::nullopt;
-  return *batches + 1;
+  return *batches + (writes_checkpoints_ ? 1 : 0);  // the record of the last checkpoint
 }
 
 std::optional<std::uint64_t> TrainStepStage::resume_position() const {

@@ -40,7 +40,7 @@ class TrainStepStage final : public FlatMap<data::Batch, StepRecord> {
   bool requires_order() const override { return true; }
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
-  /// One record per batch, and one at the end.
+  /// One record per batch, and one at the end with a checkpoint_dir.
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t> batches) override;
   std::optional<std::uint64_t> resume_position() const override;
   std::vector<StageResult> results() const override;
