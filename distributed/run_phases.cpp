@@ -108,7 +108,7 @@ PhasesOutcome run_phases(RunConfig& config,
     std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
     if (leader) {
       // The nodes the report lists, the ones a `train_step` entry brings included.
-      const std::size_t nodes = expanded_stages(phase).size();
+      const std::size_t nodes = pipeline->decls().size();
       if (phase.name.empty()) {
         std::cout << "running " << config.origin << ": " << nodes << " stages";
       } else {

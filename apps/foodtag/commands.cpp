@@ -104,17 +104,9 @@ Context load_context(Invocation in) {
   return ctx;
 }
 
-// Writes `text` to `path` through a temporary file renamed over it.
+// Writes `text` to `path` through a temporary file, fsynced and renamed over it.
 void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw Error("cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw Error("cannot write " + path.string() + ": " + ec.message());
+  flowtrain::train::write_file_atomically(path.string(), text);
 }
 
 // Creates the run folder and proves it writable, before any work that would be lost.

@@ -8,17 +8,11 @@
 
 #include "graph/error.hpp"
 #include "stages/data/opencv_threads.hpp"
+#include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
 
 namespace {
-
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 void check_range(const std::vector<double>& range, const char* name, double lo) {
   if (range.size() != 2 || range[0] <= lo || range[0] > range[1]) {
@@ -55,7 +49,7 @@ AugmentParams AugmentPolicy::draw(std::uint64_t index, std::uint32_t epoch, doub
     p.crop_y = (1 - p.crop_h) / 2;
     return p;
   }
-  std::mt19937_64 rng(splitmix(o_.seed ^ splitmix(epoch ^ splitmix(index))));
+  std::mt19937_64 rng(splitmix64(o_.seed ^ splitmix64(epoch ^ splitmix64(index))));
   std::uniform_real_distribution<double> unit(0, 1);
   auto uniform = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
 

@@ -13,6 +13,7 @@
 
 #include "distributed/job.hpp"
 #include "graph/error.hpp"
+#include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
 
@@ -379,14 +380,10 @@ std::optional<Sample> DatasetSource::next() {
 }
 
 Sample DatasetSource::stand_in(const Sample& bad, std::uint32_t attempt) const {
-  // splitmix64 of (seed, epoch, index, attempt): the same draw on every run and rank.
-  auto mix = [](std::uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  };
-  std::uint64_t index = mix(seed_ ^ mix(bad.epoch ^ mix(bad.index ^ mix(attempt)))) % size_;
+  // Drawn from (seed, epoch, index, attempt): the same on every run and rank.
+  std::uint64_t index =
+      splitmix64(seed_ ^ splitmix64(bad.epoch ^ splitmix64(bad.index ^ splitmix64(attempt)))) %
+      size_;
   if (index == bad.index && size_ > 1) index = (index + 1) % size_;
   Sample sample = make_sample(index);
   sample.index = index;

@@ -78,7 +78,7 @@ std::int64_t read_int(torch::serialize::InputArchive& archive,
 
 }  // namespace
 
-std::string checkpoint_bytes(ViT& model,
+std::string checkpoint_bytes(const ViT& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state) {
   torch::serialize::OutputArchive archive;

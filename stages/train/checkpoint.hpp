@@ -36,7 +36,7 @@ struct Checkpoint {
 /// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG and,
 /// unless `optimizer` is null (a model-only file), the optimizer state. Taking the bytes is
 /// what must happen between steps; writing them (write_file_atomically) can happen later.
-std::string checkpoint_bytes(ViT& model,
+std::string checkpoint_bytes(const ViT& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state);
 

@@ -149,8 +149,7 @@ StepOutcome Trainer::step(const data::Batch& batch) {
 }
 
 std::string Trainer::checkpoint(bool with_optimizer) const {
-  return checkpoint_bytes(const_cast<ViT&>(model_), with_optimizer ? &optimizer() : nullptr,
-                          state_);
+  return checkpoint_bytes(model_, with_optimizer ? &optimizer() : nullptr, state_);
 }
 
 double Trainer::sync_comm_seconds() const { return sync_ ? sync_->comm_seconds() : 0; }
