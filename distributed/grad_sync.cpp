@@ -45,9 +45,8 @@ struct GradSync::Impl {
   std::vector<bool> ready;           // per parameter, this step
   std::string error;                 // a problem seen inside a hook, thrown by finish()
   std::mutex mutex;                  // hooks may run on autograd worker threads
-  double wait_s = 0;
   double comm_s = 0;
-  std::uint64_t bytes = 0;
+  std::atomic<std::uint64_t> bytes{0};
   // This step: when the first bucket's reduction started, when the last one finished.
   std::chrono::steady_clock::time_point first_launch;
   std::atomic<std::int64_t> last_done_ns{0};
@@ -162,11 +161,12 @@ GradSync::~GradSync() {
   }
 }
 
-void GradSync::finish() {
+void GradSync::end_backward() {
   Impl& s = *impl_;
   if (!s.error.empty()) {
+    const std::string error = s.error;
     s.reset_step();
-    throw Error(s.error);
+    throw Error(error);
   }
   for (std::size_t k = 0; k < s.params.size(); ++k) {
     if (!s.ready[k]) {
@@ -178,28 +178,31 @@ void GradSync::finish() {
                   "needs every parameter to take part");
     }
   }
-  const auto begin = std::chrono::steady_clock::now();
-  for (std::size_t b = 0; b < s.buckets.size(); ++b) {
-    s.work[b]->wait();
-    s.bytes += static_cast<std::uint64_t>(s.flat[b].numel() * s.flat[b].element_size());
+}
+
+void GradSync::complete(std::size_t b) {
+  Impl& s = *impl_;
+  s.work[b]->wait();
+  s.bytes += static_cast<std::uint64_t>(s.flat[b].numel() * s.flat[b].element_size());
+  torch::NoGradGuard no_grad;
+  for (const std::size_t k : s.buckets[b].params) {
+    const torch::Tensor averaged =
+        s.flat[b].narrow(0, s.offset_of[k], s.params[k].numel()).view_as(s.params[k]);
+    s.params[k].mutable_grad().copy_(averaged);
   }
-  s.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+void GradSync::end_step() {
+  Impl& s = *impl_;
   const std::chrono::steady_clock::time_point last_done{
       std::chrono::steady_clock::duration(s.last_done_ns.load())};
   if (last_done > s.first_launch) {
     s.comm_s += std::chrono::duration<double>(last_done - s.first_launch).count();
   }
-  torch::NoGradGuard no_grad;
-  for (std::size_t k = 0; k < s.params.size(); ++k) {
-    const torch::Tensor averaged =
-        s.flat[s.bucket_of[k]].narrow(0, s.offset_of[k], s.params[k].numel()).view_as(s.params[k]);
-    s.params[k].mutable_grad().copy_(averaged);
-  }
   s.reset_step();
 }
 
 const std::vector<Bucket>& GradSync::buckets() const { return impl_->buckets; }
-double GradSync::wait_seconds() const { return impl_->wait_s; }
 double GradSync::comm_seconds() const { return impl_->comm_s; }
 std::uint64_t GradSync::reduced_bytes() const { return impl_->bytes; }
 

@@ -34,13 +34,17 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 /// On construction rank 0 broadcasts the parameters and buffers, so every rank starts equal,
 /// and the ranks check that they made the same buckets. During backward, a hook on each
 /// parameter copies its gradient into its bucket's flat buffer; when a bucket is full its
-/// all-reduce starts asynchronously, overlapping the rest of backward. `finish()` waits for
-/// every bucket (in bucket order), averages and writes the gradients back; call it before
-/// clipping and the optimizer step.
+/// all-reduce starts asynchronously, overlapping the rest of backward. After backward,
+/// `end_backward()` checks that every parameter got one gradient; `complete(b)` waits for
+/// bucket b's all-reduce and writes its averaged gradients back (buckets may complete in any
+/// order, on any threads: they touch disjoint parameters); `end_step()` closes the step. The
+/// graph runs `complete` as the `grad_sync` node, one message per bucket.
 ///
 ///   GradSync sync(model, world->group(), {.first_bucket_bytes = 1 << 20});
 ///   loss.backward();  // buckets start reducing as they fill
-///   sync.finish();    // every gradient averaged over the ranks
+///   sync.end_backward();
+///   for (std::size_t b = 0; b < sync.buckets().size(); ++b) sync.complete(b);
+///   sync.end_step();  // every gradient averaged over the ranks
 ///   optimizer.step();
 class GradSync {
  public:
@@ -54,14 +58,17 @@ class GradSync {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
-  /// Waits for every bucket's all-reduce and writes the averaged gradients to the parameters.
-  /// Throws Error naming a parameter that got no gradient (unused in the forward) or two.
-  void finish();
+  /// After backward: throws Error naming a parameter that got no gradient (unused in the
+  /// forward) or two; the step is then abandoned.
+  void end_backward();
+  /// Waits for bucket b's all-reduce and writes its averaged gradients to the parameters.
+  /// Thread-safe for different buckets.
+  void complete(std::size_t b);
+  /// After every bucket completed: accounts the step's communication time, readies the next.
+  void end_step();
 
   const std::vector<Bucket>& buckets() const;
-  /// Time spent waiting for all-reduces in finish() (the part not hidden behind backward), and
-  /// bytes reduced, summed over steps.
-  double wait_seconds() const;
+  /// Bytes reduced, summed over steps.
   /// Communication time, summed over steps: from the start of a step's first reduction to the
   /// end of its last. comm - wait is the part hidden behind backward.
   double comm_seconds() const;

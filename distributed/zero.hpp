@@ -28,7 +28,7 @@ std::vector<int> partition_parameters(const std::vector<std::int64_t>& numels, i
 ///   ShardedOptimizer zero(model->named_parameters(), group, [&](auto& shard) {
 ///     return make_adamw(shard, options);
 ///   });
-///   sync.finish();
+///   ... sync.end_step();  // gradients averaged
 ///   zero.step();
 class ShardedOptimizer {
  public:

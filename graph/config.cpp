@@ -20,7 +20,12 @@ const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "stage
 const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "stages"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace"};
 const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
-                                             "queue_capacity", "ordered", "inputs"};
+                                             "queue_capacity", "ordered", "inputs",
+                                             "token_from"};
+
+std::string entry_output(const PipelineConfig& config,
+                         const Registry& registry,
+                         const std::string& name);
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> row(b.size() + 1);
@@ -475,6 +480,12 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     if (const YAML::Node inputs = entry["inputs"]) {
       stage.options.inputs = input_list(inputs, stage_ctx, config.stages, loc);
     }
+    if (const YAML::Node token = entry["token_from"]) {
+      if (!token.IsScalar() || token.Scalar().empty()) {
+        loc.fail(token, stage_ctx + "token_from must name a stage listed after this one");
+      }
+      stage.options.token_from = token.Scalar();
+    }
 
     if (std::string problem = options_problem(info->shape, stage.options); !problem.empty()) {
       loc.fail(entry, stage_ctx + problem);
@@ -485,6 +496,7 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     if (checked.inputs.empty() && !config.stages.empty() && info->shape.kind != StageShape::Kind::kSource) {
       checked.inputs = {config.stages.back().name};
     }
+    for (std::string& input : checked.inputs) input = entry_output(config, registry, input);
     std::vector<InputLink> resolved;
     if (std::string problem = add_problem(stage_decls(config, registry),
                                           {stage.name, info->shape, checked}, resolved);
@@ -861,6 +873,23 @@ const StageInfo& registered(const StageConfig& stage, const Registry& registry) 
   return *info;
 }
 
+// The node that carries the output of the entry named `name` (the last of the nodes it always
+// brings, StageInfo::expand), or `name` itself.
+std::string entry_output(const PipelineConfig& config, const Registry& registry, const std::string& name) {
+  for (const StageConfig& entry : config.stages) {
+    if (entry.name != name) continue;
+    const StageInfo& info = registered(entry, registry);
+    std::string output = name;
+    if (info.expand) {
+      for (const ExpandedNode& node : info.expand(entry.params)) {
+        if (node.always) output = name + "/" + node.node;
+      }
+    }
+    return output;
+  }
+  return name;
+}
+
 // True if an entry after `i` takes its output: names it (or one of its outputs) as an input, or
 // follows it with no inputs named.
 bool consumed(const std::vector<StageConfig>& stages, std::size_t i, const Registry& registry) {
@@ -881,20 +910,37 @@ bool consumed(const std::vector<StageConfig>& stages, std::size_t i, const Regis
 
 std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Registry& registry) {
   std::vector<StageConfig> out;
+  std::map<std::string, std::string> output_of;  // entry -> the node that carries its output
   for (std::size_t i = 0; i < config.stages.size(); ++i) {
     const StageConfig& entry = config.stages[i];
     out.push_back(entry);
+    for (std::string& input : out.back().options.inputs) {
+      if (const auto it = output_of.find(input); it != output_of.end()) input = it->second;
+    }
     const StageInfo& info = registered(entry, registry);
-    if (!info.expand || consumed(config.stages, i, registry)) continue;
+    if (!info.expand) continue;
+    const std::size_t entry_at = out.size() - 1;
+    const bool consumed_by_entries = consumed(config.stages, i, registry);
+    std::string output = entry.name;
     for (ExpandedNode& node : info.expand(entry.params)) {
+      if (!node.always && consumed_by_entries) continue;
       StageConfig expanded;
       expanded.type = std::move(node.type);
       expanded.name = entry.name + "/" + node.node;
-      expanded.options.inputs = {entry.name};
+      expanded.options.concurrency = node.concurrency;
+      for (const std::string& input : node.inputs) {
+        expanded.options.inputs.push_back(entry.name + "/" + input);
+      }
+      if (node.inputs.empty()) expanded.options.inputs = {output};
+      if (node.sends_token_to_entry && out[entry_at].options.token_from.empty()) {
+        out[entry_at].options.token_from = expanded.name;
+      }
+      if (node.always) output = expanded.name;
       expanded.params = std::move(node.params);
       expanded.location = entry.location;
       out.push_back(std::move(expanded));
     }
+    if (output != entry.name) output_of[entry.name] = output;
   }
   return out;
 }

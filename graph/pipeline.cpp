@@ -282,6 +282,46 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
   return {};
 }
 
+namespace {
+
+// True if items of stages[from] reach stages[to].
+bool reaches(const std::vector<StageDecl>& stages, std::size_t from, std::size_t to) {
+  std::vector<std::size_t> frontier = {from};
+  std::vector<bool> seen(stages.size());
+  while (!frontier.empty()) {
+    const std::size_t i = frontier.back();
+    frontier.pop_back();
+    if (i == to) return true;
+    for (const std::size_t c : consumers_of(stages, i)) {
+      if (!seen[c]) frontier.push_back(c), seen[c] = true;
+    }
+  }
+  return false;
+}
+
+// A problem with the token edge of stages[i] (StageOptions::token_from), else an empty string.
+std::string token_problem(const std::vector<StageDecl>& stages, std::size_t i) {
+  const StageDecl& stage = stages[i];
+  const std::string label = "stage '" + stage.name + "' takes tokens from '" +
+                            stage.options.token_from + "'";
+  const std::optional<std::size_t> sender =
+      index_of(stages, stage.options.token_from, stages.size());
+  if (!sender) return label + ", which is not a stage of this pipeline";
+  if (stage.shape.kind == Kind::kSource || has_ports(stage.shape.kind)) {
+    return label + ", but a " + to_string(stage.shape.kind) + " cannot wait for tokens";
+  }
+  if (stages[*sender].shape.kind != Kind::kFlatMap) {
+    return label + ", a " + to_string(stages[*sender].shape.kind) +
+           ": only a flat map sends tokens";
+  }
+  if (*sender == i || !reaches(stages, i, *sender)) {
+    return label + ", which is not downstream of it: a token edge goes back to a stage upstream";
+  }
+  return {};
+}
+
+}  // namespace
+
 std::string graph_problem(const std::vector<StageDecl>& stages) {
   if (stages.size() < 2) return "a pipeline needs a source first and a sink last";
   if (stages.back().shape.kind != Kind::kSink) {
@@ -289,6 +329,9 @@ std::string graph_problem(const std::vector<StageDecl>& stages) {
            to_string(stages.back().shape.kind);
   }
   for (std::size_t i = 0; i < stages.size(); ++i) {
+    if (!stages[i].options.token_from.empty()) {
+      if (std::string problem = token_problem(stages, i); !problem.empty()) return problem;
+    }
     if (stages[i].shape.kind != Kind::kSink && consumers_of(stages, i).empty()) {
       return "the output of '" + stages[i].name +
              "' goes nowhere: no stage takes it as input; end that branch with a sink " +
@@ -382,6 +425,7 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
     line += "concurrency " + concurrency_text(s.options.concurrency);
     if (s.shape.kind != Kind::kSource) line += ", queue " + std::to_string(s.options.queue_capacity);
     if (s.options.ordered) line += ", ordered";
+    if (!s.options.token_from.empty()) line += ", tokens from " + s.options.token_from;
     out += line + "\n";
   }
   return out;
@@ -423,6 +467,7 @@ struct Message {
   std::uint32_t from = 0;  // the stage that emitted it: its output slot is held until started
   // With several consumers: how many have yet to start it (the last one returns the slot).
   std::shared_ptr<std::atomic<std::uint32_t>> sharers;
+  bool granted = false;  // it waited for a token and got one (StageOptions::token_from)
 };
 
 // What a join's worker receives: one message per input, in the order of its inputs.
@@ -474,6 +519,11 @@ class Pipeline::Runtime {
     }
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
+      if (nodes_[i].options.token_from.empty()) continue;
+      tokens_[i] = std::make_unique<TokenState>();
+      for (std::size_t s = 0; s < nodes_.size(); ++s) {
+        if (nodes_[s].name == nodes_[i].options.token_from) token_receivers_[s].push_back(i);
+      }
     }
     if (!options.trace_path.empty()) trace_.emplace(start_);
     sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_, options.on_progress,
@@ -497,6 +547,7 @@ class Pipeline::Runtime {
           finish(i);
           graph.g.wait_for_all();
         }
+        check_no_parked_items();
         for (std::size_t i = 1; i < nodes_.size(); ++i) {
           if (nodes_[i].shape.kind == Kind::kSink) finish_sink(i);
         }
@@ -525,6 +576,14 @@ class Pipeline::Runtime {
     std::size_t stage;
     std::size_t port;    // which of its inputs
     std::size_t output;  // which output of a router it takes (kAllOutputs: every item)
+  };
+
+  // A stage on a token edge: the tokens it holds, and the items that arrived without one, in
+  // the order they came (they keep their producer's slot while they wait).
+  struct TokenState {
+    std::mutex mutex;
+    std::size_t available = 1;
+    std::deque<Message> parked;
   };
 
   // A join's collector: the parts of the items not yet complete, by sequence number.
@@ -724,6 +783,7 @@ class Pipeline::Runtime {
       rt_.push(stage_, Message{rt_.next_seq_[stage_]++, std::move(value)});
     }
     bool stopped() const override { return rt_.stop_.load(std::memory_order_relaxed); }
+    void send_token() override { rt_.send_token(stage_); }
 
    private:
     Runtime& rt_;
@@ -746,7 +806,54 @@ class Pipeline::Runtime {
     return Message{next_seq_[0]++, std::move(value)};
   }
 
+  // Stage i waits for tokens: true if `m` may start now; else it is parked until a token comes.
+  // Tombstones pass without one (no work, and no token will come back for them).
+  bool take_token(std::size_t i, Message& m) {
+    if (!tokens_[i] || !m.value || m.granted) return true;
+    TokenState& t = *tokens_[i];
+    std::lock_guard lock(t.mutex);
+    if (t.available > 0 && t.parked.empty()) {
+      --t.available;
+      return true;
+    }
+    t.parked.push_back(std::move(m));
+    return false;
+  }
+
+  // Stage `sender` hands a token to each stage waiting for its tokens: the oldest parked item
+  // starts, or the token is kept for the next one.
+  void send_token(std::size_t sender) {
+    for (const std::size_t r : token_receivers_[sender]) {
+      TokenState& t = *tokens_[r];
+      std::optional<Message> next;
+      {
+        std::lock_guard lock(t.mutex);
+        if (t.parked.empty()) {
+          ++t.available;
+          continue;
+        }
+        next = std::move(t.parked.front());
+        t.parked.pop_front();
+      }
+      next->granted = true;
+      graph_->workers[r]->try_put(std::move(*next));
+    }
+  }
+
+  // After the graph drained: an item still parked means its token never came back.
+  void check_no_parked_items() {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (!tokens_[i] || tokens_[i]->parked.empty()) continue;
+      throw StageError(nodes_[i].name, tokens_[i]->parked.front().seq,
+                       "it waited for a token from '" + nodes_[i].options.token_from +
+                           "' that never came (" + std::to_string(tokens_[i]->parked.size()) +
+                           " item(s) left); that stage must call send_token() once per item "
+                           "it lets through");
+    }
+  }
+
   void handle(std::size_t i, Message& in) {
+    if (!take_token(i, in)) return;
     detail::StageCounters& c = *counters_[i];
     c.started.fetch_add(1, std::memory_order_relaxed);
     Stage& stage = *nodes_[i].stage;
@@ -926,6 +1033,10 @@ class Pipeline::Runtime {
   const detail::Clock::time_point start_;
   std::vector<std::vector<Consumer>> consumers_;  // [i]: the stages taking stage i's output
   std::vector<std::size_t> out_capacity_;         // [i]: its output slots (0: a sink)
+  std::vector<std::unique_ptr<TokenState>> tokens_ =
+      std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
+  std::vector<std::vector<std::size_t>> token_receivers_ =
+      std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
   std::vector<std::unique_ptr<detail::StageCounters>> counters_;
   // Next sequence number a source or FlatMap assigns (both are serial).
   std::vector<std::uint64_t> next_seq_ = std::vector<std::uint64_t>(nodes_.size(), 0);

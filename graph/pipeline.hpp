@@ -28,6 +28,12 @@ struct StageOptions {
   /// merge. A stage's output reaches every stage that names it (fan-out); a router's outputs
   /// are named "router.output".
   std::vector<std::string> inputs;
+  /// A declared token edge, the one cycle a graph may have: this stage starts an item only
+  /// with a token, and the named flat map downstream of it hands one back each time it calls
+  /// `out.send_token()`. The stage holds one token at the start. Items dropped upstream pass
+  /// without one. `train_step` waits so for its `optimizer_step`: forward t+1 starts on the
+  /// weights of update t, while the data stages work ahead.
+  std::string token_from;
 };
 
 /// How a pipeline runs.

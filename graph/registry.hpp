@@ -26,6 +26,16 @@ struct ExpandedNode {
   std::string node;  // named "<entry>/<node>" in the graph
   std::string type;  // a registered stage type
   Params params;     // complete: the type's defaults, then the entry's values
+  /// The nodes of the same expansion it takes its items from (by `node`); empty: the entry's
+  /// output.
+  std::vector<std::string> inputs = {};
+  std::size_t concurrency = kSerial;
+  /// Part of the entry's own work, brought whatever takes its output: the entry's output, as
+  /// other entries see it, is the last such node's. Other nodes (writers) come only when no
+  /// entry takes that output.
+  bool always = false;
+  /// The entry waits for this node's tokens (StageOptions::token_from).
+  bool sends_token_to_entry = false;
 };
 
 /// A registered stage type: everything needed to validate a config entry and to build it.
@@ -34,9 +44,10 @@ struct StageInfo {
   StageDoc doc;
   StageShape shape;
   std::function<std::unique_ptr<Stage>(const Params&)> make;
-  /// The nodes that take an entry's output when no other entry does, from the entry's params
-  /// (a training step's step log, checkpoint and snapshot writers): one entry in a config, every
-  /// node in the report. Empty for most types.
+  /// The nodes an entry brings, from its params: the rest of its work (a training step's
+  /// grad_sync and optimizer_step) and the nodes that take its output when no other entry does
+  /// (the step's log, checkpoint and snapshot writers): one entry in a config, every node in
+  /// the report. Empty for most types.
   std::function<std::vector<ExpandedNode>(const Params&)> expand;
 
   const ParamSpec* find_param(const std::string& name) const;

@@ -44,6 +44,7 @@ class EmitSink {
  public:
   virtual void emit(std::shared_ptr<void> value) = 0;
   virtual bool stopped() const { return false; }
+  virtual void send_token() {}
 
  protected:
   ~EmitSink() = default;
@@ -59,6 +60,10 @@ class Emitter {
   /// rather than its input exhausted. A stage holding a partial group (a batch) then drops it:
   /// a resumed run rebuilds it whole from the source position of the last full one.
   bool stopped() const { return sink_.stopped(); }
+  /// Hands one token back over a declared token edge: a stage upstream that names this one
+  /// as its `token_from` may start its next item (an optimizer step lets the next forward
+  /// begin on the weights it just wrote).
+  void send_token() { sink_.send_token(); }
 
  private:
   EmitSink& sink_;

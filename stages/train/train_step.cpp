@@ -7,6 +7,8 @@
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
+#include "stages/train/grad_sync_stage.hpp"
+#include "stages/train/optimizer_step.hpp"
 #include "stages/train/step_writers.hpp"
 
 namespace flowtrain::train {
@@ -65,14 +67,13 @@ ViTConfig vit_config_from(const Params& params) {
 }
 
 TrainStepStage::TrainStepStage(const Params& params)
-    : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
-      configured_total_steps_(static_cast<std::uint64_t>(params.get_int("total_steps"))),
-      writes_checkpoints_(!params.get_string("checkpoint_dir").empty()),
-      checkpoint_every_(static_cast<std::uint64_t>(params.get_int("checkpoint_every"))),
-      snapshot_every_(static_cast<std::uint64_t>(params.get_int("snapshot_every"))) {
+    : session_(std::make_shared<TrainingSession>()),
+      configured_total_steps_(static_cast<std::uint64_t>(params.get_int("total_steps"))) {
+  session_->intraop_threads = static_cast<int>(params.get_int("intraop_threads"));
   const std::string checkpoint_dir = params.get_string("checkpoint_dir");
   const bool resume = params.get_bool("resume");
-  if ((checkpoint_every_ > 0 || snapshot_every_ > 0 || resume) && checkpoint_dir.empty()) {
+  if ((params.get_int("checkpoint_every") > 0 || params.get_int("snapshot_every") > 0 || resume) &&
+      checkpoint_dir.empty()) {
     throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
   }
   TrainerOptions options;
@@ -112,8 +113,8 @@ TrainStepStage::TrainStepStage(const Params& params)
       checkpoint.emplace(read_checkpoint(rank_file(*path, rank)));
     }
   }
-  trainer_ = std::make_unique<Trainer>(options, world ? &world->group() : nullptr,
-                                       checkpoint ? &*checkpoint : nullptr);
+  session_->trainer = std::make_unique<Trainer>(options, world ? &world->group() : nullptr,
+                                                checkpoint ? &*checkpoint : nullptr);
 }
 
 TrainStepStage::~TrainStepStage() = default;
@@ -168,146 +169,112 @@ StageDoc TrainStepStage::describe() {
 
 std::vector<ExpandedNode> TrainStepStage::expand(const Params& params) {
   const std::string dir = params.get_string("checkpoint_dir");
-  auto node = [&dir](std::string name, const StageDoc& doc) {
+  // The rest of the step, always: grad_sync after the entry, optimizer_step after it, whose
+  // token the entry's next forward waits for.
+  ExpandedNode sync{"grad_sync", "grad_sync", Params::defaults(GradSyncStage::describe().params)};
+  sync.always = true;
+  sync.concurrency = kUnlimited;
+  ExpandedNode step{"optimizer_step", "optimizer_step",
+                    Params::defaults(OptimizerStepStage::describe().params)};
+  step.inputs = {"grad_sync"};
+  step.always = true;
+  step.sends_token_to_entry = true;
+  for (const char* name : {"intraop_threads", "checkpoint_every", "snapshot_every"}) {
+    step.params.set(name, params.get_int(name));
+  }
+  step.params.set("final_checkpoint", !dir.empty());
+
+  // The writers, when no entry takes the step's records.
+  auto writer = [&dir](std::string name, const StageDoc& doc) {
     ExpandedNode out{name, std::move(name), Params::defaults(doc.params)};
     out.params.set("dir", dir);
     return out;
   };
-  std::vector<ExpandedNode> nodes = {node("step_log", StepLogStage::describe())};
+  std::vector<ExpandedNode> nodes = {std::move(sync), std::move(step),
+                                     writer("step_log", StepLogStage::describe())};
   if (!dir.empty()) {
-    nodes.push_back(node("checkpoint", CheckpointStage::describe()));
+    nodes.push_back(writer("checkpoint", CheckpointStage::describe()));
     nodes.back().params.set("keep", params.get_int("keep_checkpoints"));
   }
-  if (params.get_int("snapshot_every") > 0) nodes.push_back(node("snapshot", SnapshotStage::describe()));
+  if (params.get_int("snapshot_every") > 0) {
+    nodes.push_back(writer("snapshot", SnapshotStage::describe()));
+  }
   return nodes;
 }
 
 std::optional<std::uint64_t> TrainStepStage::plan(std::optional<std::uint64_t> batches) {
+  Trainer& trainer = *session_->trainer;
   // A resumed run keeps the schedule it started with.
-  if (!trainer_->resumed()) {
-    trainer_->set_total_steps(configured_total_steps_ > 0 ? configured_total_steps_
-                                                          : batches.value_or(0));
+  if (!trainer.resumed()) {
+    trainer.set_total_steps(configured_total_steps_ > 0 ? configured_total_steps_
+                                                        : batches.value_or(0));
   }
   if (!batches) return std::nullopt;
-  return *batches + (writes_checkpoints_ ? 1 : 0);  // the record of the last checkpoint
+  return *batches * trainer.buckets_per_step();
 }
 
 std::optional<std::uint64_t> TrainStepStage::resume_position() const {
-  if (!trainer_->resumed()) return std::nullopt;
+  if (!session_->trainer->resumed()) return std::nullopt;
   return state().data_position;
 }
 
-void TrainStepStage::process(data::Batch&& batch, Emitter<StepRecord>& out) {
-  IntraOpThreads threads(intraop_threads_);
-  const StepOutcome step = trainer_->step(batch);
-  if (steps_this_run_ == 0) {
-    run_begin_ = step.begin;
-  } else {
-    data_wait_s_ += seconds(last_step_end_, step.begin);
-  }
-  last_step_end_ = step.end;
-  if (!step.applied) return;
-  ++steps_this_run_;
-  forward_s_ += seconds(step.begin, step.forward_end);
-  backward_s_ += seconds(step.forward_end, step.backward_end);
-  sync_s_ += seconds(step.backward_end, step.sync_end);
-  optimizer_s_ += seconds(step.sync_end, step.end);
-
-  const TrainState& state = trainer_->state();
-  StepRecord record{.step = state.step,
-                    .batch_number = batch.number,
-                    .epoch = state.epoch,
-                    .loss = step.loss,
-                    .lr = step.lr,
-                    .correct = step.correct,
-                    .seen = step.seen,
-                    .begin_s = seconds(run_begin_, step.begin),
-                    .time_s = seconds(run_begin_, step.end),
-                    .rank = trainer_->rank()};
-  history_.push_back(record);
-  const double smoothed =
-      steps_this_run_ == 1 ? step.loss : 0.9 * live_loss_.load() + 0.1 * step.loss;
-  live_loss_.store(smoothed, std::memory_order_relaxed);
-  live_images_.fetch_add(step.seen, std::memory_order_relaxed);
-  live_epoch_.store(state.epoch + 1, std::memory_order_relaxed);
-  live_step_.store(state.step, std::memory_order_relaxed);
-
-  // The files' contents are this step's: taken now, written by the nodes downstream.
-  const auto files_begin = Clock::now();
-  if (checkpoint_every_ > 0 && state.step % checkpoint_every_ == 0) {
-    record.checkpoint_name = step_checkpoint_name(state.step);
-    record.checkpoint = std::make_shared<const std::string>(trainer_->checkpoint(true));
-  }
-  if (snapshot_every_ > 0 && state.step % snapshot_every_ == 0 && trainer_->rank() == 0) {
-    record.snapshot = std::make_shared<const std::string>(trainer_->checkpoint(false));
-  }
-  checkpoint_s_ += seconds(files_begin, Clock::now());
-  out.emit(std::move(record));
-  last_step_end_ = Clock::now();
-}
-
-void TrainStepStage::finish(Emitter<StepRecord>& out) {
-  if (!writes_checkpoints_ || steps_this_run_ == 0) return;
-  const TrainState& state = trainer_->state();
-  // A run that reached the end of its data is final; one stopped early is a resumable step.
-  StepRecord record{.epoch = state.epoch, .rank = trainer_->rank()};
-  record.checkpoint_name =
-      state.step >= state.total_steps ? "final.pt" : step_checkpoint_name(state.step);
-  const auto begin = Clock::now();
-  record.checkpoint = std::make_shared<const std::string>(trainer_->checkpoint(true));
-  checkpoint_s_ += seconds(begin, Clock::now());
-  out.emit(std::move(record));
+void TrainStepStage::process(data::Batch&& batch, Emitter<GradBucket>& out) {
+  IntraOpThreads threads(session_->intraop_threads);
+  const std::size_t buckets = session_->trainer->forward_backward(batch);
+  for (std::size_t b = 0; b < buckets; ++b) out.emit(GradBucket{session_, b, buckets});
 }
 
 std::vector<StageResult> TrainStepStage::live_results() const {
-  return {{"step", static_cast<double>(live_step_.load(std::memory_order_relaxed))},
+  const TrainingSession& s = *session_;
+  return {{"step", static_cast<double>(s.live_step.load(std::memory_order_relaxed))},
           {"total_steps", static_cast<double>(state().total_steps)},
-          {"epoch", static_cast<double>(live_epoch_.load(std::memory_order_relaxed))},
-          {"loss", live_loss_.load(std::memory_order_relaxed)},
-          {"images", static_cast<double>(live_images_.load(std::memory_order_relaxed))}};
+          {"epoch", static_cast<double>(s.live_epoch.load(std::memory_order_relaxed))},
+          {"loss", s.live_loss.load(std::memory_order_relaxed)},
+          {"images", static_cast<double>(s.live_images.load(std::memory_order_relaxed))}};
 }
 
 std::vector<StageResult> TrainStepStage::results() const {
+  const TrainingSession& s = *session_;
   std::vector<StageResult> out = {{"steps", static_cast<double>(state().step)}};
-  if (trainer_->resumed()) out.push_back({"resumed_at", static_cast<double>(state().step - steps_this_run_)});
-  const std::size_t n = std::min(history_.size(), kRecentSteps);
+  if (s.trainer->resumed()) out.push_back({"resumed_at", static_cast<double>(state().step - s.steps_this_run)});
+  const std::size_t n = std::min(s.history.size(), kRecentSteps);
   if (n > 0) {
     double loss = 0;
     std::uint64_t correct = 0, seen = 0;
-    for (std::size_t i = history_.size() - n; i < history_.size(); ++i) {
-      loss += history_[i].loss;
-      correct += history_[i].correct;
-      seen += history_[i].seen;
+    for (std::size_t i = s.history.size() - n; i < s.history.size(); ++i) {
+      loss += s.history[i].loss;
+      correct += s.history[i].correct;
+      seen += s.history[i].seen;
     }
     out.push_back({"loss", loss / static_cast<double>(n)});
     out.push_back({"train_top1", seen ? static_cast<double>(correct) / seen : 0});
-    out.push_back({"lr", history_.back().lr});
-    out.push_back({"images", static_cast<double>(live_images_.load(std::memory_order_relaxed))});
+    out.push_back({"lr", s.history.back().lr});
+    out.push_back({"images", static_cast<double>(s.live_images.load(std::memory_order_relaxed))});
   }
   if (state().skipped_steps > 0) {
     out.push_back({"skipped_nonfinite", static_cast<double>(state().skipped_steps)});
   }
-  if (steps_this_run_ > 0) {
-    const double per_step_ms = 1e3 / static_cast<double>(steps_this_run_);
-    if (steps_this_run_ > 1) {
-      out.push_back({"data_wait_ms", data_wait_s_ * 1e3 / static_cast<double>(steps_this_run_ - 1)});
+  if (s.steps_this_run > 0) {
+    const double per_step_ms = 1e3 / static_cast<double>(s.steps_this_run);
+    if (s.steps_this_run > 1) {
+      out.push_back({"data_wait_ms", s.data_wait_s * 1e3 / static_cast<double>(s.steps_this_run - 1)});
     }
-    out.push_back({"forward_ms", forward_s_ * per_step_ms});
-    out.push_back({"backward_ms", backward_s_ * per_step_ms});
-    out.push_back({"optimizer_ms", optimizer_s_ * per_step_ms});
-    if (trainer_->world_size() > 1) {
+    out.push_back({"forward_ms", s.forward_s * per_step_ms});
+    out.push_back({"backward_ms", s.backward_s * per_step_ms});
+    out.push_back({"optimizer_ms", s.optimizer_s * per_step_ms});
+    if (s.trainer->world_size() > 1) {
       // sync_comm: all-reduce time from the first bucket's start to the last one's end;
       // sync_wait: the part of it not hidden behind backward.
-      out.push_back({"sync_comm_ms", trainer_->sync_comm_seconds() * per_step_ms});
-      out.push_back({"sync_wait_ms", sync_s_ * per_step_ms});
+      out.push_back({"sync_comm_ms", s.trainer->sync_comm_seconds() * per_step_ms});
+      out.push_back({"sync_wait_ms", s.sync_s * per_step_ms});
     }
   }
-  if (trainer_->world_size() > 1) {
-    out.push_back({"rank", static_cast<double>(trainer_->rank())});
+  if (s.trainer->world_size() > 1) {
+    out.push_back({"rank", static_cast<double>(s.trainer->rank())});
     out.push_back({"optimizer_state_mb",
-                   static_cast<double>(trainer_->optimizer_state_bytes()) / 1e6});
+                   static_cast<double>(s.trainer->optimizer_state_bytes()) / 1e6});
   }
-  if (checkpoint_s_ > 0) out.push_back({"checkpoint_s", checkpoint_s_});
+  if (s.checkpoint_s > 0) out.push_back({"checkpoint_s", s.checkpoint_s});
   return out;
 }
 

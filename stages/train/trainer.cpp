@@ -72,16 +72,21 @@ Trainer::~Trainer() = default;
 torch::optim::AdamW& Trainer::optimizer() const { return zero_ ? zero_->local() : *optimizer_; }
 
 StepOutcome Trainer::step(const data::Batch& batch) {
+  const std::size_t buckets = forward_backward(batch);
+  for (std::size_t b = 0; b < buckets; ++b) sync_bucket(b);
+  return apply();
+}
+
+std::size_t Trainer::forward_backward(const data::Batch& batch) {
   if (!batch.teacher_logits.defined() && options_.loss.alpha < 1) {
     throw Error("batch " + std::to_string(batch.number) +
                 " has no teacher outputs: put a teacher_infer stage before this one, or set "
                 "alpha: 1 for supervised training");
   }
   using Clock = std::chrono::steady_clock;
-  StepOutcome out;
-  out.begin = Clock::now();
+  Pending& p = pending_.emplace();
+  p.out.begin = Clock::now();
   model_->train();
-  const std::uint64_t step = state_.step + 1;
 
   ViTOutput forward;
   {
@@ -94,35 +99,65 @@ StepOutcome Trainer::step(const data::Batch& batch) {
   const torch::Tensor regression =
       forward.regression.defined() ? forward.regression.to(torch::kFloat) / scale : torch::Tensor();
   const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
-  const KdLoss loss =
-      batch.teacher_logits.defined()
-          ? kd_loss(logits, batch.teacher_logits, batch.labels, options_.loss, regression, targets)
-          : supervised_loss(logits, batch.labels, options_.loss.regression_weight, regression,
-                            targets);
-  out.loss = loss.total.item<double>();
-  out.forward_end = Clock::now();
+  p.loss = batch.teacher_logits.defined()
+               ? kd_loss(logits, batch.teacher_logits, batch.labels, options_.loss, regression,
+                         targets)
+               : supervised_loss(logits, batch.labels, options_.loss.regression_weight,
+                                 regression, targets);
+  p.out.loss = p.loss.total.item<double>();
+  p.out.forward_end = Clock::now();
 
   optimizer().zero_grad();
   // Backward even for a non-finite loss: with data parallelism every rank must take part in
   // the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
-  loss.total.backward();
-  out.backward_end = Clock::now();
-  if (sync_) sync_->finish();
+  p.loss.total.backward();
+  p.out.backward_end = Clock::now();
+  // Counted now: the batch's pooled buffers may be reused once this call returns.
+  p.out.correct =
+      static_cast<std::uint64_t>(logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
+  p.out.batch_number = batch.number;
+  p.end_position = batch.end_position;
+  if (!batch.views.empty()) p.epoch = batch.views.back().epoch;
+  p.out.seen = static_cast<std::uint64_t>(batch.size());
+  if (sync_) {
+    try {
+      sync_->end_backward();
+    } catch (...) {
+      pending_.reset();
+      throw;
+    }
+  }
+  return buckets_per_step();
+}
+
+std::size_t Trainer::buckets_per_step() const { return sync_ ? sync_->buckets().size() : 1; }
+
+void Trainer::sync_bucket(std::size_t b) {
+  if (sync_) sync_->complete(b);
+}
+
+StepOutcome Trainer::apply() {
+  if (!pending_) throw Error("Trainer::apply without a step in flight (call forward_backward)");
+  using Clock = std::chrono::steady_clock;
+  Pending p = std::move(*pending_);
+  pending_.reset();
+  StepOutcome& out = p.out;
+  if (sync_) sync_->end_step();
   out.sync_end = Clock::now();
+  const std::uint64_t step = state_.step + 1;
   const double clip = options_.clip_grad_norm;
   const double grad_norm =
       torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
 
-  state_.data_position = batch.end_position;
-  if (!batch.views.empty()) state_.epoch = batch.views.back().epoch;
-  out.seen = static_cast<std::uint64_t>(batch.size());
+  state_.data_position = p.end_position;
+  if (p.epoch) state_.epoch = *p.epoch;
   if (!std::isfinite(out.loss) || !std::isfinite(grad_norm)) {
     std::string what = "step " + std::to_string(step) + " (batch " +
-                       std::to_string(batch.number) + "): " +
+                       std::to_string(out.batch_number) + "): " +
                        (std::isfinite(out.loss) ? "gradient norm is " + number(grad_norm)
                                                 : "loss is " + number(out.loss)) +
-                       " (cross-entropy " + number(loss.ce.item<double>());
-    if (loss.kd.defined()) what += ", distillation " + number(loss.kd.item<double>());
+                       " (cross-entropy " + number(p.loss.ce.item<double>());
+    if (p.loss.kd.defined()) what += ", distillation " + number(p.loss.kd.item<double>());
     what += ")";
     if (!options_.skip_nonfinite) {
       throw Error(what + "; lower lr, or set on_nonfinite: skip to skip such steps");
@@ -143,8 +178,6 @@ StepOutcome Trainer::step(const data::Batch& batch) {
   out.end = Clock::now();
   state_.step = step;
   out.applied = true;
-  out.correct =
-      static_cast<std::uint64_t>(logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "stages/data/batch.hpp"
@@ -37,13 +38,15 @@ struct TrainerOptions {
   std::int64_t bucket_bytes = 25'000'000;       // the other buckets
 };
 
-/// One training step, as measured.
+/// One training step, as measured. `sync_end` is when the optimizer could start: every
+/// gradient bucket averaged (with one process, when backward ended).
 struct StepOutcome {
   bool applied = false;       // false: skipped for a non-finite loss or gradient
   double loss = 0;
   double lr = 0;              // the step's learning rate (0 when skipped)
   std::uint64_t correct = 0;  // training predictions that matched the label
   std::uint64_t seen = 0;     // samples in the batch
+  std::uint64_t batch_number = 0;  // Batch::number of its batch
   std::chrono::steady_clock::time_point begin, forward_end, backward_end, sync_end, end;
 };
 
@@ -57,7 +60,11 @@ struct StepOutcome {
 ///   StepOutcome out = trainer.step(batch);   // forward, loss, backward, sync, clip, AdamW
 ///   std::string bytes = trainer.checkpoint(/*with_optimizer=*/true);
 ///
-/// Steps run in the order they are called, each on the weights the previous one left.
+/// A step is also three calls, which the graph runs as three nodes (train_step, grad_sync,
+/// optimizer_step): `forward_backward(batch)` returns the number of gradient buckets, each
+/// `sync_bucket(b)` averages one (concurrently, in any order), and `apply()` clips and steps.
+/// Steps run in the order they are called, each on the weights the previous one left; one step
+/// is in flight at a time.
 class Trainer {
  public:
   /// `group`: the data-parallel process group, or nullptr for one process. `resume_from`:
@@ -78,6 +85,17 @@ class Trainer {
   /// finite (unless skip_nonfinite), or if the batch has no teacher outputs and alpha < 1.
   StepOutcome step(const data::Batch& batch);
 
+  /// The first part of a step: forward, loss and backward (with a group, each gradient bucket's
+  /// all-reduce starts as it fills). Returns the buckets sync_bucket must complete: the
+  /// group's buckets, or 1 without a group.
+  std::size_t forward_backward(const data::Batch& batch);
+  /// Waits for bucket b's all-reduce and writes its averaged gradients back (nothing without a
+  /// group). Thread-safe for different buckets of the step.
+  void sync_bucket(std::size_t b);
+  /// The last part: clips the gradient, checks it and the loss are finite, and steps the
+  /// optimizer at the scheduled learning rate. Errors as step().
+  StepOutcome apply();
+
   /// A checkpoint file's bytes: the model, its shape, the state, the RNG and (with_optimizer)
   /// this rank's optimizer state. Written to disk with write_file_atomically.
   std::string checkpoint(bool with_optimizer) const;
@@ -87,6 +105,8 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   bool resumed() const { return resumed_; }
+  /// The gradient buckets of a step (forward_backward's count): the group's, or 1.
+  std::size_t buckets_per_step() const;
   /// With a group: all-reduce time summed over the steps, first bucket's start to last's end.
   double sync_comm_seconds() const;
   /// Bytes of optimizer state this rank holds.
@@ -104,6 +124,15 @@ class Trainer {
   int world_size_ = 1;
   TrainState state_;
   bool resumed_ = false;
+
+  // The step between forward_backward and apply.
+  struct Pending {
+    StepOutcome out;
+    KdLoss loss;
+    std::uint64_t end_position = 0;
+    std::optional<std::uint32_t> epoch;  // of the batch's last view, when it has views
+  };
+  std::optional<Pending> pending_;
 };
 
 }  // namespace flowtrain::train

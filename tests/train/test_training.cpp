@@ -364,12 +364,27 @@ TEST_CASE("Train.TrainStep.EntryBringsItsWriterNodes") {
   };
   CHECK(node_names(head + "  - {type: train_step, name: student, params: {" + params +
                    ", snapshot_every: 5}}\n") ==
-        with({"student", "student/step_log", "student/checkpoint", "student/snapshot"}));
+        with({"student", "student/grad_sync", "student/optimizer_step", "student/step_log",
+              "student/checkpoint", "student/snapshot"}));
   CHECK(node_names(head + "  - {type: student_step, params: {" + tiny_vit(32, 1, 2) + "}}\n") ==
-        with({"student_step", "student_step/step_log"}));
-  CHECK(node_names(head + "  - {type: train_step, params: {" + params + "}}\n" +
-                   "  - {type: checkpoint, params: {dir: " + (dir / "mine") + ", keep: 1}}\n") ==
-        with({"train_step", "checkpoint"}));
+        with({"student_step", "student_step/grad_sync", "student_step/optimizer_step",
+              "student_step/step_log"}));
+  // An entry that takes the step's records turns the writers off, not the step's own nodes;
+  // it takes them from optimizer_step, which the entry's name stands for.
+  const std::string own_writer = head + "  - {type: train_step, params: {" + params + "}}\n" +
+                                 "  - {type: checkpoint, params: {dir: " + (dir / "mine") +
+                                 ", keep: 1}}\n";
+  CHECK(node_names(own_writer) ==
+        with({"train_step", "train_step/grad_sync", "train_step/optimizer_step", "checkpoint"}));
+  const PipelineConfig config = parse_pipeline_config(own_writer, "own_writer.yaml");
+  const std::vector<StageConfig> nodes = expanded_stages(config);
+  CHECK(nodes[4].options.token_from == "train_step/optimizer_step");
+  CHECK(nodes.back().options.inputs.empty());  // after optimizer_step: takes its records
+  const std::string named = head + "  - {type: train_step, name: student, params: {" + params +
+                            "}}\n  - {type: checkpoint, inputs: [student], params: {dir: " +
+                            (dir / "mine") + "}}\n";
+  CHECK(expanded_stages(parse_pipeline_config(named, "named.yaml")).back().options.inputs ==
+        std::vector<std::string>{"student/optimizer_step"});
 }
 
 // The writers get the records: steps.csv has a row per step, the checkpoint node the files.
