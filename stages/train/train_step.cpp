@@ -17,12 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 // Steps averaged in the reported loss and training accuracy.
 constexpr std::size_t kRecentSteps = 20;
 
@@ -264,7 +258,8 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"optimizer_ms", s.optimizer_s * per_step_ms});
     if (s.trainer->world_size() > 1) {
       // sync_comm: all-reduce time from the first bucket's start to the last one's end;
-      // sync_wait: the part of it not hidden behind backward.
+      // sync_wait: from the end of backward until every bucket was averaged (the part of it
+      // not hidden behind backward).
       out.push_back({"sync_comm_ms", s.trainer->sync_comm_seconds() * per_step_ms});
       out.push_back({"sync_wait_ms", s.sync_s * per_step_ms});
     }

@@ -88,6 +88,21 @@ TEST_CASE("Dist.DataParallel.TwoRanksMatchOneRankAndZero" * doctest::timeout(600
   MESSAGE("1 rank x 32 vs 2 ranks x 16: largest weight difference " << dp);
   CHECK(dp < 1e-4);
   CHECK(read_checkpoint(dir / "two/final.pt").state.step == 10);
+  // The step's nodes are rows of the stage table: grad_sync averaged every bucket of the 10
+  // steps (several each, the buckets being tiny), optimizer_step emitted a record per step and
+  // the final checkpoint's.
+  std::smatch row;
+  REQUIRE(std::regex_search(two.output, row,
+                            std::regex("\nstudent_step/grad_sync +map +[0-9]+ +([0-9]+) +([0-9]+)")));
+  const int buckets = std::stoi(row[1]);
+  CHECK(std::stoi(row[2]) == buckets);
+  CHECK(buckets % 10 == 0);
+  CHECK(buckets > 20);
+  REQUIRE(std::regex_search(
+      two.output, row,
+      std::regex("\nstudent_step/optimizer_step +flat map +1 +([0-9]+) +([0-9]+)")));
+  CHECK(std::stoi(row[1]) == buckets);
+  CHECK(std::stoi(row[2]) == 11);
 
   const std::vector<std::string> zero_args = {"--nproc", "2",
                                              "stages.student_step.params.zero=true",
