@@ -910,12 +910,11 @@ bool consumed(const std::vector<StageConfig>& stages, std::size_t i, const Regis
 
 std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Registry& registry) {
   std::vector<StageConfig> out;
-  std::map<std::string, std::string> output_of;  // entry -> the node that carries its output
   for (std::size_t i = 0; i < config.stages.size(); ++i) {
     const StageConfig& entry = config.stages[i];
     out.push_back(entry);
     for (std::string& input : out.back().options.inputs) {
-      if (const auto it = output_of.find(input); it != output_of.end()) input = it->second;
+      input = entry_output(config, registry, input);
     }
     const StageInfo& info = registered(entry, registry);
     if (!info.expand) continue;
@@ -940,7 +939,6 @@ std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Reg
       expanded.location = entry.location;
       out.push_back(std::move(expanded));
     }
-    if (output != entry.name) output_of[entry.name] = output;
   }
   return out;
 }
