@@ -920,7 +920,7 @@ std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Reg
     if (!info.expand) continue;
     const std::size_t entry_at = out.size() - 1;
     const bool consumed_by_entries = consumed(config.stages, i, registry);
-    std::string output = entry.name;
+    const std::string output = entry_output(config, registry, entry.name);
     for (ExpandedNode& node : info.expand(entry.params)) {
       if (!node.always && consumed_by_entries) continue;
       StageConfig expanded;
@@ -930,11 +930,10 @@ std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Reg
       for (const std::string& input : node.inputs) {
         expanded.options.inputs.push_back(entry.name + "/" + input);
       }
-      if (node.inputs.empty()) expanded.options.inputs = {output};
+      if (node.inputs.empty()) expanded.options.inputs = {node.always ? entry.name : output};
       if (node.sends_token_to_entry && out[entry_at].options.token_from.empty()) {
         out[entry_at].options.token_from = expanded.name;
       }
-      if (node.always) output = expanded.name;
       expanded.params = std::move(node.params);
       expanded.location = entry.location;
       out.push_back(std::move(expanded));

@@ -26,8 +26,8 @@ struct ExpandedNode {
   std::string node;  // named "<entry>/<node>" in the graph
   std::string type;  // a registered stage type
   Params params;     // complete: the type's defaults, then the entry's values
-  /// The nodes of the same expansion it takes its items from (by `node`); empty: the entry's
-  /// output.
+  /// The nodes of the same expansion it takes its items from (by `node`); empty: the entry
+  /// itself for a node brought `always`, the entry's output for the others.
   std::vector<std::string> inputs = {};
   std::size_t concurrency = kSerial;
   /// Part of the entry's own work, brought whatever takes its output: the entry's output, as

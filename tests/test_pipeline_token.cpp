@@ -125,11 +125,12 @@ TEST_CASE("Pipeline.Token.DroppedItemsPassWithoutAToken" * doctest::timeout(60))
     auto* sink = new RecordSink;
     Pipeline p;
     p.add("numbers", std::make_unique<CountSource<>>(30))
-        .add("filter", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext& ctx)
-                                                        -> std::optional<std::uint64_t> {
-               if (v % 4 == 1) return ctx.drop("odd one");
-               return v;
-             }),
+        .add("filter",
+             std::make_unique<ProbeMap<>>(
+                 [](std::uint64_t&& v, ItemContext& ctx) -> std::optional<std::uint64_t> {
+                   if (v % 4 == 1) return ctx.drop("odd one");
+                   return v;
+                 }),
              {.concurrency = 2})
         .add("forward", std::make_unique<Forward>(loop, 2), {.token_from = "apply"})
         .add("apply", std::make_unique<Apply>(loop), {.ordered = true})
@@ -162,7 +163,8 @@ TEST_CASE("Pipeline.Token.EdgeChecks" * doctest::timeout(60)) {
     p->add("numbers", std::make_unique<CountSource<>>(5))
         .add("forward", std::make_unique<Forward>(loop, 1), {.token_from = std::move(token_from)});
     if (apply_is_map) {
-      p->add("apply", slow_copy()).add("sink", std::make_unique<ProbeSink<Part>>([](Part&&, ItemContext&) {}));
+      p->add("apply", slow_copy())
+          .add("sink", std::make_unique<ProbeSink<Part>>([](Part&&, ItemContext&) {}));
     } else {
       p->add("apply", std::make_unique<Apply>(loop)).add("sink", null_sink_for_tokens());
     }
@@ -174,8 +176,7 @@ TEST_CASE("Pipeline.Token.EdgeChecks" * doctest::timeout(60)) {
   CHECK_THROWS_WITH(build("numbers")->run(),
                     doctest::Contains("stage 'forward' takes tokens from 'numbers', a source: "
                                       "only a flat map sends tokens"));
-  CHECK_THROWS_WITH(build("forward")->run(),
-                    doctest::Contains("which is not downstream of it"));
+  CHECK_THROWS_WITH(build("forward")->run(), doctest::Contains("which is not downstream of it"));
   CHECK_THROWS_WITH(build("apply", /*apply_is_map=*/true)->run(),
                     doctest::Contains("'apply', a map: only a flat map sends tokens"));
   CHECK(graph_text(build("apply")->decls()).find("tokens from apply") != std::string::npos);
@@ -192,6 +193,7 @@ stages:
   CHECK_THROWS_WITH(parse_pipeline_config(text, "cfg.yaml"),
                     doctest::Contains("stage 'work' takes tokens from 'batchs', which is not a "
                                       "stage of this pipeline"));
-  const PipelineConfig ok = parse_pipeline_config(text, "cfg.yaml", {"stages.work.token_from=batches"});
+  const PipelineConfig ok =
+      parse_pipeline_config(text, "cfg.yaml", {"stages.work.token_from=batches"});
   CHECK(ok.stages[1].options.token_from == "batches");
 }

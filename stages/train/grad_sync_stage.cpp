@@ -5,11 +5,12 @@ namespace flowtrain::train {
 GradSyncStage::GradSyncStage(const Params&) {}
 
 StageDoc GradSyncStage::describe() {
-  return {"Averages each gradient bucket of a training step over the data-parallel ranks: waits "
-          "for the all-reduce its backward hook started and writes the gradients back (with one "
-          "process it passes the step on). Brought by a `train_step` entry as "
-          "`<name>/grad_sync`; its concurrency is the buckets in flight.",
-          {}};
+  return {
+      "Averages each gradient bucket of a training step over the data-parallel ranks: waits "
+      "for the all-reduce its backward hook started and writes the gradients back (with one "
+      "process it passes the step on). Brought by a `train_step` entry as "
+      "`<name>/grad_sync`; its concurrency is the buckets in flight.",
+      {}};
 }
 
 std::optional<GradBucket> GradSyncStage::process(GradBucket&& bucket, ItemContext&) {

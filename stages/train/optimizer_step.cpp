@@ -25,17 +25,18 @@ OptimizerStepStage::OptimizerStepStage(const Params& params)
       final_checkpoint_(params.get_bool("final_checkpoint")) {}
 
 StageDoc OptimizerStepStage::describe() {
-  return {"Ends a training step once all its gradient buckets came: clips, steps AdamW (or its "
-          "ZeRO shard), takes checkpoint and snapshot bytes when due, emits the step's record "
-          "and sends `train_step` the token its next forward waits for. Brought by a "
-          "`train_step` entry as `<name>/optimizer_step`, its params set from the entry's.",
-          {intraop_threads_param(),
-           int_param("checkpoint_every", 0, "take a checkpoint every N steps (0: none)", 0),
-           int_param("snapshot_every", 0, "take a snapshot (the model alone) every N steps", 0),
-           bool_param("final_checkpoint", false,
-                      "take a checkpoint at the end: final.pt, or a resumable step file after a "
-                      "stop")},
-          "intraop_threads"};
+  return {
+      "Ends a training step once all its gradient buckets came: clips, steps AdamW (or its "
+      "ZeRO shard), takes checkpoint and snapshot bytes when due, emits the step's record "
+      "and sends `train_step` the token its next forward waits for. Brought by a "
+      "`train_step` entry as `<name>/optimizer_step`, its params set from the entry's.",
+      {intraop_threads_param(),
+       int_param("checkpoint_every", 0, "take a checkpoint every N steps (0: none)", 0),
+       int_param("snapshot_every", 0, "take a snapshot (the model alone) every N steps", 0),
+       bool_param("final_checkpoint", false,
+                  "take a checkpoint at the end: final.pt, or a resumable step file after a "
+                  "stop")},
+      "intraop_threads"};
 }
 
 void OptimizerStepStage::process(GradBucket&& bucket, Emitter<StepRecord>& out) {
