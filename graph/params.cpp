@@ -1,6 +1,12 @@
 #include "graph/params.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "graph/error.hpp"
 
@@ -94,6 +100,56 @@ std::vector<ParamSpec> join_params(std::vector<std::vector<ParamSpec>> groups) {
     for (ParamSpec& spec : group) joined.push_back(std::move(spec));
   }
   return joined;
+}
+
+std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
+  const std::string where = "param '" + spec.name + "' ";
+  const bool right_type = std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        switch (spec.type) {
+          case ParamType::kInt:
+            return std::is_same_v<T, std::int64_t>;
+          case ParamType::kFloat:
+            return std::is_same_v<T, double>;
+          case ParamType::kBool:
+            return std::is_same_v<T, bool>;
+          case ParamType::kFloatList:
+            return std::is_same_v<T, std::vector<double>>;
+          default:
+            return std::is_same_v<T, std::string>;
+        }
+      },
+      value);
+  if (!right_type) return where + "must be a " + to_string(spec.type);
+  if (spec.type == ParamType::kInt || spec.type == ParamType::kFloat) {
+    const double v = spec.type == ParamType::kInt ? static_cast<double>(std::get<std::int64_t>(value))
+                                                  : std::get<double>(value);
+    const std::string got = ", got " + ParamSpec{"", spec.type, value, ""}.default_text();
+    // Stages read ints as int: nothing above 2^31 - 1 may wrap into a negative.
+    const std::optional<double> max =
+        spec.type == ParamType::kInt
+            ? spec.max.value_or(static_cast<double>(std::numeric_limits<std::int32_t>::max()))
+            : spec.max;
+    auto bound = [](double b) {  // whole bounds in full: 2147483647, not 2.14748e+09
+      return std::floor(b) == b ? std::to_string(static_cast<long long>(b)) : format_number(b);
+    };
+    if (spec.min && v < *spec.min) return where + "must be >= " + bound(*spec.min) + got;
+    if (max && v > *max) return where + "must be <= " + bound(*max) + got;
+  }
+  if (const auto* s = std::get_if<std::string>(&value)) {
+    if (!spec.choices.empty() &&
+        std::find(spec.choices.begin(), spec.choices.end(), *s) == spec.choices.end()) {
+      std::string all;
+      for (const std::string& c : spec.choices) all += (all.empty() ? "" : ", ") + c;
+      return where + "must be one of " + all + ", got '" + *s + "'";
+    }
+    std::error_code ec;
+    if (spec.type == ParamType::kPath && !s->empty() && !std::filesystem::exists(*s, ec)) {
+      return where + "names '" + *s + "', which does not exist";
+    }
+  }
+  return {};
 }
 
 Params Params::defaults(const std::vector<ParamSpec>& specs) {

@@ -62,6 +62,11 @@ ParamSpec path_param(std::string name, std::string doc);
 ParamSpec output_path_param(std::string name, std::string doc);
 ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc);
 
+/// Returns a one-line problem with `value` for `spec` ("param 'count' must be >= 0, got -1"),
+/// else an empty string: the type, the bounds, the choices, and that a kPath exists. Options set
+/// in C++ are checked so, as a config's are when it is read.
+std::string value_problem(const ParamSpec& spec, const ParamValue& value);
+
 /// A stage's param list made of shared groups, in order:
 ///   join_params({{int_param("batch_size", 64, "rows", 1)}, normalize_param_specs()})
 std::vector<ParamSpec> join_params(std::vector<std::vector<ParamSpec>> groups);

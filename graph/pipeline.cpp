@@ -16,6 +16,7 @@
 
 #include "graph/error.hpp"
 #include "graph/metrics.hpp"
+#include "graph/mix.hpp"
 #include "graph/trace.hpp"
 
 namespace flowtrain {
@@ -137,9 +138,13 @@ std::vector<InputLink> links_of(const std::vector<StageDecl>& stages, std::size_
   return links;
 }
 
-// The stage that numbers the items of stages[i]: the source or the nearest flat map upstream.
+// True for the stages the runtime pulls rather than feeds: sources and a mix of sources.
+bool pulled(Kind kind) { return kind == Kind::kSource || kind == Kind::kMix; }
+
+// The stage that numbers the items of stages[i]: the source (or mix) or the nearest flat map
+// upstream.
 std::size_t numbered_by(const std::vector<StageDecl>& stages, std::size_t i) {
-  while (stages[i].shape.kind != Kind::kSource && stages[i].shape.kind != Kind::kFlatMap) {
+  while (!pulled(stages[i].shape.kind) && stages[i].shape.kind != Kind::kFlatMap) {
     i = links_of(stages, i).front().stage;
   }
   return i;
@@ -199,11 +204,21 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
   }
   if (next.shape.kind == Kind::kSource) {
     if (!next.options.inputs.empty()) return "source '" + next.name + "' takes no inputs";
-    if (!earlier.empty()) {
-      return "source '" + next.name + "' must be the first stage (a pipeline has one source), " +
-             "but follows '" + earlier.back().name + "'";
+    if (!earlier.empty() && earlier.back().shape.kind != Kind::kSource) {
+      return "source '" + next.name + "' must be the first stage (a pipeline has one source, " +
+             "or several that one mix takes), but follows '" + earlier.back().name + "'";
     }
     return {};
+  }
+  const std::size_t sources = static_cast<std::size_t>(
+      std::count_if(earlier.begin(), earlier.end(),
+                    [](const StageDecl& s) { return s.shape.kind == Kind::kSource; }));
+  if (next.shape.kind == Kind::kMix) {
+    for (const StageDecl& s : earlier) {
+      if (s.shape.kind == Kind::kMix) {
+        return "mix '" + next.name + "' follows mix '" + s.name + "': a pipeline has one mix";
+      }
+    }
   }
   if (earlier.empty()) {
     return "the first stage '" + next.name + "' must be a source, not a " +
@@ -214,7 +229,7 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
                                   : next.options.inputs;
   if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
     return label + " is a " + to_string(next.shape.kind) + " and takes " +
-           (has_ports(next.shape.kind) ? "two or more inputs" : "one input") + ", not " +
+           (next.shape.min_inputs() > 1 ? "two or more inputs" : "one input") + ", not " +
            std::to_string(names.size()) + " (inputs: " + join_names(names) + ")";
   }
   for (const std::string& name : names) {
@@ -228,6 +243,14 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
       }
     }
     const StageDecl& prev = earlier[link.stage];
+    if (next.shape.kind == Kind::kMix && prev.shape.kind != Kind::kSource) {
+      return "mix '" + next.name + "' takes sources only, but its input '" + name + "' is a " +
+             to_string(prev.shape.kind);
+    }
+    if (next.shape.kind != Kind::kMix && prev.shape.kind == Kind::kSource && sources > 1) {
+      return label + " takes source '" + name + "' directly, but the pipeline has " +
+             std::to_string(sources) + " sources: a mix takes them all";
+    }
     if (prev.shape.kind == Kind::kSink) {
       return label + " takes its items from the sink '" + prev.name +
              "', which emits none; name its input with `inputs: [...]`";
@@ -257,10 +280,11 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     }
     inputs.push_back(link);
   }
-  if (next.shape.kind == Kind::kMerge) {
+  if (next.shape.kind == Kind::kMerge || next.shape.kind == Kind::kMix) {
     for (std::size_t k = 1; k < inputs.size(); ++k) {
       if (emitted(earlier, inputs[k].stage).id != emitted(earlier, inputs[0].stage).id) {
-        return "merge '" + next.name + "' passes on one item type, but '" + names[0] + "' emits " +
+        return std::string(to_string(next.shape.kind)) + " '" + next.name +
+               "' passes on one item type, but '" + names[0] + "' emits " +
                emitted(earlier, inputs[0].stage).name() + " and '" + names[k] + "' emits " +
                emitted(earlier, inputs[k].stage).name();
       }
@@ -307,7 +331,7 @@ std::string token_problem(const std::vector<StageDecl>& stages, std::size_t i) {
   const std::optional<std::size_t> sender =
       index_of(stages, stage.options.token_from, stages.size());
   if (!sender) return label + ", which is not a stage of this pipeline";
-  if (stage.shape.kind == Kind::kSource || has_ports(stage.shape.kind)) {
+  if (pulled(stage.shape.kind) || has_ports(stage.shape.kind)) {
     return label + ", but a " + to_string(stage.shape.kind) + " cannot wait for tokens";
   }
   if (stages[*sender].shape.kind != Kind::kFlatMap) {
@@ -423,7 +447,7 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
     for (const std::string& name : input_names(stages, i)) from += (from.empty() ? "" : ", ") + name;
     line += from.empty() ? "" : "<- " + from + "  ";
     line += "concurrency " + concurrency_text(s.options.concurrency);
-    if (s.shape.kind != Kind::kSource) line += ", queue " + std::to_string(s.options.queue_capacity);
+    if (!pulled(s.shape.kind)) line += ", queue " + std::to_string(s.options.queue_capacity);
     if (s.options.ordered) line += ", ordered";
     if (!s.options.token_from.empty()) line += ", tokens from " + s.options.token_from;
     out += line + "\n";
@@ -442,18 +466,55 @@ std::vector<StageDecl> Pipeline::decls() const {
   return out;
 }
 
-Pipeline& Pipeline::add(std::string name, std::unique_ptr<Stage> stage, StageOptions options) {
+void Pipeline::add_node(const std::string& name,
+                        std::unique_ptr<Stage> stage,
+                        StageOptions options) {
   if (!stage) throw Error("stage '" + name + "' is null");
+  if (ran_) throw Error("stage '" + name + "' is added to a pipeline that ran already");
   if (stage->requires_order()) options.ordered = true;
-  StageDecl decl{std::move(name), stage->shape(), std::move(options)};
-  std::vector<InputLink> inputs;
-  if (std::string problem = add_problem(decls(), decl, inputs); !problem.empty()) {
-    throw Error(problem);
+  const StageShape shape = stage->shape();
+  if (std::string problem = options_problem(shape, options); !problem.empty()) {
+    throw Error("stage '" + name + "': " + problem);
   }
-  nodes_.push_back({std::move(decl.name), std::move(stage), decl.shape, std::move(decl.options),
-                    std::move(inputs)});
-  return *this;
+  nodes_.push_back({name, std::move(stage), shape, std::move(options), {}});
 }
+
+void Pipeline::add_input(const std::string& stage, const std::string& input) {
+  for (Node& node : nodes_) {
+    if (node.name == stage) {
+      node.options.inputs.push_back(input);
+      return;
+    }
+  }
+  throw Error("connect: no stage '" + stage + "' in this pipeline");
+}
+
+void Pipeline::check_options(const std::string& name,
+                             const std::vector<ParamSpec>& specs,
+                             const Params& params) {
+  for (const ParamSpec& spec : specs) {
+    if (std::string problem = value_problem(spec, params.values().at(spec.name));
+        !problem.empty()) {
+      throw Error("stage '" + name + "': " + problem);
+    }
+  }
+}
+
+std::vector<std::vector<InputLink>> Pipeline::resolve_inputs() const {
+  std::vector<StageDecl> earlier;
+  std::vector<std::vector<InputLink>> links(nodes_.size());
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    StageDecl decl{nodes_[i].name, nodes_[i].shape, nodes_[i].options};
+    if (std::string problem = add_problem(earlier, decl, links[i]); !problem.empty()) {
+      throw Error(problem);
+    }
+    earlier.push_back(std::move(decl));
+  }
+  if (std::string problem = graph_problem(earlier); !problem.empty()) throw Error(problem);
+  return links;
+}
+
+void Pipeline::check() const { resolve_inputs(); }
 
 namespace {
 
@@ -518,6 +579,13 @@ class Pipeline::Runtime {
       throw Error(problem);
     }
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].shape.kind == Kind::kMix) {
+        source_ = i;
+        mix_ = static_cast<const MixStage*>(nodes_[i].stage.get());
+        mix_alive_.assign(nodes_[i].inputs.size(), true);
+      }
+    }
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
       if (nodes_[i].options.token_from.empty()) continue;
       tokens_[i] = std::make_unique<TokenState>();
@@ -542,13 +610,13 @@ class Pipeline::Runtime {
       try {
         graph.source->activate();
         graph.g.wait_for_all();
-        for (std::size_t i = 1; i < nodes_.size(); ++i) {
+        for (std::size_t i = 0; i < nodes_.size(); ++i) {
           if (nodes_[i].shape.kind != Kind::kFlatMap) continue;
           finish(i);
           graph.g.wait_for_all();
         }
         check_no_parked_items();
-        for (std::size_t i = 1; i < nodes_.size(); ++i) {
+        for (std::size_t i = 0; i < nodes_.size(); ++i) {
           if (nodes_[i].shape.kind == Kind::kSink) finish_sink(i);
         }
       } catch (...) {
@@ -598,11 +666,11 @@ class Pipeline::Runtime {
   // declared after the graph so they are destroyed before it.
   struct Graph {
     tbb::flow::graph g;
-    std::unique_ptr<tbb::flow::input_node<Message>> source;
+    std::unique_ptr<tbb::flow::input_node<Message>> source;  // pulls the source (or the mix)
     std::unique_ptr<Worker> distribute;            // hands the source's items to its consumers
     std::vector<std::unique_ptr<Gate>> gates;      // [i]: stage i's output slots; none for sinks
-    std::vector<std::unique_ptr<Buffer>> buffers;  // [i]: input of stage i; none for source
-    std::vector<std::unique_ptr<Worker>> workers;  // [i]: body of stage i; none for source
+    std::vector<std::unique_ptr<Buffer>> buffers;  // [i]: input of stage i; none for sources
+    std::vector<std::unique_ptr<Worker>> workers;  // [i]: body of stage i; none for sources
     std::vector<std::vector<std::unique_ptr<Sequencer>>> ports;  // [join][port]
     std::vector<std::vector<std::unique_ptr<Worker>>> collectors;  // [join][port]
     std::vector<std::unique_ptr<JoinState>> joins;                 // [join]
@@ -618,7 +686,7 @@ class Pipeline::Runtime {
       source = std::make_unique<tbb::flow::input_node<Message>>(
           g, [&rt](tbb::flow_control& fc) { return rt.produce(fc); });
       distribute = std::make_unique<Worker>(g, tbb::flow::unlimited, [&rt](const Message& m) {
-        rt.push(0, std::move(const_cast<Message&>(m)));
+        rt.push(rt.source_, std::move(const_cast<Message&>(m)));
         return tbb::flow::continue_msg();
       });
       gates.resize(n);
@@ -630,7 +698,8 @@ class Pipeline::Runtime {
       for (std::size_t i = 0; i < n; ++i) {
         if (rt.out_capacity_[i] > 0) gates[i] = std::make_unique<Gate>(g, rt.out_capacity_[i]);
       }
-      for (std::size_t i = 1; i < n; ++i) {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (pulled(nodes[i].shape.kind)) continue;
         if (has_ports(nodes[i].shape.kind)) {
           auto state = std::make_unique<JoinState>();
           state->arrived.assign(nodes[i].inputs.size(), 0);
@@ -658,9 +727,10 @@ class Pipeline::Runtime {
               return tbb::flow::continue_msg();
             });
       }
-      tbb::flow::make_edge(*source, *gates[0]);
-      tbb::flow::make_edge(*gates[0], *distribute);
-      for (std::size_t i = 1; i < n; ++i) {
+      tbb::flow::make_edge(*source, *gates[rt.source_]);
+      tbb::flow::make_edge(*gates[rt.source_], *distribute);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (pulled(nodes[i].shape.kind)) continue;
         if (gates[i]) {
           tbb::flow::make_edge(*buffers[i], *gates[i]);
           tbb::flow::make_edge(*gates[i], *workers[i]);
@@ -693,7 +763,10 @@ class Pipeline::Runtime {
       detail::StageGeometry geo;
       geo.workers = workers(i);
       geo.out_capacity = out_capacity_[i];
-      for (const InputLink& link : nodes_[i].inputs) geo.inputs.push_back(link.stage);
+      // A mix is pulled like a source: it always has input.
+      if (nodes_[i].shape.kind != Kind::kMix) {
+        for (const InputLink& link : nodes_[i].inputs) geo.inputs.push_back(link.stage);
+      }
       for (const Consumer& c : consumers_[i]) geo.consumers.push_back(c.stage);
       geo.name = nodes_[i].name;
       geo.stage = nodes_[i].stage.get();
@@ -796,14 +869,34 @@ class Pipeline::Runtime {
       fc.stop();
       return {};
     }
-    std::shared_ptr<void> value =
-        invoke(0, next_seq_[0], [&] { return detail::StageAccess::next(*nodes_[0].stage); });
+    std::shared_ptr<void> value = mix_ ? next_mixed() : next_of(source_);
     if (!value) {
       fc.stop();
       return {};
     }
-    counters_[0]->items_out.fetch_add(1, std::memory_order_relaxed);
-    return Message{next_seq_[0]++, std::move(value)};
+    counters_[source_]->items_out.fetch_add(1, std::memory_order_relaxed);
+    return Message{next_seq_[source_]++, std::move(value)};
+  }
+
+  // The next item of source i, or nullptr when it is exhausted.
+  std::shared_ptr<void> next_of(std::size_t i) {
+    return invoke(i, next_seq_[i], [&] { return detail::StageAccess::next(*nodes_[i].stage); });
+  }
+
+  // The next item of the mix: from the input it picks for this item number; an exhausted input
+  // drops out of the choice (or ends the mix, as it says).
+  std::shared_ptr<void> next_mixed() {
+    const std::vector<InputLink>& inputs = nodes_[source_].inputs;
+    while (const std::optional<std::size_t> port = mix_->pick(next_seq_[source_], mix_alive_)) {
+      const std::size_t s = inputs[*port].stage;
+      if (std::shared_ptr<void> value = next_of(s)) {
+        counters_[s]->items_out.fetch_add(1, std::memory_order_relaxed);
+        ++next_seq_[s];
+        return value;
+      }
+      mix_alive_[*port] = false;
+    }
+    return nullptr;
   }
 
   // Stage i waits for tokens: true if `m` may start now; else it is parked until a token comes.
@@ -947,6 +1040,7 @@ class Pipeline::Runtime {
       }
       case Kind::kSource:
       case Kind::kMerge:
+      case Kind::kMix:
         break;
     }
   }
@@ -1003,7 +1097,7 @@ class Pipeline::Runtime {
       s.concurrency = nodes_[i].options.concurrency;
       s.max_concurrency = nodes_[i].shape.max_concurrency;
       s.workers = workers(i);
-      s.queue_capacity = i == 0 ? 0 : nodes_[i].options.queue_capacity;
+      s.queue_capacity = pulled(nodes_[i].shape.kind) ? 0 : nodes_[i].options.queue_capacity;
       s.threads_per_invocation = nodes_[i].stage->threads_per_invocation();
       s.intra_op_parallel = nodes_[i].stage->intra_op_parallel();
       s.results = nodes_[i].stage->results();
@@ -1038,8 +1132,11 @@ class Pipeline::Runtime {
   std::vector<std::vector<std::size_t>> token_receivers_ =
       std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
   std::vector<std::unique_ptr<detail::StageCounters>> counters_;
-  // Next sequence number a source or FlatMap assigns (both are serial).
+  // Next sequence number a source, mix or FlatMap assigns (all are serial).
   std::vector<std::uint64_t> next_seq_ = std::vector<std::uint64_t>(nodes_.size(), 0);
+  std::size_t source_ = 0;            // the stage the graph pulls: the source, or the mix
+  const MixStage* mix_ = nullptr;     // that mix, if any
+  std::vector<bool> mix_alive_;       // [port]: that input of the mix is not exhausted yet
   std::optional<detail::TraceRecorder> trace_;
   std::optional<detail::Sampler> sampler_;
   Graph* graph_ = nullptr;
@@ -1047,7 +1144,8 @@ class Pipeline::Runtime {
 
 RunReport Pipeline::run(const RunOptions& options) {
   if (ran_) throw Error("a pipeline runs once; build a new one to run again");
-  if (std::string problem = graph_problem(decls()); !problem.empty()) throw Error(problem);
+  std::vector<std::vector<InputLink>> links = resolve_inputs();
+  for (std::size_t i = 0; i < nodes_.size(); ++i) nodes_[i].inputs = std::move(links[i]);
   ran_ = true;
   prepare();
   Runtime runtime(*this, options);
@@ -1069,17 +1167,49 @@ void Pipeline::prepare() {
     position = p;
     asked_by = node.name;
   }
-  if (position && *position > 0 && !nodes_[0].stage->seek(*position)) {
+  const auto mix = std::find_if(nodes_.begin(), nodes_.end(),
+                                [](const Node& n) { return n.shape.kind == Kind::kMix; });
+  if (mix != nodes_.end()) {
+    const auto& stage = static_cast<const MixStage&>(*mix->stage);
+    stage.check_inputs(mix->name, mix->inputs.size());
+    if (position && *position > 0) {
+      // Replay the mix's choices to find how far each input had gone.
+      std::vector<std::optional<std::uint64_t>> sizes;
+      for (const InputLink& link : mix->inputs) {
+        sizes.push_back(nodes_[link.stage].stage->plan(std::nullopt));
+      }
+      const std::vector<std::uint64_t> taken =
+          stage.split(*position, sizes).value_or(std::vector<std::uint64_t>(sizes.size()));
+      for (std::size_t k = 0; k < mix->inputs.size(); ++k) {
+        const Node& input = nodes_[mix->inputs[k].stage];
+        if (!sizes[k] || (taken[k] > 0 && !input.stage->seek(taken[k]))) {
+          throw Error("stage '" + asked_by + "' resumes from source position " +
+                      std::to_string(*position) + ", but source '" + input.name + "' of mix '" +
+                      mix->name + "' cannot seek" + (sizes[k] ? "" : " (its size is unknown)") +
+                      "; use dataset sources or start without the checkpoint");
+        }
+      }
+      mix->stage->seek(*position);
+    }
+  } else if (position && *position > 0 && !nodes_[0].stage->seek(*position)) {
     throw Error("stage '" + asked_by + "' resumes from source position " +
                 std::to_string(*position) + ", but source '" + nodes_[0].name +
                 "' cannot seek; use a dataset source or start without the checkpoint");
   }
-  // The count each stage passes on (from its first input); what reaches the last sink is what
-  // the progress line expects.
+  // The count each stage passes on (from its first input; a mix: the sum of its inputs');
+  // what reaches the last sink is what the progress line expects.
   std::vector<std::optional<std::uint64_t>> planned(nodes_.size());
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
-    const std::optional<std::uint64_t> in =
+    std::optional<std::uint64_t> in =
         nodes_[i].inputs.empty() ? std::nullopt : planned[nodes_[i].inputs.front().stage];
+    if (nodes_[i].shape.kind == Kind::kMix) {
+      std::uint64_t sum = 0;
+      for (const InputLink& link : nodes_[i].inputs) {
+        if (!planned[link.stage]) in = std::nullopt;
+        sum += planned[link.stage].value_or(0);
+      }
+      if (in) in = sum;
+    }
     if (i + 1 == nodes_.size()) expected_ = in.value_or(0);
     planned[i] = nodes_[i].stage->plan(in);
   }

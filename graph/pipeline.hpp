@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/lambda_stage.hpp"
+#include "graph/options.hpp"
 #include "graph/report.hpp"
 #include "graph/stage.hpp"
 
@@ -106,6 +108,77 @@ std::string thread_budget_problem(const std::vector<StageDecl>& stages, const Ru
 std::string graph_text(const std::vector<StageDecl>& stages);
 
 
+class Pipeline;
+
+/// One end of an edge: the output of a stage (or one named output of a router), typed by its
+/// items (Anything where the stage does not say, as for one the registry built).
+template <class Out>
+struct Output {
+  std::string name;  // "stage" or "router.output"
+};
+
+namespace detail {
+template <class S>
+struct InputOf {
+  using type = Anything;
+};
+template <class S>
+  requires requires { typename S::input_type; }
+struct InputOf<S> {
+  using type = typename S::input_type;
+};
+template <class S>
+struct OutputOf {
+  using type = Anything;
+};
+template <class S>
+  requires requires { typename S::output_type; }
+struct OutputOf<S> {
+  using type = typename S::output_type;
+};
+
+template <class P>
+struct IsStagePtr : std::false_type {};
+template <class S>
+struct IsStagePtr<std::unique_ptr<S>> : std::is_base_of<Stage, S> {};
+}  // namespace detail
+
+/// A stage added to a Pipeline, typed by the items it takes and gives, for `connect`:
+///
+///   auto numbers = p.add<stages::SequenceSource>("numbers", {.count = 1000});
+///   auto square = p.add("square", [](std::uint64_t n) { return n * n; }, {.concurrency = 2});
+///   p.connect(numbers, square);  // does not compile if the item types differ
+///
+/// `add` on a handle adds to its pipeline, so a chain of stages reads top to bottom.
+template <class In, class Out>
+class StageHandle {
+ public:
+  StageHandle(Pipeline& pipeline, std::string name)
+      : pipeline_(&pipeline), name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+  operator Output<Out>() const { return {name_}; }
+  /// A router's output `port`: `p.connect(split.output("picked"), spin)`.
+  Output<Out> output(const std::string& port) const { return {name_ + "." + port}; }
+
+  template <class P>
+    requires detail::IsStagePtr<P>::value
+  auto add(std::string name, P stage, StageOptions options = {}) const;
+  template <class S>
+  auto add(std::string name, const typename S::Options& options = {}, StageOptions run = {}) const;
+  template <detail::LambdaStage F>
+  auto add(std::string name, F fn, StageOptions options = {}) const;
+
+ private:
+  Pipeline* pipeline_;
+  std::string name_;
+};
+
+
+namespace detail {
+template <class S>
+using HandleOf = StageHandle<typename InputOf<S>::type, typename OutputOf<S>::type>;
+}  // namespace detail
+
 /// A graph of stages run as a oneTBB flow graph with bounded queues. Each stage takes the
 /// output of the stage added before it unless it names its inputs; one output may feed several
 /// stages, and a join pairs items across its inputs:
@@ -117,14 +190,19 @@ std::string graph_text(const std::vector<StageDecl>& stages);
 ///              +-> teacher_b -+
 ///
 ///   Pipeline p;
-///   p.add("numbers", std::make_unique<Count>());
-///   p.add("square", std::make_unique<Square>(), {.concurrency = 4, .queue_capacity = 16});
-///   p.add("print", std::make_unique<Print>(), {.ordered = true});
+///   auto numbers = p.add<stages::SequenceSource>("numbers", {.count = 1000});
+///   auto a = p.add("teacher_a", std::make_unique<Infer>(...), {.concurrency = 2});
+///   auto b = p.add("teacher_b", std::make_unique<Infer>(...));
+///   auto mean = p.add("mean", std::make_unique<Mean>());
+///   auto train = p.add("train", [&](float v) { total += v; }, {.ordered = true});
+///   p.connect(numbers, a).connect(numbers, b).connect(a, mean).connect(b, mean);
 ///   RunReport report = p.run({.threads = 2});
 ///   std::cout << format_report(report);
 ///
-/// An exception in any stage cancels the graph and is rethrown from run() as a StageError naming
-/// the stage and the item.
+/// A stage is a class deriving from a typed base (graph/stage.hpp), a built-in one with its
+/// typed options (`add<S>(name, S::Options)`), or a lambda. Stages are added in data-flow order
+/// (an input is added before the stages taking it). An exception in any stage cancels the graph
+/// and is rethrown from run() as a StageError naming the stage and the item.
 class Pipeline {
  public:
   Pipeline();
@@ -132,10 +210,53 @@ class Pipeline {
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
 
-  /// Adds a stage taking its inputs from `options.inputs` (default: the stage added before);
-  /// throws Error with add_problem's message if it cannot (item types, kinds, unknown inputs,
-  /// concurrency above the stage's maximum or above this stage's queue capacity).
-  Pipeline& add(std::string name, std::unique_ptr<Stage> stage, StageOptions options = {});
+  /// Adds a stage taking its inputs from `options.inputs` or from `connect` (neither: the
+  /// stage added before). Throws Error if its options cannot be (concurrency above the stage's
+  /// maximum); the edges are checked when the graph is complete (`check`, `run`), with
+  /// add_problem's message (item types, kinds, unknown inputs, capacities).
+  template <class P>
+    requires detail::IsStagePtr<P>::value
+  auto add(std::string name, P stage, StageOptions options = {}) {
+    using S = typename P::element_type;
+    add_node(name, std::move(stage), std::move(options));
+    return detail::HandleOf<S>(*this, std::move(name));
+  }
+
+  /// Adds the built-in stage `S` with its typed options, checked as a config's would be:
+  ///   p.add<stages::SpinStage>("spin", {.rounds = 500}, {.concurrency = 2});
+  template <class S>
+  auto add(std::string name, const typename S::Options& options = {}, StageOptions run = {}) {
+    check_options(name, option_specs<typename S::Options>(), to_params(options));
+    return add(std::move(name), std::make_unique<S>(options), std::move(run));
+  }
+
+  /// Adds a lambda as a stage: `() -> std::optional<T>` a source (std::nullopt ends it),
+  /// `(In) -> Out` a map (returning std::optional<Out>: std::nullopt drops the item),
+  /// `(In) -> void` a sink. With concurrency > 1 it must be thread-safe.
+  template <detail::LambdaStage F>
+  auto add(std::string name, F fn, StageOptions options = {}) {
+    return add(std::move(name), std::make_unique<detail::LambdaStageOf<F>>(std::move(fn)),
+               std::move(options));
+  }
+
+  /// Draws an edge: `to` takes the items of `from` (after the inputs it already has). Both are
+  /// added already; `from` before `to`. Item types must match, or one side be Anything.
+  template <class Out, class In, class Next>
+  Pipeline& connect(const Output<Out>& from, const StageHandle<In, Next>& to) {
+    static_assert(std::is_same_v<Out, In> || std::is_same_v<Out, Anything> ||
+                      std::is_same_v<In, Anything>,
+                  "connect: the stage taking the items expects another item type");
+    add_input(to.name(), from.name);
+    return *this;
+  }
+  template <class PrevIn, class Out, class In, class Next>
+  Pipeline& connect(const StageHandle<PrevIn, Out>& from, const StageHandle<In, Next>& to) {
+    return connect(Output<Out>(from), to);
+  }
+
+  /// Throws Error naming the first stage whose edges cannot work (add_problem) or the graph's
+  /// problem (graph_problem). run() checks so first.
+  void check() const;
 
   /// The stages as added, for graph_text and checks.
   std::vector<StageDecl> decls() const;
@@ -161,6 +282,13 @@ class Pipeline {
     std::vector<InputLink> inputs;  // the stages (and router outputs) it takes items from
   };
   class Runtime;
+  void add_node(const std::string& name, std::unique_ptr<Stage> stage, StageOptions options);
+  void add_input(const std::string& stage, const std::string& input);
+  static void check_options(const std::string& name,
+                            const std::vector<ParamSpec>& specs,
+                            const Params& params);
+  // Every stage's inputs (add_problem), in the order added; throws on the first problem.
+  std::vector<std::vector<InputLink>> resolve_inputs() const;
   // Seeks the source to the position a resuming stage asks for, then plans the item counts.
   void prepare();
 
@@ -169,6 +297,27 @@ class Pipeline {
   bool ran_ = false;
   std::uint64_t expected_ = 0;  // items the last sink expects, from prepare() (0: unknown)
 };
+
+template <class In, class Out>
+template <class P>
+  requires detail::IsStagePtr<P>::value
+auto StageHandle<In, Out>::add(std::string name, P stage, StageOptions options) const {
+  return pipeline_->add(std::move(name), std::move(stage), std::move(options));
+}
+
+template <class In, class Out>
+template <detail::LambdaStage F>
+auto StageHandle<In, Out>::add(std::string name, F fn, StageOptions options) const {
+  return pipeline_->add(std::move(name), std::move(fn), std::move(options));
+}
+
+template <class In, class Out>
+template <class S>
+auto StageHandle<In, Out>::add(std::string name,
+                               const typename S::Options& options,
+                               StageOptions run) const {
+  return pipeline_->template add<S>(std::move(name), options, std::move(run));
+}
 
 /// Stops `pipeline` on SIGINT and SIGTERM while in scope; a second signal ends the process the
 /// default way. Restores the previous handlers on destruction. One at a time per process.

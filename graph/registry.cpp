@@ -1,6 +1,7 @@
 #include "graph/registry.hpp"
 
 #include "graph/error.hpp"
+#include "graph/mix.hpp"
 
 namespace flowtrain {
 
@@ -20,6 +21,8 @@ const char* to_string(StageShape::Kind kind) {
       return "router";
     case StageShape::Kind::kMerge:
       return "merge";
+    case StageShape::Kind::kMix:
+      return "mix";
   }
   return "?";
 }
@@ -30,6 +33,7 @@ std::size_t StageShape::max_inputs() const {
       return 0;
     case Kind::kJoin:
     case Kind::kMerge:
+    case Kind::kMix:
       return static_cast<std::size_t>(-1);
     default:
       return 1;
@@ -37,7 +41,16 @@ std::size_t StageShape::max_inputs() const {
 }
 
 std::size_t StageShape::min_inputs() const {
-  return kind == Kind::kSource ? 0 : (kind == Kind::kJoin || kind == Kind::kMerge) ? 2 : 1;
+  switch (kind) {
+    case Kind::kSource:
+      return 0;
+    case Kind::kJoin:
+    case Kind::kMerge:
+    case Kind::kMix:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 const ParamSpec* StageInfo::find_param(const std::string& name) const {
@@ -48,7 +61,7 @@ const ParamSpec* StageInfo::find_param(const std::string& name) const {
 }
 
 Registry& Registry::global() {
-  // Built into the graph: `merge`, which runs no code of its own.
+  // Built into the graph: `merge` and `mix`, which run no code of their own.
   static Registry registry = [] {
     Registry r;
     r.add({"merge",
@@ -58,6 +71,9 @@ Registry& Registry::global() {
             {}},
            MergeStage::static_shape(),
            [](const Params&) { return std::unique_ptr<Stage>(new MergeStage); }});
+    r.add({"mix", MixStage::describe(), MixStage::static_shape(), [](const Params& p) {
+             return std::unique_ptr<Stage>(new MixStage(options_from<MixStage::Options>(p)));
+           }});
     return r;
   }();
   return registry;

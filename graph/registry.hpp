@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/options.hpp"
 #include "graph/params.hpp"
 #include "graph/stage.hpp"
 
@@ -73,8 +74,9 @@ namespace detail {
 template <class S>
 struct Registrar {
   explicit Registrar(const char* type) {
-    StageInfo info{type, S::describe(), S::static_shape(),
-                   [](const Params& p) { return std::unique_ptr<Stage>(new S(p)); }};
+    StageInfo info{type, S::describe(), S::static_shape(), [](const Params& p) {
+                     return std::unique_ptr<Stage>(new S(options_from<typename S::Options>(p)));
+                   }};
     if constexpr (requires(const Params& p) { S::expand(p); }) info.expand = &S::expand;
     Registry::global().add(std::move(info));
   }
@@ -86,8 +88,9 @@ struct Registrar {
 #define FLOWTRAIN_CONCAT_INNER(a, b) a##b
 #define FLOWTRAIN_CONCAT(a, b) FLOWTRAIN_CONCAT_INNER(a, b)
 
-/// Makes a stage class available to configs under `type`. The class needs
-/// `static StageDoc describe()` and a constructor taking `const Params&`, and may have
+/// Makes a stage class available to configs under `type`. The class needs an `Options` struct
+/// (graph/options.hpp), `static StageDoc describe()` listing `option_specs<Options>()`, and a
+/// constructor taking `const Options&`, and may have
 /// `static std::vector<ExpandedNode> expand(const Params&)` (StageInfo::expand):
 ///
 ///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };

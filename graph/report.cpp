@@ -113,19 +113,21 @@ std::string format_report(const RunReport& r) {
                 "queue avg/max/cap");
   out += buf;
   for (const StageReport& s : r.stages) {
-    const std::uint64_t items = s.kind == StageShape::Kind::kSource ? s.items_out : s.items_in;
+    // Sources, and a mix of them, are pulled: no input queue.
+    const bool pulled = s.kind == StageShape::Kind::kSource || s.kind == StageShape::Kind::kMix;
+    const std::uint64_t items = pulled ? s.items_out : s.items_in;
     const double rate = r.wall_s > 0 ? static_cast<double>(items) / r.wall_s : 0;
     std::string queue = "-";
-    if (s.kind != StageShape::Kind::kSource) {
+    if (!pulled) {
       std::snprintf(buf, sizeof buf, "%.1f/%.0f/%zu", s.queue_mean, s.queue_max, s.queue_capacity);
       queue = buf;
     }
     std::snprintf(buf, sizeof buf, "%-*s %-8s %7zu %9s %9s %6llu %5s %8s %8s %10.0f %15s\n",
                   width, s.name.c_str(), to_string(s.kind), s.workers,
-                  s.kind == StageShape::Kind::kSource ? "-" : std::to_string(s.items_in).c_str(),
+                  pulled ? "-" : std::to_string(s.items_in).c_str(),
                   s.kind == StageShape::Kind::kSink ? "-" : std::to_string(s.items_out).c_str(),
                   static_cast<unsigned long long>(s.dropped), percent(s.busy_fraction).c_str(),
-                  s.kind == StageShape::Kind::kSource ? "-" : percent(s.starved_fraction).c_str(),
+                  pulled ? "-" : percent(s.starved_fraction).c_str(),
                   s.kind == StageShape::Kind::kSink ? "-" : percent(s.blocked_fraction).c_str(),
                   rate, queue.c_str());
     out += buf;

@@ -33,8 +33,9 @@ void emit_numbers(YAML::Emitter& out, const std::vector<double>& values) {
   out << YAML::EndSeq;
 }
 
-const StageShape::Kind kKinds[] = {StageShape::Kind::kSource, StageShape::Kind::kMap,
-                                   StageShape::Kind::kFlatMap, StageShape::Kind::kSink};
+using Kind = StageShape::Kind;
+const Kind kKinds[] = {Kind::kSource, Kind::kMap,   Kind::kFlatMap, Kind::kSink,
+                       Kind::kJoin,   Kind::kRoute, Kind::kMerge,   Kind::kMix};
 
 void emit_results(YAML::Emitter& out, const std::vector<StageResult>& results) {
   if (results.empty()) out << YAML::Flow;  // "[]" on the key's line
@@ -215,7 +216,11 @@ StageReport read_stage(const Reader& in, const YAML::Node& map, const std::strin
       known = true;
     }
   }
-  if (!known) in.fail(map["kind"], "'" + path + "kind' must be source, map, flat map or sink");
+  if (!known) {
+    std::string kinds;
+    for (const Kind k : kKinds) kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(k));
+    in.fail(map["kind"], "'" + path + "kind' must be one of " + kinds + ", got '" + kind + "'");
+  }
   in.field(map, "concurrency", s.concurrency, path);
   in.field(map, "max_concurrency", s.max_concurrency, path);
   in.field(map, "workers", s.workers, path);

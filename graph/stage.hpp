@@ -72,7 +72,7 @@ class Emitter {
 /// The static shape of a stage, known before it is constructed (a registry entry has one too),
 /// so configs are validated without building anything.
 struct StageShape {
-  enum class Kind { kSource, kMap, kFlatMap, kSink, kJoin, kRoute, kMerge };
+  enum class Kind { kSource, kMap, kFlatMap, kSink, kJoin, kRoute, kMerge, kMix };
 
   Kind kind = Kind::kMap;
   ItemType input;   // none for a source; the type of every input of a join
@@ -86,7 +86,7 @@ struct StageShape {
   std::vector<std::string> outputs;
 
   /// How many inputs a stage of this kind takes: none for a source, one for a map, flat map,
-  /// router or sink, two or more for a join or merge.
+  /// router or sink, two or more for a join, merge or mix.
   std::size_t min_inputs() const;
   std::size_t max_inputs() const;
 };

@@ -148,8 +148,6 @@ TEST_CASE("Pipeline.Order.OrderedStageUnderConcurrency4" * doctest::timeout(60))
 TEST_CASE("Pipeline.Order.BatchesIdenticalAcrossConcurrency" * doctest::timeout(60)) {
   auto run_batches = [](std::size_t concurrency) {
     std::vector<std::vector<std::uint64_t>> batches;
-    Params params = Params::defaults(stages::BatchStage::describe().params);
-    params.set("size", std::int64_t{10});
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(205));
     p.add("scramble", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
@@ -157,7 +155,7 @@ TEST_CASE("Pipeline.Order.BatchesIdenticalAcrossConcurrency" * doctest::timeout(
             return std::optional<std::uint64_t>(v);
           }),
           {.concurrency = concurrency, .queue_capacity = 8});
-    p.add("batch", std::make_unique<stages::BatchStage>(params), {.queue_capacity = 8});
+    p.add<stages::BatchStage>("batch", {.size = 10}, {.queue_capacity = 8});
     p.add("sink",
           std::make_unique<ProbeSink<std::vector<std::uint64_t>>>(
               [&](std::vector<std::uint64_t>&& b, ItemContext&) { batches.push_back(b); }),
@@ -346,28 +344,29 @@ TEST_CASE("Pipeline.Add.RejectsBadLinks") {
   SUBCASE("type mismatch") {
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(1));
+    p.add("sink", std::make_unique<ProbeSink<std::string>>([](std::string&&, ItemContext&) {}));
     CHECK_THROWS_WITH_AS(
-        p.add("sink", std::make_unique<ProbeSink<std::string>>([](std::string&&, ItemContext&) {})),
+        p.check(),
         "item type mismatch: 'sink' takes std::string, but 'source' emits unsigned long", Error);
   }
   SUBCASE("first stage not a source") {
     Pipeline p;
-    CHECK_THROWS_WITH_AS(p.add("m", identity_map()),
-                         "the first stage 'm' must be a source, not a map", Error);
+    p.add("m", identity_map());
+    CHECK_THROWS_WITH_AS(p.check(), "the first stage 'm' must be a source, not a map", Error);
   }
   SUBCASE("flat map is serial") {
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(1));
-    Params params = Params::defaults(stages::BatchStage::describe().params);
     CHECK_THROWS_WITH_AS(
-        p.add("batch", std::make_unique<stages::BatchStage>(params), {.concurrency = 2}),
+        p.add<stages::BatchStage>("batch", {}, {.concurrency = 2}),
         "stage 'batch': concurrency 2 is not allowed: a flat map runs serially", Error);
   }
   SUBCASE("queue smaller than the producer's concurrency") {
     Pipeline p;
     p.add("source", std::make_unique<CountSource<>>(1));
     p.add("m", identity_map(), {.concurrency = 4});
-    CHECK_THROWS_WITH_AS(p.add("sink", null_sink(), {.queue_capacity = 2}),
+    p.add("sink", null_sink(), {.queue_capacity = 2});
+    CHECK_THROWS_WITH_AS(p.check(),
                          doctest::Contains("queue_capacity 2 of 'sink' is below the concurrency 4"),
                          Error);
   }

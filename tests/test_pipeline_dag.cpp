@@ -202,7 +202,8 @@ TEST_CASE("Pipeline.Dag.ChecksTheGraph") {
   SUBCASE("unknown input") {
     Pipeline p;
     p.add("numbers", source());
-    CHECK_THROWS_WITH_AS(p.add("m", scale(1), {.inputs = {"numbrs"}}),
+    p.add("m", scale(1), {.inputs = {"numbrs"}});
+    CHECK_THROWS_WITH_AS(p.check(),
                          "stage 'm' takes input 'numbrs', which is not a stage listed before it; "
                          "list each stage after its inputs",
                          Error);
@@ -211,24 +212,29 @@ TEST_CASE("Pipeline.Dag.ChecksTheGraph") {
     Pipeline p;
     p.add("numbers", source());
     p.add("a", scale(1));
-    CHECK_THROWS_WITH_AS(p.add("sum", std::make_unique<SumJoin>()),
+    p.add("sum", std::make_unique<SumJoin>());
+    CHECK_THROWS_WITH_AS(p.check(),
                          "stage 'sum' is a join and takes two or more inputs, not 1 (inputs: 'a')",
                          Error);
-    CHECK_THROWS_WITH_AS(p.add("m", scale(1), {.inputs = {"numbers", "a"}}),
+    Pipeline q;
+    q.add("numbers", source());
+    q.add("a", scale(1));
+    q.add("m", scale(1), {.inputs = {"numbers", "a"}});
+    CHECK_THROWS_WITH_AS(q.check(),
                          "stage 'm' is a map and takes one input, not 2 (inputs: 'numbers', 'a')",
                          Error);
   }
   SUBCASE("a join's inputs must be numbered alike") {
     Pipeline p;
     p.add("numbers", source());
-    p.add("batch", std::make_unique<stages::BatchStage>(
-                       Params::defaults(stages::BatchStage::describe().params)));
+    p.add<stages::BatchStage>("batch");
     p.add("sizes", std::make_unique<ProbeMap<std::vector<std::uint64_t>, std::uint64_t>>(
                        [](std::vector<std::uint64_t>&& b, ItemContext&) {
                          return std::optional<std::uint64_t>(b.size());
                        }));
+    p.add("sum", std::make_unique<SumJoin>(), {.inputs = {"numbers", "sizes"}});
     CHECK_THROWS_WITH_AS(
-        p.add("sum", std::make_unique<SumJoin>(), {.inputs = {"numbers", "sizes"}}),
+        p.check(),
         "join 'sum' pairs items by sequence number, but its inputs 'numbers' and 'sizes' are "
         "numbered by different stages ('numbers' and 'batch'); join branches of one source or "
         "flat map",
@@ -238,7 +244,8 @@ TEST_CASE("Pipeline.Dag.ChecksTheGraph") {
     Pipeline p;
     p.add("numbers", source());
     p.add("side", null_sink_for_tests());
-    CHECK_THROWS_WITH_AS(p.add("m", scale(1)),
+    p.add("m", scale(1));
+    CHECK_THROWS_WITH_AS(p.check(),
                          "stage 'm' takes its items from the sink 'side', which emits none; name "
                          "its input with `inputs: [...]`",
                          Error);
@@ -259,9 +266,10 @@ TEST_CASE("Pipeline.Dag.ChecksTheGraph") {
     p.add("wrap", std::make_unique<ProbeMap<std::uint64_t, MoveOnly>>(
                       [](std::uint64_t&&, ItemContext&) { return std::optional<MoveOnly>(); }));
     p.add("a", std::make_unique<ProbeSink<MoveOnly>>([](MoveOnly&&, ItemContext&) {}));
+    p.add("b", std::make_unique<ProbeSink<MoveOnly>>([](MoveOnly&&, ItemContext&) {}),
+          {.inputs = {"wrap"}});
     CHECK_THROWS_WITH_AS(
-        p.add("b", std::make_unique<ProbeSink<MoveOnly>>([](MoveOnly&&, ItemContext&) {}),
-              {.inputs = {"wrap"}}),
+        p.check(),
         doctest::Contains("'a' cannot share the output of 'wrap' with other stages: its input "
                           "type"),
         Error);
@@ -365,11 +373,16 @@ TEST_CASE("Pipeline.Dag.RouterOutputsAreChecked") {
     Pipeline p;
     p.add("numbers", source());
     p.add("parity", std::make_unique<Parity>());
-    CHECK_THROWS_WITH_AS(p.add("m", scale(1)),
+    p.add("m", scale(1));
+    CHECK_THROWS_WITH_AS(p.check(),
                          "stage 'm' takes input 'parity', a router: name one of its outputs "
                          "('parity.even', 'parity.odd')",
                          Error);
-    CHECK_THROWS_WITH_AS(p.add("m", scale(1), {.inputs = {"parity.eve"}}),
+    Pipeline q;
+    q.add("numbers", source());
+    q.add("parity", std::make_unique<Parity>());
+    q.add("m", scale(1), {.inputs = {"parity.eve"}});
+    CHECK_THROWS_WITH_AS(q.check(),
                          "stage 'm' takes input 'parity.eve', but router 'parity' has no output "
                          "'eve' (its outputs: 'parity.even', 'parity.odd')",
                          Error);
@@ -405,8 +418,9 @@ TEST_CASE("Pipeline.Dag.RouterOutputsAreChecked") {
                         return std::optional<std::string>(std::to_string(n));
                       }),
           {.inputs = {"parity.odd"}});
+    p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"parity.even", "text"}});
     CHECK_THROWS_WITH_AS(
-        p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"parity.even", "text"}}),
+        p.check(),
         "merge 'merge' passes on one item type, but 'parity.even' emits unsigned long and 'text' "
         "emits std::string",
         Error);

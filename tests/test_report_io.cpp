@@ -46,6 +46,7 @@ RunReport full_report() {
   r.trace_path = "runs/1/trace.json";
   r.stopped = true;
   r.stages[0].busy_fraction = std::numeric_limits<double>::infinity();  // survives as .inf
+  r.stages[1].kind = StageShape::Kind::kJoin;  // a graph's kinds read back, not only a chain's
   if (r.cpu.core_mean.empty()) {  // no /proc/stat here: fill it by hand
     r.cpu = {0.25, {0.25, 0.5}, {{0.9, 1}, {0, 0.125}}, {0.95, 0.0625}, 0.7};
   }
@@ -174,7 +175,8 @@ TEST_CASE("ReportIo.Errors.NameTheOriginLineAndField") {
   CHECK(error_of("flowtrain_report: 1\nstages:\n  - name: a\n    busy_s: fast\n") ==
         "r.yaml:4: 'stages[0].busy_s' must be a number, got 'fast'");
   CHECK(error_of("flowtrain_report: 1\nstages:\n  - name: a\n    kind: pump\n") ==
-        "r.yaml:4: 'stages[0].kind' must be source, map, flat map or sink");
+        "r.yaml:4: 'stages[0].kind' must be one of source, map, flat map, sink, join, router, "
+        "merge, mix, got 'pump'");
   CHECK(error_of("flowtrain_report: 1\ncpu: {cores: [[0.5, x]]}\n") ==
         "r.yaml:2: 'cpu.cores[0][1]' must be a number");
   CHECK(error_of("flowtrain_report: 1\nthreads: -2\n") ==

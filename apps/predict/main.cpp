@@ -33,8 +33,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
-#include "graph/params.hpp"
-#include "stages/data/collate.hpp"
+#include "stages/data/normalizer.hpp"
 #include "stages/train/predictor.hpp"
 
 namespace {
@@ -108,10 +107,9 @@ int predict(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"flowtrain-predict: the top classes of images under a TorchScript model"};
   Options o;
-  const flowtrain::Params collate =
-      flowtrain::Params::defaults(flowtrain::data::CollateStage::describe().params);
-  o.predictor.mean = collate.get<std::vector<double>>("mean");
-  o.predictor.std = collate.get<std::vector<double>>("std");
+  const flowtrain::data::NormalizeOptions normalize{};  // as collate and decode_crop normalise
+  o.predictor.mean = normalize.mean;
+  o.predictor.std = normalize.std;
   app.add_option("model", o.model, "TorchScript model file (.pt)")->required();
   app.add_option("images", o.images, "Image files (JPEG, PNG...)")->required();
   app.add_option("--size", o.predictor.size,

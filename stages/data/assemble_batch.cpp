@@ -6,14 +6,12 @@
 
 namespace flowtrain::data {
 
-AssembleBatchStage::AssembleBatchStage(const Params& params)
-    : batch_size_(params.get_int("batch_size")), drop_last_(params.get_bool("drop_last")) {}
+AssembleBatchStage::AssembleBatchStage(const Options& options)
+    : batch_size_(options.batch_size), drop_last_(options.drop_last) {}
 
 StageDoc AssembleBatchStage::describe() {
   return {"Emits the batches decode_crop filled, in order, once their rows are in.",
-          {int_param("batch_size", 64, "rows of a batch: decode_crop's batch_size", 1,
-                     1 << 20),
-           bool_param("drop_last", false, "drop the last batch if it is smaller (a run that is stopped always drops its partial batch: resuming redoes it whole)")}};
+          option_specs<Options>()};
 }
 
 std::optional<std::uint64_t> AssembleBatchStage::plan(std::optional<std::uint64_t> rows) {

@@ -12,13 +12,28 @@
 
 namespace flowtrain::data {
 
+/// The params of the `assemble_batch` stage.
+struct AssembleBatchOptions {
+  std::int64_t batch_size = 64;
+  bool drop_last = false;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(batch_size, "batch_size", "rows of a batch: decode_crop's batch_size",
+      {.min = 1, .max = 1 << 20});
+    d(drop_last, "drop_last",
+      "drop the last batch if it is smaller (a run that is stopped always drops its partial "
+      "batch: resuming redoes it whole)");
+  }
+};
+
 /// Emits the batches `decode_crop` filled, in order: a batch leaves when its last row arrives,
 /// or, when drops took its last rows, when the next batch begins or the input ends. The rows of
 /// a batch that lost samples are moved up to close the gaps (the only copy, and only then).
 /// Its `batch_size` must be decode_crop's (it plans the batch count before the run).
 class AssembleBatchStage final : public FlatMap<BatchRow, Batch> {
  public:
-  explicit AssembleBatchStage(const Params& params);
+  using Options = AssembleBatchOptions;
+  explicit AssembleBatchStage(const Options& options);
   static StageDoc describe();
   bool requires_order() const override { return true; }
   /// Batches from the expected rows: floor(n / batch_size), or ceil without drop_last.

@@ -134,36 +134,22 @@ void render_view(const Image& in,
   }
 }
 
-AugmentPolicy::Options augment_options_from(const Params& params) {
+AugmentPolicy::Options AugmentOptions::policy() const {
   AugmentPolicy::Options o;
-  o.mode = parse_mode(params.get_string("mode"));
-  o.scale = params.get<std::vector<double>>("scale");
-  o.ratio = params.get<std::vector<double>>("ratio");
-  o.flip = params.get_float("flip");
-  o.brightness = params.get_float("brightness");
-  o.contrast = params.get_float("contrast");
-  o.saturation = params.get_float("saturation");
-  o.eval_crop = params.get_float("eval_crop");
-  o.seed = static_cast<std::uint64_t>(params.get_int("seed"));
+  o.mode = parse_mode(mode);
+  o.scale = scale;
+  o.ratio = ratio;
+  o.flip = flip;
+  o.brightness = brightness;
+  o.contrast = contrast;
+  o.saturation = saturation;
+  o.eval_crop = eval_crop;
+  o.seed = static_cast<std::uint64_t>(seed);
   return o;
 }
 
-std::vector<ParamSpec> augment_param_specs() {
-  return {string_param("mode", "train", "train: random views; eval: deterministic centre crop",
-                       {"train", "eval"}),
-          int_param("size", 224, "output side in pixels (square)", 1, 8192),
-          float_list_param("scale", {0.08, 1.0}, "train: crop area range, fraction of image"),
-          float_list_param("ratio", {3.0 / 4, 4.0 / 3}, "train: crop aspect ratio range"),
-          float_param("flip", 0.5, "train: probability of a horizontal flip", 0),
-          float_param("brightness", 0, "train: brightness jitter strength (0: off)", 0),
-          float_param("contrast", 0, "train: contrast jitter strength (0: off)", 0),
-          float_param("saturation", 0, "train: saturation jitter strength (0: off)", 0),
-          float_param("eval_crop", 0.875, "eval: centre crop share of the short side", 0),
-          int_param("seed", 0, "seed of the per-sample random parameters", 0)};
-}
-
-AugmentStage::AugmentStage(const Params& params)
-    : policy_(augment_options_from(params)), size_(static_cast<int>(params.get_int("size"))) {
+AugmentStage::AugmentStage(const Options& options)
+    : policy_(options.policy()), size_(static_cast<int>(options.size)) {
   keep_opencv_on_caller_thread();
 }
 
@@ -171,7 +157,7 @@ StageDoc AugmentStage::describe() {
   return {
       "Random resized crop, flip and colour jitter (train), or resize + centre crop (eval); "
       "parameters derive from (seed, epoch, sample index) only.",
-      augment_param_specs()};
+      option_specs<Options>()};
 }
 
 std::optional<Sample> AugmentStage::process(Sample&& sample, ItemContext& /*ctx*/) {

@@ -32,9 +32,37 @@ class AugmentPolicy {
   Options o_;
 };
 
-/// The params of an AugmentPolicy and the view size, for the stages that draw views.
-std::vector<ParamSpec> augment_param_specs();
-AugmentPolicy::Options augment_options_from(const Params& params);
+/// The params of an AugmentPolicy and the view size, for the stages that draw views (augment,
+/// decode_crop).
+struct AugmentOptions {
+  std::string mode = "train";
+  std::int64_t size = 224;
+  std::vector<double> scale = {0.08, 1.0};
+  std::vector<double> ratio = {3.0 / 4, 4.0 / 3};
+  double flip = 0.5;
+  double brightness = 0;
+  double contrast = 0;
+  double saturation = 0;
+  double eval_crop = 0.875;
+  std::int64_t seed = 0;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(mode, "mode", "train: random views; eval: deterministic centre crop",
+      {.choices = {"train", "eval"}});
+    d(size, "size", "output side in pixels (square)", {.min = 1, .max = 8192});
+    d(scale, "scale", "train: crop area range, fraction of image");
+    d(ratio, "ratio", "train: crop aspect ratio range");
+    d(flip, "flip", "train: probability of a horizontal flip", {.min = 0});
+    d(brightness, "brightness", "train: brightness jitter strength (0: off)", {.min = 0});
+    d(contrast, "contrast", "train: contrast jitter strength (0: off)", {.min = 0});
+    d(saturation, "saturation", "train: saturation jitter strength (0: off)", {.min = 0});
+    d(eval_crop, "eval_crop", "eval: centre crop share of the short side", {.min = 0});
+    d(seed, "seed", "seed of the per-sample random parameters", {.min = 0});
+  }
+
+  /// The policy's options (all but `size`); throws Error for a `mode` other than train or eval.
+  AugmentPolicy::Options policy() const;
+};
 
 /// A rectangle of pixels.
 struct PixelRect {
@@ -78,7 +106,8 @@ void apply_augment(const Image& in, const AugmentParams& params, int size, Image
 /// Normalisation (mean, std) happens in `collate`, fused with the copy into the batch tensor.
 class AugmentStage final : public Map<Sample, Sample> {
  public:
-  explicit AugmentStage(const Params& params);
+  using Options = AugmentOptions;
+  explicit AugmentStage(const Options& options);
   static StageDoc describe();
 
  protected:

@@ -8,13 +8,13 @@
 
 namespace flowtrain::data {
 
-BadSamplePolicy::BadSamplePolicy(const Params& params)
-    : max_bad_fraction_(params.get_float("max_bad_fraction")) {
+BadSamplePolicy::BadSamplePolicy(const BadSampleOptions& options)
+    : max_bad_fraction_(options.max_bad_fraction) {
   if (const dist::World* world = dist::World::current()) {
     rank_ = world->rank();
     world_size_ = world->size();
   }
-  const std::string policy = params.get_string("on_bad_sample");
+  const std::string& policy = options.on_bad_sample;
   if (policy == "skip") {
     mode_ = Mode::kSkip;
   } else if (policy == "replace") {
@@ -30,20 +30,6 @@ BadSamplePolicy::BadSamplePolicy(const Params& params)
     throw Error("max_bad_fraction must be between 0 and 1, not " +
                 std::to_string(max_bad_fraction_));
   }
-}
-
-std::vector<ParamSpec> BadSamplePolicy::param_specs() {
-  return {string_param("on_bad_sample", "auto",
-                       "a sample that cannot be read or decoded: 'skip' drops and reports it; "
-                       "'replace' decodes a stand-in drawn from (seed, epoch, index), keeping "
-                       "the sample count; 'fail' stops the run; 'auto': replace with several "
-                       "ranks (they must take equal steps), else skip",
-                       {"auto", "skip", "replace", "fail"}),
-          float_param("max_bad_fraction", 0.05,
-                      "stop the run once more than this share of the samples so far were bad "
-                      "(judged in sequence order, from the 20th sample on, so every run of the "
-                      "same data decides alike)",
-                      0)};
 }
 
 std::string BadSamplePolicy::describe(const Sample& sample, const std::string& error) {

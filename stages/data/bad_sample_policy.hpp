@@ -7,11 +7,29 @@
 #include <string>
 #include <vector>
 
-#include "graph/params.hpp"
+#include "graph/options.hpp"
 #include "graph/stage.hpp"
 #include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
+
+/// The `on_bad_sample` and `max_bad_fraction` params of the stages that decode (BadSamplePolicy).
+struct BadSampleOptions {
+  std::string on_bad_sample = "auto";
+  double max_bad_fraction = 0.05;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(on_bad_sample, "on_bad_sample",
+      "a sample that cannot be read or decoded: 'skip' drops and reports it; 'replace' decodes a "
+      "stand-in drawn from (seed, epoch, index), keeping the sample count; 'fail' stops the run; "
+      "'auto': replace with several ranks (they must take equal steps), else skip",
+      {.choices = {"auto", "skip", "replace", "fail"}});
+    d(max_bad_fraction, "max_bad_fraction",
+      "stop the run once more than this share of the samples so far were bad (judged in "
+      "sequence order, from the 20th sample on, so every run of the same data decides alike)",
+      {.min = 0});
+  }
+};
 
 /// What a decoding stage does with a sample it cannot read or decode: its `on_bad_sample` and
 /// `max_bad_fraction` params.
@@ -34,9 +52,8 @@ namespace flowtrain::data {
 ///   if (!policy_.decode(sample, ctx, [&](Sample& s) { return decode_it(s); })) return std::nullopt;
 class BadSamplePolicy {
  public:
-  explicit BadSamplePolicy(const Params& params);
-  /// The two params, for the describe() of a stage that uses the policy.
-  static std::vector<ParamSpec> param_specs();
+  /// Throws Error for an unknown `on_bad_sample` or a `max_bad_fraction` outside [0, 1].
+  explicit BadSamplePolicy(const BadSampleOptions& options);
 
   /// Decodes `sample` with `attempt` (it returns why it failed, or an empty string). Returns
   /// true with `sample` decoded (under `replace` maybe a stand-in), or false after dropping it

@@ -39,17 +39,8 @@ std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, const std::st
   return std::shared_ptr<BatchPool>(new BatchPool(capacity, device));
 }
 
-std::shared_ptr<BatchPool> BatchPool::create(const Params& params) {
-  return create(static_cast<std::size_t>(params.get_int("pool_size")), params.get_string("device"));
-}
-
-std::vector<ParamSpec> batch_pool_param_specs() {
-  return {int_param("pool_size", 4,
-                    "batch buffers at most; >= next queue_capacity + its concurrency + 1 never "
-                    "waits",
-                    1),
-          float_param("wait_timeout_s", 60, "how long to wait for a free buffer before failing", 0),
-          string_param("device", "cpu", "cpu, or cuda[:N] (pinned buffers, async copy)")};
+std::shared_ptr<BatchPool> BatchPool::create(const BatchPoolOptions& options) {
+  return create(static_cast<std::size_t>(options.pool_size), options.device);
 }
 
 std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,

@@ -7,10 +7,26 @@
 #include <string>
 #include <vector>
 
-#include "graph/params.hpp"
+#include "graph/options.hpp"
 #include "stages/data/batch.hpp"
 
 namespace flowtrain::data {
+
+/// The `pool_size`, `wait_timeout_s` and `device` params of the stages that fill a BatchPool.
+struct BatchPoolOptions {
+  std::int64_t pool_size = 4;
+  double wait_timeout_s = 60;
+  std::string device = "cpu";
+  template <class Declare>
+  void declare(Declare& d) {
+    d(pool_size, "pool_size",
+      "batch buffers at most; >= next queue_capacity + its concurrency + 1 never waits",
+      {.min = 1});
+    d(wait_timeout_s, "wait_timeout_s", "how long to wait for a free buffer before failing",
+      {.min = 0});
+    d(device, "device", "cpu, or cuda[:N] (pinned buffers, async copy)");
+  }
+};
 
 /// A bounded pool of batch buffers (images, labels, targets) of one shape. Buffers are made on
 /// demand up to `capacity`, then reused: no allocation in steady state, and memory bounded.
@@ -26,8 +42,8 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   /// `device`: where the batches go, "cpu" or "cuda[:N]"; the buffers are then pinned host
   /// memory. Throws Error for any other device, or a CUDA device this build or host lacks.
   static std::shared_ptr<BatchPool> create(std::size_t capacity, const std::string& device);
-  /// From the `pool_size` and `device` params (batch_pool_param_specs).
-  static std::shared_ptr<BatchPool> create(const Params& params);
+  /// With `pool_size` buffers for `device` (wait_timeout_s is the caller's, for acquire).
+  static std::shared_ptr<BatchPool> create(const BatchPoolOptions& options);
 
   /// A free buffer set of this shape, waiting up to `timeout_s` for one if all `capacity` are
   /// leased; throws Error if none frees up (a consumer keeps batches, or the pool is too small).
@@ -51,9 +67,6 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   std::size_t in_use_ = 0;
   Stats stats_;
 };
-
-/// The `pool_size`, `wait_timeout_s` and `device` params of the stages that fill a BatchPool.
-std::vector<ParamSpec> batch_pool_param_specs();
 
 /// The batch a serial batcher (collate, assemble_batch) is filling: its pooled buffers, its rows'
 /// view keys and paths, and the numbering of the batches it hands out.

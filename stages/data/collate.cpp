@@ -7,21 +7,18 @@
 
 namespace flowtrain::data {
 
-CollateStage::CollateStage(const Params& params)
-    : batch_size_(params.get_int("batch_size")),
-      drop_last_(params.get_bool("drop_last")),
-      normalize_(params),
-      wait_timeout_s_(params.get_float("wait_timeout_s")),
-      pool_(BatchPool::create(params)) {
+CollateStage::CollateStage(const Options& options)
+    : batch_size_(options.batch_size),
+      drop_last_(options.drop_last),
+      normalize_(options.normalize),
+      wait_timeout_s_(options.pool.wait_timeout_s),
+      pool_(BatchPool::create(options.pool)) {
   keep_opencv_on_caller_thread();
 }
 
 StageDoc CollateStage::describe() {
   return {"Collates RGB samples into normalised NCHW float32 batches from a bounded buffer pool.",
-          join_params({{int_param("batch_size", 64, "samples per batch", 1, 1 << 20),
-                        bool_param("drop_last", false, "drop the last batch if it is smaller (a run that is stopped always drops its partial batch: resuming redoes it whole)")},
-                       normalize_param_specs(),
-                       batch_pool_param_specs()})};
+          option_specs<Options>()};
 }
 
 void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {

@@ -12,13 +12,31 @@
 
 namespace flowtrain::data {
 
+/// The params of the `collate` stage.
+struct CollateOptions {
+  std::int64_t batch_size = 64;
+  bool drop_last = false;
+  NormalizeOptions normalize;
+  BatchPoolOptions pool;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(batch_size, "batch_size", "samples per batch", {.min = 1, .max = 1 << 20});
+    d(drop_last, "drop_last",
+      "drop the last batch if it is smaller (a run that is stopped always drops its partial "
+      "batch: resuming redoes it whole)");
+    normalize.declare(d);
+    pool.declare(d);
+  }
+};
+
 /// Collates samples into NCHW float32 batches, normalising on the way ((pixel / 255 - mean) /
 /// std, fused with the HWC -> CHW copy straight into a pooled buffer). Batches leave in sample
 /// order. With `device: cuda`, where LibTorch has CUDA, buffers are pinned and each batch is
 /// copied to the GPU with non_blocking on a side stream; without CUDA that path compiles away.
 class CollateStage final : public FlatMap<Sample, Batch> {
  public:
-  explicit CollateStage(const Params& params);
+  using Options = CollateOptions;
+  explicit CollateStage(const Options& options);
   static StageDoc describe();
   bool requires_order() const override { return true; }
   /// Batches from the expected samples: floor(n / batch_size), or ceil without drop_last.

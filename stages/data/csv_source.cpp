@@ -4,19 +4,19 @@ namespace flowtrain::data {
 
 namespace {
 
-CsvManifest load(const Params& params, const SourceOptions& options) {
-  CsvManifest manifest = read_csv_manifest(required_path(params, "manifest"));
-  manifest.entries.resize(options.limited(manifest.entries.size()));
+CsvManifest load(const CsvManifestOptions& options, const SourceOptions& source) {
+  CsvManifest manifest = read_csv_manifest(required_path(options.manifest, "manifest"));
+  manifest.entries.resize(source.limited(manifest.entries.size()));
   return manifest;
 }
 
 }  // namespace
 
-CsvManifestSource::CsvManifestSource(const Params& params)
-    : CsvManifestSource(params, read_source_options(params)) {}
+CsvManifestSource::CsvManifestSource(const Options& options)
+    : CsvManifestSource(options, resolve_source_options(options.source)) {}
 
-CsvManifestSource::CsvManifestSource(const Params& params, const SourceOptions& options)
-    : CsvManifestSource(load(params, options), options) {}
+CsvManifestSource::CsvManifestSource(const Options& options, const SourceOptions& source)
+    : CsvManifestSource(load(options, source), source) {}
 
 CsvManifestSource::CsvManifestSource(CsvManifest manifest, const SourceOptions& options)
     : DatasetSource(manifest.entries.size(), options), manifest_(std::move(manifest)) {}
@@ -25,7 +25,7 @@ StageDoc CsvManifestSource::describe() {
   return {
       "Reads a CSV manifest (header path,label[,numeric targets...]; relative paths from the "
       "CSV's folder) and emits its rows for decode, per epoch in this rank's shuffled order.",
-      source_param_specs(path_param("manifest", "CSV file with a path,label,... header"))};
+      option_specs<Options>()};
 }
 
 Sample CsvManifestSource::make_sample(std::uint64_t index) const {

@@ -10,12 +10,25 @@
 
 namespace flowtrain::data {
 
+/// The params of the `csv_manifest` source.
+struct CsvManifestOptions {
+  std::string manifest;
+  DatasetSourceOptions source;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(manifest, "manifest", "CSV file with a path,label,... header", {.type = ParamType::kPath});
+    source.declare(d);
+  }
+};
+
 /// Emits the rows of a CSV manifest (`path,label[,target...]`, see read_csv_manifest) for
 /// `epochs` epochs, in this rank's order (see EpochOrder). Reads the manifest when constructed
 /// and no image file: Sample::encoded stays empty and the decode stage reads `path`.
 class CsvManifestSource final : public DatasetSource {
  public:
-  explicit CsvManifestSource(const Params& params);
+  using Options = CsvManifestOptions;
+  /// Throws Error if `manifest` is not given or not a valid manifest (read_csv_manifest).
+  explicit CsvManifestSource(const Options& options);
   static StageDoc describe();
 
   /// Names of the numeric target columns, in Sample::targets order.
@@ -25,7 +38,7 @@ class CsvManifestSource final : public DatasetSource {
   Sample make_sample(std::uint64_t index) const override;
 
  private:
-  CsvManifestSource(const Params& params, const SourceOptions& options);
+  CsvManifestSource(const Options& options, const SourceOptions& source);
 
   CsvManifestSource(CsvManifest manifest, const SourceOptions& options);
   CsvManifest manifest_;

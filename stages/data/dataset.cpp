@@ -275,30 +275,8 @@ std::size_t SourceOptions::limited(std::size_t size) const {
   return limit > 0 ? std::min(limit, size) : size;
 }
 
-std::vector<ParamSpec> source_param_specs(ParamSpec location) {
-  return {std::move(location),
-          int_param("epochs", 1, "passes over the dataset", 1),
-          int_param("seed", 0, "shuffle seed; the order depends on (seed, epoch) only", 0),
-          bool_param("shuffle", true, "shuffle the order each epoch"),
-          int_param("rank", -1,
-                    "this process's rank in data-parallel training (-1: from the launcher's "
-                    "environment, RANK or SLURM_PROCID; 0 without one)",
-                    -1),
-          int_param("world_size", 0,
-                    "number of data-parallel ranks (0: from the launcher's environment, "
-                    "WORLD_SIZE or SLURM_NTASKS; 1 without one)",
-                    0),
-          string_param("uneven", "pad",
-                       "dataset not divisible by world_size: pad (repeat samples so every rank "
-                       "gets ceil(n/world_size)) or drop (floor(n/world_size) each)",
-                       {"pad", "drop"}),
-          int_param("limit", 0, "use only the first N entries of the dataset (0: all)", 0)};
-}
-
-SourceOptions read_source_options(const Params& params) {
-  // Configs check the declared minimums; stages built from C++ get the same checks here.
-  auto read = [&](const std::string& name, std::int64_t min, std::int64_t max) {
-    const std::int64_t v = params.get_int(name);
+SourceOptions resolve_source_options(const DatasetSourceOptions& options) {
+  auto check = [](const std::string& name, std::int64_t v, std::int64_t min, std::int64_t max) {
     if (v < min || v > max) {
       throw Error("param '" + name + "' must be in [" + std::to_string(min) + ", " +
                   std::to_string(max) + "], got " + std::to_string(v));
@@ -307,13 +285,13 @@ SourceOptions read_source_options(const Params& params) {
   };
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   SourceOptions o;
-  o.epochs =
-      static_cast<std::uint32_t>(read("epochs", 1, std::numeric_limits<std::uint32_t>::max()));
-  o.limit = static_cast<std::size_t>(read("limit", 0, kMax));
-  o.order.seed = static_cast<std::uint64_t>(read("seed", 0, kMax));
-  o.order.shuffle = params.get_bool("shuffle");
-  const std::int64_t rank = read("rank", -1, kMax);
-  const std::int64_t world_size = read("world_size", 0, kMax);
+  o.epochs = static_cast<std::uint32_t>(
+      check("epochs", options.epochs, 1, std::numeric_limits<std::uint32_t>::max()));
+  o.limit = static_cast<std::size_t>(check("limit", options.limit, 0, kMax));
+  o.order.seed = static_cast<std::uint64_t>(check("seed", options.seed, 0, kMax));
+  o.order.shuffle = options.shuffle;
+  const std::int64_t rank = check("rank", options.rank, -1, kMax);
+  const std::int64_t world_size = check("world_size", options.world_size, 0, kMax);
   if (rank < 0 || world_size == 0) {
     const JobPlacement job = job_placement_from_env();
     o.order.rank = static_cast<std::size_t>(rank < 0 ? job.rank : rank);
@@ -322,7 +300,7 @@ SourceOptions read_source_options(const Params& params) {
     o.order.rank = static_cast<std::size_t>(rank);
     o.order.world_size = static_cast<std::size_t>(world_size);
   }
-  o.order.uneven = parse_uneven(params.get_string("uneven"));
+  o.order.uneven = parse_uneven(options.uneven);
   if (o.order.rank >= o.order.world_size) {
     throw Error("param 'rank' (" + std::to_string(o.order.rank) + ") must be below world_size (" +
                 std::to_string(o.order.world_size) + ")");
@@ -330,8 +308,7 @@ SourceOptions read_source_options(const Params& params) {
   return o;
 }
 
-std::string required_path(const Params& params, const std::string& name) {
-  std::string path = params.get_string(name);
+const std::string& required_path(const std::string& path, const std::string& name) {
   if (path.empty()) throw Error("param '" + name + "' is required");
   return path;
 }

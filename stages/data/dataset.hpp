@@ -3,12 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
-#include <random>
 #include <vector>
 
-#include "graph/params.hpp"
+#include "graph/options.hpp"
 #include "graph/stage.hpp"
 #include "stages/data/sample.hpp"
 
@@ -120,16 +120,44 @@ struct SourceOptions {
   std::size_t limited(std::size_t size) const;
 };
 
-/// The parameter declarations shared by the dataset sources, after `location` (the dataset's
-/// path parameter).
-std::vector<ParamSpec> source_param_specs(ParamSpec location);
+/// The params every dataset source shares, after its location (the dataset's path param), as a
+/// config gives them; resolve_source_options checks them and makes them a SourceOptions.
+struct DatasetSourceOptions {
+  std::int64_t epochs = 1;
+  std::int64_t seed = 0;
+  bool shuffle = true;
+  std::int64_t rank = -1;
+  std::int64_t world_size = 0;
+  std::string uneven = "pad";
+  std::int64_t limit = 0;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(epochs, "epochs", "passes over the dataset", {.min = 1});
+    d(seed, "seed", "shuffle seed; the order depends on (seed, epoch) only", {.min = 0});
+    d(shuffle, "shuffle", "shuffle the order each epoch");
+    d(rank, "rank",
+      "this process's rank in data-parallel training (-1: from the launcher's environment, RANK "
+      "or SLURM_PROCID; 0 without one)",
+      {.min = -1});
+    d(world_size, "world_size",
+      "number of data-parallel ranks (0: from the launcher's environment, WORLD_SIZE or "
+      "SLURM_NTASKS; 1 without one)",
+      {.min = 0});
+    d(uneven, "uneven",
+      "dataset not divisible by world_size: pad (repeat samples so every rank gets "
+      "ceil(n/world_size)) or drop (floor(n/world_size) each)",
+      {.choices = {"pad", "drop"}});
+    d(limit, "limit", "use only the first N entries of the dataset (0: all)", {.min = 0});
+  }
+};
 
-/// Reads and validates the shared parameters; errors name the param (the pipeline builder adds
-/// the config location and stage).
-SourceOptions read_source_options(const Params& params);
+/// Checks `options` (configs check the declared minimums when read; stages built from C++ get
+/// the same checks here) and resolves rank and world_size from the launcher's environment where
+/// not given; errors name the param (the pipeline builder adds the config location and stage).
+SourceOptions resolve_source_options(const DatasetSourceOptions& options);
 
-/// The value of the required path param `name`; throws Error if it was not given.
-std::string required_path(const Params& params, const std::string& name);
+/// `path`, the value of the required path param `name`; throws Error if it was not given.
+const std::string& required_path(const std::string& path, const std::string& name);
 
 /// Walks epoch 0 .. epochs-1 of this rank's EpochOrder: the iteration every dataset source
 /// shares. One epoch's index list is held at a time, computed when the epoch starts.

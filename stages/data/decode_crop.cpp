@@ -33,16 +33,16 @@ constexpr std::size_t kOpenBatches = 64;
 
 }  // namespace
 
-DecodeCropStage::DecodeCropStage(const Params& params)
-    : decode_(decode_options_from(params)),
-      policy_(params),
-      augment_(augment_options_from(params)),
-      size_(static_cast<int>(params.get_int("size"))),
-      roi_(params.get_bool("roi")),
-      normalize_(params),
-      batch_size_(params.get_int("batch_size")),
-      wait_timeout_s_(params.get_float("wait_timeout_s")),
-      pool_(BatchPool::create(params)) {
+DecodeCropStage::DecodeCropStage(const Options& options)
+    : decode_(options.decode.decode_options()),
+      policy_(options.decode.bad_samples),
+      augment_(options.augment.policy()),
+      size_(static_cast<int>(options.augment.size)),
+      roi_(options.roi),
+      normalize_(options.normalize),
+      batch_size_(options.batch_size),
+      wait_timeout_s_(options.pool.wait_timeout_s),
+      pool_(BatchPool::create(options.pool)) {
   keep_opencv_on_caller_thread();
   open_.reserve(kOpenBatches);
 }
@@ -52,17 +52,7 @@ StageDoc DecodeCropStage::describe() {
       "Decodes only the crop of each sample's view (train or eval, as augment draws it), "
       "renders it as augment does and writes it normalised into its row of a pooled batch; "
       "assemble_batch emits the batches.",
-      join_params(
-          {{int_param("batch_size", 64, "rows of a batch (assemble_batch's batch_size too)", 1,
-                     1 << 20),
-            bool_param("roi", true,
-                       "decode only the crop's part of a JPEG, at the smallest DCT "
-                       "scale that keeps its shorter side >= size; false: decode "
-                       "whole images (for comparison)")},
-           augment_param_specs(),
-           decode_param_specs(),
-           normalize_param_specs(),
-           batch_pool_param_specs()})};
+      option_specs<Options>()};
 }
 
 std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& ctx) {

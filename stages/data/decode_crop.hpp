@@ -18,6 +18,28 @@
 
 namespace flowtrain::data {
 
+/// The params of the `decode_crop` stage.
+struct DecodeCropOptions {
+  std::int64_t batch_size = 64;
+  bool roi = true;
+  AugmentOptions augment;
+  SampleDecodeOptions decode;
+  NormalizeOptions normalize;
+  BatchPoolOptions pool;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(batch_size, "batch_size", "rows of a batch (assemble_batch's batch_size too)",
+      {.min = 1, .max = 1 << 20});
+    d(roi, "roi",
+      "decode only the crop's part of a JPEG, at the smallest DCT scale that keeps its shorter "
+      "side >= size; false: decode whole images (for comparison)");
+    augment.declare(d);
+    decode.declare(d);
+    normalize.declare(d);
+    pool.declare(d);
+  }
+};
+
 /// decode + augment + collate's copy, fused (DALI's `decoders.image_random_crop` with
 /// `crop_mirror_normalize`): draws the sample's view from its JPEG header, decodes only the
 /// crop's part of the image (JpegCropDecoder) at the DCT scale its size allows, renders the view
@@ -36,7 +58,8 @@ namespace flowtrain::data {
 /// full-size decode.
 class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
-  explicit DecodeCropStage(const Params& params);
+  using Options = DecodeCropOptions;
+  explicit DecodeCropStage(const Options& options);
   static StageDoc describe();
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
   std::vector<StageResult> results() const override { return policy_.results(); }

@@ -20,32 +20,29 @@ std::vector<std::string> split_extensions(const std::string& text) {
   return out;
 }
 
-ImageFolder load(const Params& params, const SourceOptions& options) {
-  ImageFolder folder = scan_image_folder(required_path(params, "root"),
-                                         split_extensions(params.get_string("extensions")));
-  folder.entries.resize(options.limited(folder.entries.size()));
+ImageFolder load(const ImageFolderOptions& options, const SourceOptions& source) {
+  ImageFolder folder =
+      scan_image_folder(required_path(options.root, "root"), split_extensions(options.extensions));
+  folder.entries.resize(source.limited(folder.entries.size()));
   return folder;
 }
 
 }  // namespace
 
-ImageFolderSource::ImageFolderSource(const Params& params)
-    : ImageFolderSource(params, read_source_options(params)) {}
+ImageFolderSource::ImageFolderSource(const Options& options)
+    : ImageFolderSource(options, resolve_source_options(options.source)) {}
 
-ImageFolderSource::ImageFolderSource(const Params& params, const SourceOptions& options)
-    : ImageFolderSource(load(params, options), options) {}
+ImageFolderSource::ImageFolderSource(const Options& options, const SourceOptions& source)
+    : ImageFolderSource(load(options, source), source) {}
 
 ImageFolderSource::ImageFolderSource(ImageFolder folder, const SourceOptions& options)
     : DatasetSource(folder.entries.size(), options), folder_(std::move(folder)) {}
 
 StageDoc ImageFolderSource::describe() {
-  StageDoc doc{
+  return {
       "Lists a root/<class>/<image> folder (labels: class folders in sorted order) and "
       "emits its files' paths for decode, per epoch in this rank's shuffled order.",
-      source_param_specs(path_param("root", "folder with one subfolder per class"))};
-  doc.params.push_back(string_param("extensions", "jpg,jpeg",
-                                    "comma-separated file extensions to take (case-insensitive)"));
-  return doc;
+      option_specs<Options>()};
 }
 
 Sample ImageFolderSource::make_sample(std::uint64_t index) const {

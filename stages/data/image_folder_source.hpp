@@ -10,12 +10,27 @@
 
 namespace flowtrain::data {
 
+/// The params of the `image_folder` source.
+struct ImageFolderOptions {
+  std::string root;
+  DatasetSourceOptions source;
+  std::string extensions = "jpg,jpeg";
+  template <class Declare>
+  void declare(Declare& d) {
+    d(root, "root", "folder with one subfolder per class", {.type = ParamType::kPath});
+    source.declare(d);
+    d(extensions, "extensions", "comma-separated file extensions to take (case-insensitive)");
+  }
+};
+
 /// Emits the images of a root/<class>/<image> folder (labels: class folders in sorted order) for
 /// `epochs` epochs, in this rank's order (see EpochOrder). Lists the folder when constructed;
 /// reads no file: Sample::encoded stays empty and the decode stage reads `path`.
 class ImageFolderSource final : public DatasetSource {
  public:
-  explicit ImageFolderSource(const Params& params);
+  using Options = ImageFolderOptions;
+  /// Throws Error if `root` is not given or holds no image (scan_image_folder).
+  explicit ImageFolderSource(const Options& options);
   static StageDoc describe();
 
   /// Class names; classes()[label] is the folder of that label.
@@ -25,7 +40,7 @@ class ImageFolderSource final : public DatasetSource {
   Sample make_sample(std::uint64_t index) const override;
 
  private:
-  ImageFolderSource(const Params& params, const SourceOptions& options);
+  ImageFolderSource(const Options& options, const SourceOptions& source);
   ImageFolderSource(ImageFolder folder, const SourceOptions& options);
 
   ImageFolder folder_;

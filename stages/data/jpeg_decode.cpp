@@ -430,26 +430,11 @@ DecodeResult decode_image(std::span<const std::uint8_t> bytes,
   return result;
 }
 
-std::vector<ParamSpec> decode_param_specs() {
-  return join_params(
-      {{int_param("max_pixels", 100'000'000,
-                  "refuse images with more pixels than this, read from the header before "
-                  "any allocation",
-                  1),
-        bool_param("other_formats", true,
-                   "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only"),
-        int_param("max_file_bytes", DecodeOptions{}.max_file_bytes,
-                  "refuse files larger than this (read no further); FIFOs and devices are "
-                  "refused without reading",
-                  1)},
-       BadSamplePolicy::param_specs()});
-}
-
-DecodeOptions decode_options_from(const Params& params) {
+DecodeOptions SampleDecodeOptions::decode_options() const {
   DecodeOptions options;
-  options.max_pixels = params.get_int("max_pixels");
-  options.other_formats = params.get_bool("other_formats");
-  options.max_file_bytes = params.get_int("max_file_bytes");
+  options.max_pixels = max_pixels;
+  options.other_formats = other_formats;
+  options.max_file_bytes = max_file_bytes;
   return options;
 }
 
@@ -471,10 +456,9 @@ void release_encoded(Sample& sample) {
   thread_scratch().trim();
 }
 
-JpegDecodeStage::JpegDecodeStage(const Params& params)
-    : options_(decode_options_from(params)), policy_(params) {
-  options_.min_side =
-      static_cast<int>(std::clamp<std::int64_t>(params.get_int("min_side"), 0, INT_MAX));
+JpegDecodeStage::JpegDecodeStage(const Options& options)
+    : options_(options.decode.decode_options()), policy_(options.decode.bad_samples) {
+  options_.min_side = static_cast<int>(std::clamp<std::int64_t>(options.min_side, 0, INT_MAX));
   keep_opencv_on_caller_thread();  // other formats decode through OpenCV
 }
 
@@ -482,11 +466,7 @@ StageDoc JpegDecodeStage::describe() {
   return {
       "Decodes images into RGB: JPEG with TurboJPEG (optionally downscaled in the DCT domain), "
       "other formats with OpenCV. Unreadable or corrupt files are dropped with the reason.",
-      join_params({{int_param("min_side", 0,
-                              "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps "
-                              "the shorter side >= this; 0: full size",
-                              0)},
-                   decode_param_specs()})};
+      option_specs<Options>()};
 }
 
 std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx) {

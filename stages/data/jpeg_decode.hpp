@@ -39,6 +39,31 @@ std::string read_file(const std::string& path,
                       std::span<const std::uint8_t>& bytes,
                       std::int64_t max_bytes = DecodeOptions{}.max_file_bytes);
 
+/// How a stage decodes its samples (jpeg_decode, decode_crop): decode_image's and read_file's
+/// limits (DecodeOptions but min_side), and what becomes of a sample that fails (BadSamplePolicy).
+struct SampleDecodeOptions {
+  std::int64_t max_pixels = DecodeOptions{}.max_pixels;
+  bool other_formats = DecodeOptions{}.other_formats;
+  std::int64_t max_file_bytes = DecodeOptions{}.max_file_bytes;
+  BadSampleOptions bad_samples;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(max_pixels, "max_pixels",
+      "refuse images with more pixels than this, read from the header before any allocation",
+      {.min = 1});
+    d(other_formats, "other_formats",
+      "also decode PNG, BMP, TIFF, WebP... through OpenCV; false: JPEG only");
+    d(max_file_bytes, "max_file_bytes",
+      "refuse files larger than this (read no further); FIFOs and devices are refused without "
+      "reading",
+      {.min = 1});
+    bad_samples.declare(d);
+  }
+
+  /// The DecodeOptions these give (min_side 0).
+  DecodeOptions decode_options() const;
+};
+
 /// What `decode_image` did.
 struct DecodeResult {
   /// Why the data was refused ("truncated JPEG data", ...); empty on success.
@@ -71,12 +96,27 @@ DecodeResult decode_image(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
                           Image& out);
 
+/// The params of the `jpeg_decode` stage.
+struct JpegDecodeOptions {
+  std::int64_t min_side = 0;
+  SampleDecodeOptions decode;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(min_side, "min_side",
+      "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps the shorter side >= "
+      "this; 0: full size",
+      {.min = 0});
+    decode.declare(d);
+  }
+};
+
 /// Decodes `Sample::encoded` (or, when empty, the file at `Sample::path`) into `Sample::image`
 /// and lets go of the encoded bytes. A sample that cannot be read or decoded is dropped or fails
 /// the run as its BadSamplePolicy (`on_bad_sample`, `max_bad_fraction`) says.
 class JpegDecodeStage final : public Map<Sample, Sample> {
  public:
-  explicit JpegDecodeStage(const Params& params);
+  using Options = JpegDecodeOptions;
+  explicit JpegDecodeStage(const Options& options);
   static StageDoc describe();
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
   std::vector<StageResult> results() const override { return policy_.results(); }
@@ -106,9 +146,5 @@ std::string sample_bytes(const Sample& sample,
 /// Lets go of `sample`'s encoded bytes once decoded (downstream stages need the pixels only),
 /// and of this thread's decode buffers that grew past kKeepScratchBytes.
 void release_encoded(Sample& sample);
-
-/// The params of DecodeOptions (min_side excepted), for the stages that decode.
-std::vector<ParamSpec> decode_param_specs();
-DecodeOptions decode_options_from(const Params& params);
 
 }  // namespace flowtrain::data

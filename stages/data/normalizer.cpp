@@ -17,13 +17,7 @@ Normalizer::Normalizer(const std::vector<double>& mean, const std::vector<double
   }
 }
 
-Normalizer::Normalizer(const Params& params)
-    : Normalizer(params.get<std::vector<double>>("mean"), params.get<std::vector<double>>("std")) {}
-
-std::vector<ParamSpec> normalize_param_specs() {
-  return {float_list_param("mean", {0.485, 0.456, 0.406}, "per-channel mean (of pixel / 255)"),
-          float_list_param("std", {0.229, 0.224, 0.225}, "per-channel std (of pixel / 255)")};
-}
+Normalizer::Normalizer(const NormalizeOptions& options) : Normalizer(options.mean, options.std) {}
 
 void Normalizer::operator()(const Image& img, float* chw) const {
   // Split into channel planes, then one scaled conversion per plane into the output memory.

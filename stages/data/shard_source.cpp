@@ -6,20 +6,21 @@ namespace flowtrain::data {
 
 namespace {
 
-std::shared_ptr<ShardReader> open(const Params& params, const SourceOptions& options) {
+std::shared_ptr<ShardReader> open(const ShardSourceOptions& options, const SourceOptions& source) {
   auto reader = std::make_shared<ShardReader>(
-      required_path(params, "shard"),
-      options.order.shuffle ? ShardReader::Access::kRandom : ShardReader::Access::kSequential);
+      required_path(options.shard, "shard"),
+      source.order.shuffle ? ShardReader::Access::kRandom : ShardReader::Access::kSequential);
   if (reader->size() == 0) throw Error(reader->path() + ": shard has no records");
   return reader;
 }
 
 }  // namespace
 
-ShardSource::ShardSource(const Params& params) : ShardSource(params, read_source_options(params)) {}
+ShardSource::ShardSource(const Options& options)
+    : ShardSource(options, resolve_source_options(options.source)) {}
 
-ShardSource::ShardSource(const Params& params, const SourceOptions& options)
-    : ShardSource(open(params, options), options) {}
+ShardSource::ShardSource(const Options& options, const SourceOptions& source)
+    : ShardSource(open(options, source), source) {}
 
 ShardSource::ShardSource(std::shared_ptr<ShardReader> reader, const SourceOptions& options)
     : DatasetSource(options.limited(reader->size()), options), reader_(std::move(reader)) {}
@@ -28,7 +29,7 @@ StageDoc ShardSource::describe() {
   return {
       "Maps a packed shard (.ftpk, made by `flowtrain pack`) and emits its records with their "
       "encoded bytes, per epoch in this rank's shuffled order.",
-      source_param_specs(path_param("shard", "packed shard file"))};
+      option_specs<Options>()};
 }
 
 Sample ShardSource::make_sample(std::uint64_t index) const {

@@ -11,20 +11,33 @@
 
 namespace flowtrain::data {
 
+/// The params of the `shard` source.
+struct ShardSourceOptions {
+  std::string shard;
+  DatasetSourceOptions source;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(shard, "shard", "packed shard file", {.type = ParamType::kPath});
+    source.declare(d);
+  }
+};
+
 /// Emits the records of a packed shard (see shard.hpp, pack_dataset) for `epochs` epochs, in
 /// this rank's order (see EpochOrder). The shard is mapped, not read, and nothing is copied:
 /// Sample::encoded views the record in the mapping and keeps the mapping alive. Sample::path is "<shard>#<record>";
 /// the path the record was packed from is ShardReader::record(i).path.
 class ShardSource final : public DatasetSource {
  public:
-  explicit ShardSource(const Params& params);
+  using Options = ShardSourceOptions;
+  /// Throws Error if `shard` is not given, not a shard, or has no records.
+  explicit ShardSource(const Options& options);
   static StageDoc describe();
 
  protected:
   Sample make_sample(std::uint64_t index) const override;
 
  private:
-  ShardSource(const Params& params, const SourceOptions& options);
+  ShardSource(const Options& options, const SourceOptions& source);
 
   ShardSource(std::shared_ptr<ShardReader> reader, const SourceOptions& options);
   std::shared_ptr<const ShardReader> reader_;

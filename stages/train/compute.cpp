@@ -31,16 +31,4 @@ Autocast::~Autocast() {
   if (!previous_) at::autocast::clear_cache();
 }
 
-ParamSpec intraop_threads_param() {
-  return int_param("intraop_threads", 1,
-                   "ATen/OpenMP threads of one invocation (counted in the run's cores)", 1);
-}
-
-ParamSpec autocast_param() {
-  return string_param("autocast", "none", "mixed precision of the forward pass",
-                      {"none", "bf16"});
-}
-
-bool wants_bf16(const Params& params) { return params.get_string("autocast") == "bf16"; }
-
 }  // namespace flowtrain::train

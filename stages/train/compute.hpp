@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "graph/params.hpp"
+#include "graph/options.hpp"
 
 namespace flowtrain::train {
 
@@ -26,7 +26,7 @@ class IntraOpThreads {
 
 /// Enables CPU autocast to bfloat16 on the calling thread while in scope (when `enabled`).
 ///
-///   Autocast bf16(options.autocast == "bf16");
+///   Autocast bf16(wants_bf16(options.autocast));
 class Autocast {
  public:
   explicit Autocast(bool enabled);
@@ -39,10 +39,25 @@ class Autocast {
   bool previous_ = false;
 };
 
-/// The parameters every compute stage declares: intraop_threads and autocast.
-ParamSpec intraop_threads_param();
-ParamSpec autocast_param();
-/// True if the autocast param asks for bfloat16.
-bool wants_bf16(const Params& params);
+/// The options every compute stage declares: plain fields of its options struct named as their
+/// keys, `int intraop_threads = 1;` and `std::string autocast = "none";`, each declared by its
+/// helper here, so the name, doc and bounds are written once:
+///
+///   template <class Declare>
+///   void declare(Declare& d) {
+///     declare_intraop_threads(d, intraop_threads);
+///     declare_autocast(d, autocast);
+///   }
+template <class Declare>
+void declare_intraop_threads(Declare& d, int& intraop_threads) {
+  d(intraop_threads, "intraop_threads",
+    "ATen/OpenMP threads of one invocation (counted in the run's cores)", {.min = 1});
+}
+template <class Declare>
+void declare_autocast(Declare& d, std::string& autocast) {
+  d(autocast, "autocast", "mixed precision of the forward pass", {.choices = {"none", "bf16"}});
+}
+/// True if an `autocast` option asks for bfloat16.
+inline bool wants_bf16(const std::string& autocast) { return autocast == "bf16"; }
 
 }  // namespace flowtrain::train

@@ -9,20 +9,18 @@
 
 namespace flowtrain::train {
 
-EvaluateStage::EvaluateStage(const Params& params)
-    : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
-      bf16_(wants_bf16(params)) {
-  model_ = InferenceModel::load(params);
+EvaluateStage::EvaluateStage(const Options& options)
+    : intraop_threads_(options.intraop_threads), bf16_(wants_bf16(options.autocast)) {
+  model_ = InferenceModel::load_required(options.model);
 }
 
 EvaluateStage::~EvaluateStage() = default;
 
 StageDoc EvaluateStage::describe() {
-  return {"Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
-          "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
-          {model_param(),
-           intraop_threads_param(), autocast_param()},
-          "intraop_threads"};
+  return {
+      "Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
+      "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
+      option_specs<Options>(), "intraop_threads"};
 }
 
 void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {

@@ -2,13 +2,26 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/train/compute.hpp"
+#include "stages/train/inference_model.hpp"
 
 namespace flowtrain::train {
 
-class InferenceModel;
+struct EvaluateOptions {
+  std::string model;
+  int intraop_threads = 1;
+  std::string autocast = "none";
+  template <class Declare>
+  void declare(Declare& d) {
+    declare_model_file(d, model);
+    declare_intraop_threads(d, intraop_threads);
+    declare_autocast(d, autocast);
+  }
+};
 
 /// Measures a model on held-out batches: top-1 and top-5 accuracy, and the mean absolute error
 /// of a regression head against the batch targets. Serial and in order, so the sums (and the
@@ -16,7 +29,8 @@ class InferenceModel;
 /// and the counts are summed over the ranks at the end.
 class EvaluateStage final : public SerialSink<data::Batch> {
  public:
-  explicit EvaluateStage(const Params& params);
+  using Options = EvaluateOptions;
+  explicit EvaluateStage(const Options& options);
   ~EvaluateStage() override;
   static StageDoc describe();
 

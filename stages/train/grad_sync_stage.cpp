@@ -2,8 +2,6 @@
 
 namespace flowtrain::train {
 
-GradSyncStage::GradSyncStage(const Params&) {}
-
 StageDoc GradSyncStage::describe() {
   return {
       "Averages each gradient bucket of a training step over the data-parallel ranks: waits "

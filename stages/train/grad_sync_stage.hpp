@@ -12,7 +12,8 @@ namespace flowtrain::train {
 /// passes the step on. A `train_step` entry brings it as `<name>/grad_sync`.
 class GradSyncStage final : public Map<GradBucket, GradBucket> {
  public:
-  explicit GradSyncStage(const Params& params);
+  using Options = NoOptions;
+  explicit GradSyncStage(const Options& = {}) {}
   static StageDoc describe();
 
  protected:

@@ -64,16 +64,9 @@ std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path) {
   return std::make_unique<TorchScriptModel>(path);
 }
 
-std::unique_ptr<InferenceModel> InferenceModel::load(const Params& params) {
-  const std::string path = params.get_string("model");
-  if (path.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
-  return load(path);
-}
-
-ParamSpec model_param() {
-  return output_path_param("model",
-                           "model file: a flowtrain checkpoint (final.pt of a training run) or a "
-                           "TorchScript module; may be written by an earlier phase");
+std::unique_ptr<InferenceModel> InferenceModel::load_required(const std::string& model) {
+  if (model.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
+  return load(model);
 }
 
 }  // namespace flowtrain::train

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "graph/params.hpp"
+#include "graph/options.hpp"
 #include "stages/train/vit.hpp"
 
 namespace flowtrain::train {
@@ -23,8 +23,9 @@ class InferenceModel {
   /// Loads either kind, telling them apart by content; throws Error naming the path and the
   /// reason (missing, neither kind, unreadable).
   static std::unique_ptr<InferenceModel> load(const std::string& path);
-  /// The `model` param of the stages that run one (declared by model_param()).
-  static std::unique_ptr<InferenceModel> load(const Params& params);
+  /// The file a stage's `model` option names (declare_model_file); throws Error if it is empty
+  /// (not given), else as load(path).
+  static std::unique_ptr<InferenceModel> load_required(const std::string& model);
 
   /// Runs the model without gradients; safe to call from several threads at once.
   virtual ViTOutput forward(const torch::Tensor& images) = 0;
@@ -33,7 +34,15 @@ class InferenceModel {
   virtual std::string description() const = 0;
 };
 
-/// The `model` param: the file InferenceModel::load(params) reads.
-ParamSpec model_param();
+/// The `model` option of the stages that run one, a plain `std::string model;` field of their
+/// options struct, declared by `declare_model_file(d, model);` and read by
+/// InferenceModel::load_required(options.model).
+template <class Declare>
+void declare_model_file(Declare& d, std::string& model) {
+  d(model, "model",
+    "model file: a flowtrain checkpoint (final.pt of a training run) or a TorchScript module; "
+    "may be written by an earlier phase",
+    {.type = ParamType::kOutputPath});
+}
 
 }  // namespace flowtrain::train

@@ -36,8 +36,6 @@ at::Tensor mean_of(const std::vector<data::Batch>& parts, at::Tensor data::Batch
 
 }  // namespace
 
-JoinTeachersStage::JoinTeachersStage(const Params&) {}
-
 StageDoc JoinTeachersStage::describe() {
   return {"Joins the batches two or more branches made of one batch (the same batch number, "
           "each through its own teacher_infer): the first branch's batch with the teacher "

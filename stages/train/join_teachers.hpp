@@ -15,7 +15,8 @@ namespace flowtrain::train {
 ///   - {type: student_step, ...}
 class JoinTeachersStage final : public Join<data::Batch, data::Batch> {
  public:
-  explicit JoinTeachersStage(const Params& params);
+  using Options = NoOptions;
+  explicit JoinTeachersStage(const Options& = {}) {}
   static StageDoc describe();
 
  protected:

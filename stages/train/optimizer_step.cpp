@@ -18,11 +18,11 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-OptimizerStepStage::OptimizerStepStage(const Params& params)
-    : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
-      checkpoint_every_(static_cast<std::uint64_t>(params.get_int("checkpoint_every"))),
-      snapshot_every_(static_cast<std::uint64_t>(params.get_int("snapshot_every"))),
-      final_checkpoint_(params.get_bool("final_checkpoint")) {}
+OptimizerStepStage::OptimizerStepStage(const Options& options)
+    : intraop_threads_(options.intraop_threads),
+      checkpoint_every_(options.checkpoint_every),
+      snapshot_every_(options.snapshot_every),
+      final_checkpoint_(options.final_checkpoint) {}
 
 StageDoc OptimizerStepStage::describe() {
   return {
@@ -30,13 +30,7 @@ StageDoc OptimizerStepStage::describe() {
       "ZeRO shard), takes checkpoint and snapshot bytes when due, emits the step's record "
       "and sends `train_step` the token its next forward waits for. Brought by a "
       "`train_step` entry as `<name>/optimizer_step`, its params set from the entry's.",
-      {intraop_threads_param(),
-       int_param("checkpoint_every", 0, "take a checkpoint every N steps (0: none)", 0),
-       int_param("snapshot_every", 0, "take a snapshot (the model alone) every N steps", 0),
-       bool_param("final_checkpoint", false,
-                  "take a checkpoint at the end: final.pt, or a resumable step file after a "
-                  "stop")},
-      "intraop_threads"};
+      option_specs<Options>(), "intraop_threads"};
 }
 
 void OptimizerStepStage::process(GradBucket&& bucket, Emitter<StepRecord>& out) {

@@ -1,11 +1,30 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "graph/registry.hpp"
+#include "stages/train/compute.hpp"
 #include "stages/train/training_session.hpp"
 
 namespace flowtrain::train {
+
+struct OptimizerStepOptions {
+  int intraop_threads = 1;
+  std::uint64_t checkpoint_every = 0;
+  std::uint64_t snapshot_every = 0;
+  bool final_checkpoint = false;
+  template <class Declare>
+  void declare(Declare& d) {
+    declare_intraop_threads(d, intraop_threads);
+    d(checkpoint_every, "checkpoint_every", "take a checkpoint every N steps (0: none)",
+      {.min = 0});
+    d(snapshot_every, "snapshot_every", "take a snapshot (the model alone) every N steps",
+      {.min = 0});
+    d(final_checkpoint, "final_checkpoint",
+      "take a checkpoint at the end: final.pt, or a resumable step file after a stop");
+  }
+};
 
 /// The end of a training step: once every gradient bucket of step t has come (in order), clips
 /// the gradient, steps AdamW (or its ZeRO shard, then broadcasts), takes the bytes of a
@@ -15,7 +34,8 @@ namespace flowtrain::train {
 /// `train_step` entry brings it as `<name>/optimizer_step`, with these params set from its own.
 class OptimizerStepStage final : public FlatMap<GradBucket, StepRecord> {
  public:
-  explicit OptimizerStepStage(const Params& params);
+  using Options = OptimizerStepOptions;
+  explicit OptimizerStepStage(const Options& options);
   static StageDoc describe();
 
   bool requires_order() const override { return true; }

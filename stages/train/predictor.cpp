@@ -6,10 +6,9 @@
 #include <span>
 
 #include "graph/error.hpp"
-#include "graph/params.hpp"
 #include "stages/data/augment.hpp"
-#include "stages/data/collate.hpp"
 #include "stages/data/jpeg_decode.hpp"
+#include "stages/data/normalizer.hpp"
 
 namespace flowtrain::train {
 
@@ -17,27 +16,19 @@ namespace {
 
 constexpr std::size_t kBatch = 16;  // images per forward: bounds memory for long image lists
 
-// A stage's declared default, so the predictor and a pipeline config preprocess alike.
-template <class T>
-T stage_default(const StageDoc& doc, const std::string& name) {
-  return Params::defaults(doc.params).get<T>(name);
-}
-
 }  // namespace
 
+// Options not given take the declared defaults of the stages an eval pipeline preprocesses with
+// (collate's normalisation, augment's eval crop), so the predictor and a config preprocess alike.
 struct Predictor::Impl {
   Impl(const std::string& path, const Options& o)
       : model(path),
-        normalize(o.mean.empty() ? stage_default<std::vector<double>>(
-                                       data::CollateStage::describe(), "mean")
-                                 : o.mean,
-                  o.std.empty() ? stage_default<std::vector<double>>(
-                                      data::CollateStage::describe(), "std")
-                                : o.std),
+        normalize(o.mean.empty() ? data::NormalizeOptions{}.mean : o.mean,
+                  o.std.empty() ? data::NormalizeOptions{}.std : o.std),
         policy([] {
           data::AugmentPolicy::Options augment;
           augment.mode = data::AugmentPolicy::Mode::kEval;
-          augment.eval_crop = stage_default<double>(data::AugmentStage::describe(), "eval_crop");
+          augment.eval_crop = data::AugmentOptions{}.eval_crop;
           return augment;
         }()) {}
 

@@ -18,12 +18,13 @@ void create_folder(const fs::path& dir) {
 }
 }  // namespace
 
-StepLogStage::StepLogStage(const Params& params) : dir_(params.get_string("dir")) {}
+StepLogStage::StepLogStage(const Options& options) : dir_(options.dir) {}
 
 StageDoc StepLogStage::describe() {
-  return {"Appends one row per training step (step, epoch, loss, correct, seen, lr, time_s) to "
-          "dir/steps.csv on rank 0; a resumed run continues the file.",
-          {output_path_param("dir", "folder of steps.csv (empty: none written)")}};
+  return {
+      "Appends one row per training step (step, epoch, loss, correct, seen, lr, time_s) to "
+      "dir/steps.csv on rank 0; a resumed run continues the file.",
+      option_specs<Options>()};
 }
 
 void StepLogStage::consume(StepRecord&& record, ItemContext&) {
@@ -47,19 +48,16 @@ void StepLogStage::consume(StepRecord&& record, ItemContext&) {
   if (!file_) throw Error("cannot write " + (fs::path(dir_) / "steps.csv").string());
 }
 
-CheckpointStage::CheckpointStage(const Params& params)
-    : dir_(params.get_string("dir")),
-      keep_(static_cast<std::uint64_t>(params.get_int("keep"))) {
+CheckpointStage::CheckpointStage(const Options& options) : dir_(options.dir), keep_(options.keep) {
   if (dir_.empty()) throw Error("param 'dir' is required");
 }
 
 StageDoc CheckpointStage::describe() {
-  return {"Writes the checkpoints a training step sends (weights, optimizer state, RNG, data "
-          "position) to dir atomically, one file per rank, and deletes this rank's step files "
-          "beyond the newest `keep`.",
-          {output_path_param("dir", "folder of the checkpoint files (required)"),
-           int_param("keep", 2, "step checkpoints kept (older ones are deleted; final.pt never)",
-                     1)}};
+  return {
+      "Writes the checkpoints a training step sends (weights, optimizer state, RNG, data "
+      "position) to dir atomically, one file per rank, and deletes this rank's step files "
+      "beyond the newest `keep`.",
+      option_specs<Options>()};
 }
 
 void CheckpointStage::consume(StepRecord&& record, ItemContext&) {
@@ -80,14 +78,15 @@ std::vector<StageResult> CheckpointStage::results() const {
   return {{"written", static_cast<double>(written_)}};
 }
 
-SnapshotStage::SnapshotStage(const Params& params) : dir_(params.get_string("dir")) {
+SnapshotStage::SnapshotStage(const Options& options) : dir_(options.dir) {
   if (dir_.empty()) throw Error("param 'dir' is required");
 }
 
 StageDoc SnapshotStage::describe() {
-  return {"Writes the model snapshots a training step sends (the weights alone) to "
-          "dir/snapshots/, to validate the model along the training.",
-          {output_path_param("dir", "folder holding snapshots/ (required)")}};
+  return {
+      "Writes the model snapshots a training step sends (the weights alone) to "
+      "dir/snapshots/, to validate the model along the training.",
+      option_specs<Options>()};
 }
 
 void SnapshotStage::consume(StepRecord&& record, ItemContext&) {

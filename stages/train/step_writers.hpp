@@ -12,13 +12,22 @@ namespace flowtrain::train {
 /// The nodes that write a training run's files from the StepRecords of `train_step`, off the
 /// step's critical path (a `train_step` entry brings them; see TrainStepStage::expand).
 
+struct StepLogOptions {
+  std::string dir;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(dir, "dir", "folder of steps.csv (empty: none written)", {.type = ParamType::kOutputPath});
+  }
+};
+
 /// Appends one row per step to `dir`/steps.csv (rank 0): step, epoch, loss, correct, seen, lr,
 /// time_s, the curves of a run's report. A run that resumed continues the file (rows of steps
 /// redone after the checkpoint repeat: the last row of a step counts); a new run starts it
 /// afresh. Without a dir the records end here.
 class StepLogStage final : public SerialSink<StepRecord> {
  public:
-  explicit StepLogStage(const Params& params);
+  using Options = StepLogOptions;
+  explicit StepLogStage(const Options& options);
   static StageDoc describe();
 
  protected:
@@ -29,11 +38,22 @@ class StepLogStage final : public SerialSink<StepRecord> {
   std::ofstream file_;
 };
 
+struct CheckpointOptions {
+  std::string dir;
+  std::uint64_t keep = 2;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(dir, "dir", "folder of the checkpoint files (required)", {.type = ParamType::kOutputPath});
+    d(keep, "keep", "step checkpoints kept (older ones are deleted; final.pt never)", {.min = 1});
+  }
+};
+
 /// Writes each checkpoint a record carries to `dir` atomically (rank r > 0 adds ".rank<r>"),
 /// then deletes this rank's step files beyond the newest `keep` (final.pt is never deleted).
 class CheckpointStage final : public SerialSink<StepRecord> {
  public:
-  explicit CheckpointStage(const Params& params);
+  using Options = CheckpointOptions;
+  explicit CheckpointStage(const Options& options);
   static StageDoc describe();
   std::vector<StageResult> results() const override;
 
@@ -46,11 +66,20 @@ class CheckpointStage final : public SerialSink<StepRecord> {
   std::uint64_t written_ = 0;
 };
 
+struct SnapshotOptions {
+  std::string dir;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(dir, "dir", "folder holding snapshots/ (required)", {.type = ParamType::kOutputPath});
+  }
+};
+
 /// Writes each snapshot (the model alone) a record carries to `dir`/snapshots/, to validate
 /// the model along the training.
 class SnapshotStage final : public SerialSink<StepRecord> {
  public:
-  explicit SnapshotStage(const Params& params);
+  using Options = SnapshotOptions;
+  explicit SnapshotStage(const Options& options);
   static StageDoc describe();
   std::vector<StageResult> results() const override;
 

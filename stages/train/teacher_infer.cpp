@@ -8,21 +8,19 @@
 
 namespace flowtrain::train {
 
-TeacherInferStage::TeacherInferStage(const Params& params)
-    : intraop_threads_(static_cast<int>(params.get_int("intraop_threads"))),
-      bf16_(wants_bf16(params)) {
-  model_ = InferenceModel::load(params);
+TeacherInferStage::TeacherInferStage(const Options& options)
+    : intraop_threads_(options.intraop_threads), bf16_(wants_bf16(options.autocast)) {
+  model_ = InferenceModel::load_required(options.model);
 }
 
 TeacherInferStage::~TeacherInferStage() = default;
 
 StageDoc TeacherInferStage::describe() {
-  return {"Runs a frozen teacher (a flowtrain checkpoint or a TorchScript module) on each batch "
-          "and adds its logits (and regression outputs) to the batch, for the student's "
-          "distillation loss.",
-          {model_param(),
-           intraop_threads_param(), autocast_param()},
-          "intraop_threads"};
+  return {
+      "Runs a frozen teacher (a flowtrain checkpoint or a TorchScript module) on each batch "
+      "and adds its logits (and regression outputs) to the batch, for the student's "
+      "distillation loss.",
+      option_specs<Options>(), "intraop_threads"};
 }
 
 std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemContext&) {

@@ -1,13 +1,26 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/train/compute.hpp"
+#include "stages/train/inference_model.hpp"
 
 namespace flowtrain::train {
 
-class InferenceModel;
+struct TeacherInferOptions {
+  std::string model;
+  int intraop_threads = 1;
+  std::string autocast = "none";
+  template <class Declare>
+  void declare(Declare& d) {
+    declare_model_file(d, model);
+    declare_intraop_threads(d, intraop_threads);
+    declare_autocast(d, autocast);
+  }
+};
 
 /// Runs a frozen teacher on each batch and adds its outputs (Batch::teacher_logits, and
 /// teacher_regression for a model with a regression head). No gradients, eval mode, its own
@@ -16,7 +29,8 @@ class InferenceModel;
 /// the student.
 class TeacherInferStage final : public Map<data::Batch, data::Batch> {
  public:
-  explicit TeacherInferStage(const Params& params);
+  using Options = TeacherInferOptions;
+  explicit TeacherInferStage(const Options& options);
   ~TeacherInferStage() override;
   static StageDoc describe();
 

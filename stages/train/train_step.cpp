@@ -22,70 +22,47 @@ constexpr std::size_t kRecentSteps = 20;
 
 }  // namespace
 
-std::vector<ParamSpec> vit_param_specs() {
-  return {
-      string_param("model", "vit_cpu_student", "ViT preset",
-                   {"vit_ti", "vit_s", "vit_b", "vit_cpu_teacher", "vit_cpu_student"}),
-      int_param("image_size", 112, "input side in pixels (augment's size)", 1, 8192),
-      int_param("classes", 0, "number of classes (required)", 0, 1 << 20),
-      int_param("regression_outputs", 0, "size of the regression head (0: none)", 0),
-      float_param("regression_scale", 1.0,
-                  "the regression head predicts target / scale, multiplied back in its output "
-                  "(so targets like 350 kcal train at order one; the loss is on that scale)",
-                  1e-9),
-      int_param("patch_size", 0, "patch side (0: the preset's)", 0, 1024),
-      int_param("dim", 0, "embedding width (0: the preset's)", 0, 1 << 16),
-      int_param("depth", 0, "number of blocks (0: the preset's)", 0, 1024),
-      int_param("heads", 0, "attention heads (0: the preset's)", 0, 1024),
-      float_param("dropout", 0.0, "dropout probability", 0),
+ViTConfig ViTOptions::config() const {
+  if (classes < 1) throw Error("param 'classes' is required (>= 1)");
+  ViTConfig config = vit_config(model, image_size, classes);
+  const auto override_with = [](int option, int& field) {
+    if (option > 0) field = option;
   };
-}
-
-ViTConfig vit_config_from(const Params& params) {
-  if (params.get_int("classes") < 1) throw Error("param 'classes' is required (>= 1)");
-  ViTConfig config = vit_config(params.get_string("model"),
-                                static_cast<int>(params.get_int("image_size")),
-                                static_cast<int>(params.get_int("classes")));
-  const auto override_with = [&](const char* name, int& field) {
-    if (const std::int64_t v = params.get_int(name); v > 0) field = static_cast<int>(v);
-  };
-  override_with("patch_size", config.patch_size);
-  override_with("dim", config.dim);
-  override_with("depth", config.depth);
-  override_with("heads", config.heads);
-  config.regression_outputs = static_cast<int>(params.get_int("regression_outputs"));
-  config.dropout = params.get_float("dropout");
-  config.regression_scale = params.get_float("regression_scale");
+  override_with(patch_size, config.patch_size);
+  override_with(dim, config.dim);
+  override_with(depth, config.depth);
+  override_with(heads, config.heads);
+  config.regression_outputs = regression_outputs;
+  config.dropout = dropout;
+  config.regression_scale = regression_scale;
   config.validate();
   return config;
 }
 
-TrainStepStage::TrainStepStage(const Params& params)
-    : session_(std::make_shared<TrainingSession>()),
-      configured_total_steps_(static_cast<std::uint64_t>(params.get_int("total_steps"))) {
-  session_->intraop_threads = static_cast<int>(params.get_int("intraop_threads"));
-  const std::string checkpoint_dir = params.get_string("checkpoint_dir");
-  const bool resume = params.get_bool("resume");
-  if ((params.get_int("checkpoint_every") > 0 || params.get_int("snapshot_every") > 0 || resume) &&
+TrainStepStage::TrainStepStage(const Options& options)
+    : session_(std::make_shared<TrainingSession>()), configured_total_steps_(options.total_steps) {
+  session_->intraop_threads = options.intraop_threads;
+  const std::string& checkpoint_dir = options.checkpoint_dir;
+  if ((options.checkpoint_every > 0 || options.snapshot_every > 0 || options.resume) &&
       checkpoint_dir.empty()) {
     throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
   }
-  TrainerOptions options;
-  options.model = vit_config_from(params);
-  options.seed = static_cast<std::uint64_t>(params.get_int("seed"));
-  options.optimizer.lr = params.get_float("lr");
-  options.optimizer.min_lr = params.get_float("min_lr");
-  options.optimizer.warmup_steps = static_cast<std::uint64_t>(params.get_int("warmup_steps"));
-  options.optimizer.weight_decay = params.get_float("weight_decay");
-  options.loss.alpha = params.get_float("alpha");
-  options.loss.temperature = params.get_float("temperature");
-  options.loss.regression_weight = params.get_float("regression_weight");
-  options.clip_grad_norm = params.get_float("clip_grad_norm");
-  options.skip_nonfinite = params.get_string("on_nonfinite") == "skip";
-  options.bf16 = wants_bf16(params);
-  options.zero = params.get_bool("zero");
-  options.first_bucket_bytes = static_cast<std::int64_t>(params.get_float("first_bucket_mb") * 1e6);
-  options.bucket_bytes = static_cast<std::int64_t>(params.get_float("bucket_mb") * 1e6);
+  TrainerOptions trainer;
+  trainer.model = options.vit.config();
+  trainer.seed = options.seed;
+  trainer.optimizer.lr = options.lr;
+  trainer.optimizer.min_lr = options.min_lr;
+  trainer.optimizer.warmup_steps = options.warmup_steps;
+  trainer.optimizer.weight_decay = options.weight_decay;
+  trainer.loss.alpha = options.alpha;
+  trainer.loss.temperature = options.temperature;
+  trainer.loss.regression_weight = options.regression_weight;
+  trainer.clip_grad_norm = options.clip_grad_norm;
+  trainer.skip_nonfinite = options.on_nonfinite == "skip";
+  trainer.bf16 = wants_bf16(options.autocast);
+  trainer.zero = options.zero;
+  trainer.first_bucket_bytes = static_cast<std::int64_t>(options.first_bucket_mb * 1e6);
+  trainer.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * 1e6);
 
   dist::World* world = dist::World::current();
   const int rank = world ? world->rank() : 0;
@@ -102,96 +79,59 @@ TrainStepStage::TrainStepStage(const Params& params)
     }
   }
   std::optional<Checkpoint> checkpoint;
-  if (resume) {
+  if (options.resume) {
     if (const std::optional<std::string> path = latest_checkpoint(checkpoint_dir, world_size)) {
       checkpoint.emplace(read_checkpoint(rank_file(*path, rank)));
     }
   }
-  session_->trainer = std::make_unique<Trainer>(options, world ? &world->group() : nullptr,
+  session_->trainer = std::make_unique<Trainer>(trainer, world ? &world->group() : nullptr,
                                                 checkpoint ? &*checkpoint : nullptr);
 }
 
 TrainStepStage::~TrainStepStage() = default;
 
 StageDoc TrainStepStage::describe() {
-  std::vector<ParamSpec> params = vit_param_specs();
-  const std::vector<ParamSpec> training = {
-      int_param("seed", 0, "seed of the initial weights and of dropout", 0),
-      float_param("alpha", 0.5,
-                  "weight of the label cross-entropy; 1 - alpha goes to distillation "
-                  "(1: supervised, no teacher needed)",
-                  0),
-      float_param("temperature", 2.0, "distillation temperature T", 0),
-      float_param("regression_weight", 0.0, "weight of the regression (MSE) term", 0),
-      float_param("lr", 1e-3, "peak learning rate (AdamW)", 0),
-      float_param("min_lr", 1e-5, "learning rate at the end of the cosine", 0),
-      int_param("warmup_steps", 0, "linear warm-up steps", 0),
-      int_param("total_steps", 0, "schedule length in steps (0: the batches the data will give)",
-                0),
-      float_param("weight_decay", 0.05, "AdamW weight decay on weight matrices", 0),
-      float_param("clip_grad_norm", 1.0, "clip the gradient's global norm to this (0: off)", 0),
-      string_param("on_nonfinite", "fail",
-                   "a NaN/infinite loss or gradient: stop the run, or skip the update and count it",
-                   {"fail", "skip"}),
-      intraop_threads_param(),
-      autocast_param(),
-      output_path_param("checkpoint_dir", "folder for checkpoints (empty: none written)"),
-      int_param("checkpoint_every", 0, "write a checkpoint every N steps (0: only at the end)", 0),
-      int_param("keep_checkpoints", 2, "step checkpoints kept (older ones are deleted)", 1),
-      int_param("snapshot_every", 0,
-                "also write the model alone (no optimizer state) every N steps to "
-                "checkpoint_dir/snapshots/, to validate along the training (0: never)",
-                0),
-      bool_param("resume", false,
-                 "continue from the newest checkpoint in checkpoint_dir, if there is one"),
-      float_param("first_bucket_mb", 1.0,
-                  "data-parallel: size of the first gradient bucket to all-reduce (MB)", 0),
-      float_param("bucket_mb", 25.0, "data-parallel: size of the other gradient buckets (MB)", 0),
-      bool_param("zero", false,
-                 "data-parallel: shard the optimizer state across the ranks (ZeRO stage 1)"),
-  };
-  params.insert(params.end(), training.begin(), training.end());
-  return {"Trains a ViT (a student, or a teacher from labels), one serial step per batch in "
-          "order: forward, loss (distillation from the batch's teacher outputs, else "
-          "supervised), backward, gradient clipping, AdamW with warm-up + cosine; exact resume. "
-          "Emits a record per step; an entry whose output no stage takes brings the nodes "
-          "`<name>/step_log`, `<name>/checkpoint` (with a checkpoint_dir) and `<name>/snapshot` "
-          "(with snapshot_every), which write steps.csv, checkpoints and snapshots off the "
-          "step's critical path.",
-          std::move(params), "intraop_threads"};
+  return {
+      "Trains a ViT (a student, or a teacher from labels), one serial step per batch in "
+      "order: forward, loss (distillation from the batch's teacher outputs, else "
+      "supervised), backward, gradient clipping, AdamW with warm-up + cosine; exact resume. "
+      "Emits a record per step; an entry whose output no stage takes brings the nodes "
+      "`<name>/step_log`, `<name>/checkpoint` (with a checkpoint_dir) and `<name>/snapshot` "
+      "(with snapshot_every), which write steps.csv, checkpoints and snapshots off the "
+      "step's critical path.",
+      option_specs<Options>(), "intraop_threads"};
 }
 
 std::vector<ExpandedNode> TrainStepStage::expand(const Params& params) {
-  const std::string dir = params.get_string("checkpoint_dir");
+  const Options options = options_from<Options>(params);
+  const std::string& dir = options.checkpoint_dir;
   // The rest of the step, always: grad_sync after the entry, optimizer_step after it, whose
   // token the entry's next forward waits for.
-  ExpandedNode sync{"grad_sync", "grad_sync", Params::defaults(GradSyncStage::describe().params)};
+  ExpandedNode sync{"grad_sync", "grad_sync", to_params(GradSyncStage::Options{})};
   sync.always = true;
   sync.concurrency = kUnlimited;
-  ExpandedNode step{"optimizer_step", "optimizer_step",
-                    Params::defaults(OptimizerStepStage::describe().params)};
+  ExpandedNode step{
+      "optimizer_step", "optimizer_step",
+      to_params(OptimizerStepStage::Options{.intraop_threads = options.intraop_threads,
+                                            .checkpoint_every = options.checkpoint_every,
+                                            .snapshot_every = options.snapshot_every,
+                                            .final_checkpoint = !dir.empty()})};
   step.inputs = {"grad_sync"};
   step.always = true;
   step.sends_token_to_entry = true;
-  for (const char* name : {"intraop_threads", "checkpoint_every", "snapshot_every"}) {
-    step.params.set(name, params.get_int(name));
-  }
-  step.params.set("final_checkpoint", !dir.empty());
 
   // The writers, when no entry takes the step's records.
-  auto writer = [&dir](std::string name, const StageDoc& doc) {
-    ExpandedNode out{name, std::move(name), Params::defaults(doc.params)};
-    out.params.set("dir", dir);
-    return out;
-  };
-  std::vector<ExpandedNode> nodes = {std::move(sync), std::move(step),
-                                     writer("step_log", StepLogStage::describe())};
+  std::vector<ExpandedNode> nodes = {
+      std::move(sync),
+      std::move(step),
+      {"step_log", "step_log", to_params(StepLogStage::Options{.dir = dir})}};
   if (!dir.empty()) {
-    nodes.push_back(writer("checkpoint", CheckpointStage::describe()));
-    nodes.back().params.set("keep", params.get_int("keep_checkpoints"));
+    nodes.push_back(
+        {"checkpoint", "checkpoint",
+         to_params(CheckpointStage::Options{.dir = dir, .keep = options.keep_checkpoints})});
   }
-  if (params.get_int("snapshot_every") > 0) {
-    nodes.push_back(writer("snapshot", SnapshotStage::describe()));
+  if (options.snapshot_every > 0) {
+    nodes.push_back({"snapshot", "snapshot", to_params(SnapshotStage::Options{.dir = dir})});
   }
   return nodes;
 }

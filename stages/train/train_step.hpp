@@ -7,10 +7,114 @@
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/train/compute.hpp"
 #include "stages/train/folder_lock.hpp"
 #include "stages/train/training_session.hpp"
 
 namespace flowtrain::train {
+
+/// The ViT a training stage builds from its options: a preset (model, image_size, classes,
+/// regression_outputs) with optional overrides of its shape (patch_size, dim, depth, heads,
+/// dropout; 0 keeps the preset's). A group of TrainStepOptions, its keys flat in YAML.
+struct ViTOptions {
+  std::string model = "vit_cpu_student";
+  int image_size = 112;
+  int classes = 0;
+  int regression_outputs = 0;
+  double regression_scale = 1.0;
+  int patch_size = 0;
+  int dim = 0;
+  int depth = 0;
+  int heads = 0;
+  double dropout = 0.0;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(model, "model", "ViT preset",
+      {.choices = {"vit_ti", "vit_s", "vit_b", "vit_cpu_teacher", "vit_cpu_student"}});
+    d(image_size, "image_size", "input side in pixels (augment's size)", {.min = 1, .max = 8192});
+    d(classes, "classes", "number of classes (required)", {.min = 0, .max = 1 << 20});
+    d(regression_outputs, "regression_outputs", "size of the regression head (0: none)",
+      {.min = 0});
+    d(regression_scale, "regression_scale",
+      "the regression head predicts target / scale, multiplied back in its output (so targets "
+      "like 350 kcal train at order one; the loss is on that scale)",
+      {.min = 1e-9});
+    d(patch_size, "patch_size", "patch side (0: the preset's)", {.min = 0, .max = 1024});
+    d(dim, "dim", "embedding width (0: the preset's)", {.min = 0, .max = 1 << 16});
+    d(depth, "depth", "number of blocks (0: the preset's)", {.min = 0, .max = 1024});
+    d(heads, "heads", "attention heads (0: the preset's)", {.min = 0, .max = 1024});
+    d(dropout, "dropout", "dropout probability", {.min = 0});
+  }
+
+  /// The preset with the overrides, validated; throws Error if `classes` is not given.
+  ViTConfig config() const;
+};
+
+struct TrainStepOptions {
+  std::uint64_t seed = 0;
+  double alpha = 0.5;
+  double temperature = 2.0;
+  double regression_weight = 0.0;
+  double lr = 1e-3;
+  double min_lr = 1e-5;
+  std::uint64_t warmup_steps = 0;
+  std::uint64_t total_steps = 0;
+  double weight_decay = 0.05;
+  double clip_grad_norm = 1.0;
+  std::string on_nonfinite = "fail";
+  int intraop_threads = 1;
+  std::string autocast = "none";
+  std::string checkpoint_dir;
+  std::uint64_t checkpoint_every = 0;
+  std::uint64_t keep_checkpoints = 2;
+  std::uint64_t snapshot_every = 0;
+  bool resume = false;
+  double first_bucket_mb = 1.0;
+  double bucket_mb = 25.0;
+  bool zero = false;
+  // Declared first (its keys lead the list), but the last field: as the first, GCC 12 at -O3
+  // warns falsely (-Wmaybe-uninitialized) about its string in option_specs<TrainStepOptions>.
+  ViTOptions vit;
+  template <class Declare>
+  void declare(Declare& d) {
+    vit.declare(d);
+    d(seed, "seed", "seed of the initial weights and of dropout", {.min = 0});
+    d(alpha, "alpha",
+      "weight of the label cross-entropy; 1 - alpha goes to distillation (1: supervised, no "
+      "teacher needed)",
+      {.min = 0});
+    d(temperature, "temperature", "distillation temperature T", {.min = 0});
+    d(regression_weight, "regression_weight", "weight of the regression (MSE) term", {.min = 0});
+    d(lr, "lr", "peak learning rate (AdamW)", {.min = 0});
+    d(min_lr, "min_lr", "learning rate at the end of the cosine", {.min = 0});
+    d(warmup_steps, "warmup_steps", "linear warm-up steps", {.min = 0});
+    d(total_steps, "total_steps", "schedule length in steps (0: the batches the data will give)",
+      {.min = 0});
+    d(weight_decay, "weight_decay", "AdamW weight decay on weight matrices", {.min = 0});
+    d(clip_grad_norm, "clip_grad_norm", "clip the gradient's global norm to this (0: off)",
+      {.min = 0});
+    d(on_nonfinite, "on_nonfinite",
+      "a NaN/infinite loss or gradient: stop the run, or skip the update and count it",
+      {.choices = {"fail", "skip"}});
+    declare_intraop_threads(d, intraop_threads);
+    declare_autocast(d, autocast);
+    d(checkpoint_dir, "checkpoint_dir", "folder for checkpoints (empty: none written)",
+      {.type = ParamType::kOutputPath});
+    d(checkpoint_every, "checkpoint_every", "write a checkpoint every N steps (0: only at the end)",
+      {.min = 0});
+    d(keep_checkpoints, "keep_checkpoints", "step checkpoints kept (older ones are deleted)",
+      {.min = 1});
+    d(snapshot_every, "snapshot_every",
+      "also write the model alone (no optimizer state) every N steps to "
+      "checkpoint_dir/snapshots/, to validate along the training (0: never)",
+      {.min = 0});
+    d(resume, "resume", "continue from the newest checkpoint in checkpoint_dir, if there is one");
+    d(first_bucket_mb, "first_bucket_mb",
+      "data-parallel: size of the first gradient bucket to all-reduce (MB)", {.min = 0});
+    d(bucket_mb, "bucket_mb", "data-parallel: size of the other gradient buckets (MB)", {.min = 0});
+    d(zero, "zero", "data-parallel: shard the optimizer state across the ranks (ZeRO stage 1)");
+  }
+};
 
 /// The training step's first node: forward, loss (distillation when the batch carries teacher
 /// outputs, else supervised) and backward, through a Trainer; with data parallelism backward's
@@ -29,7 +133,8 @@ namespace flowtrain::train {
 /// is its former name, still accepted.)
 class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
  public:
-  explicit TrainStepStage(const Params& params);
+  using Options = TrainStepOptions;
+  explicit TrainStepStage(const Options& options);
   ~TrainStepStage() override;
   static StageDoc describe();
   static std::vector<ExpandedNode> expand(const Params& params);
@@ -56,11 +161,5 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   std::unique_ptr<FolderLock> lock_;  // this run's claim on checkpoint_dir
   std::uint64_t configured_total_steps_;
 };
-
-/// The ViT a training stage builds from its params: a preset (model, image_size, classes,
-/// regression_outputs) with optional overrides of its shape (patch_size, dim, depth, heads,
-/// dropout; 0 keeps the preset's).
-std::vector<ParamSpec> vit_param_specs();
-ViTConfig vit_config_from(const Params& params);
 
 }  // namespace flowtrain::train

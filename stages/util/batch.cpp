@@ -2,16 +2,14 @@
 
 namespace flowtrain::stages {
 
-BatchStage::BatchStage(const Params& params)
-    : size_(static_cast<std::size_t>(params.get_int("size"))),
-      drop_last_(params.get_bool("drop_last")) {
+BatchStage::BatchStage(const Options& options)
+    : size_(static_cast<std::size_t>(options.size)), drop_last_(options.drop_last) {
   batch_.reserve(size_);
 }
 
 StageDoc BatchStage::describe() {
   return {"Groups integers into batches of `size`, in sequence order.",
-          {int_param("size", 32, "items per batch", 1, 1 << 20),
-           bool_param("drop_last", false, "drop the last batch if it is smaller than `size`")}};
+          option_specs<Options>()};
 }
 
 void BatchStage::process(std::uint64_t&& value, Emitter<std::vector<std::uint64_t>>& out) {

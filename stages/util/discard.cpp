@@ -2,8 +2,6 @@
 
 namespace flowtrain::stages {
 
-DiscardSink::DiscardSink(const Params& /*params*/) {}
-
 StageDoc DiscardSink::describe() { return {"Accepts items of any type and discards them.", {}}; }
 
 void DiscardSink::consume(Anything&& /*item*/, ItemContext& /*ctx*/) {}

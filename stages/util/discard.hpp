@@ -8,7 +8,8 @@ namespace flowtrain::stages {
 /// output, is the point (benchmarks, examples).
 class DiscardSink final : public Sink<Anything> {
  public:
-  explicit DiscardSink(const Params& params);
+  using Options = NoOptions;
+  explicit DiscardSink(const Options& = {}) {}
   static StageDoc describe();
 
  protected:

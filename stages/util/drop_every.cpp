@@ -4,12 +4,12 @@
 
 namespace flowtrain::stages {
 
-DropEveryStage::DropEveryStage(const Params& params)
-    : every_(static_cast<std::uint64_t>(params.get_int("every"))) {}
+DropEveryStage::DropEveryStage(const Options& options)
+    : every_(static_cast<std::uint64_t>(options.every)) {}
 
 StageDoc DropEveryStage::describe() {
   return {"Drops each item whose sequence number is a multiple of `every`, reporting why.",
-          {int_param("every", 0, "drop items 0, every, 2*every, ... (0: drop none)", 0)}};
+          option_specs<Options>()};
 }
 
 std::optional<std::uint64_t> DropEveryStage::process(std::uint64_t&& value, ItemContext& ctx) {

@@ -2,13 +2,13 @@
 
 namespace flowtrain::stages {
 
-RouteEveryStage::RouteEveryStage(const Params& params)
-    : every_(static_cast<std::uint64_t>(params.get_int("every"))) {}
+RouteEveryStage::RouteEveryStage(const Options& options)
+    : every_(static_cast<std::uint64_t>(options.every)) {}
 
 StageDoc RouteEveryStage::describe() {
   return {"A router: each item whose sequence number is a multiple of `every` goes to output "
           "`picked`, the others to `rest` (take them as `NAME.picked`, `NAME.rest`).",
-          {int_param("every", 2, "route items 0, every, 2*every, ... to `picked`", 1)}};
+          option_specs<Options>()};
 }
 
 std::optional<Routed<std::uint64_t>> RouteEveryStage::process(std::uint64_t&& value,

@@ -13,9 +13,18 @@ namespace flowtrain::stages {
 ///   - {type: route_every, name: split, params: {every: 4}}
 ///   - {type: spin, inputs: split.picked}
 ///   - {type: merge, inputs: [split.rest, spin]}
+struct RouteEveryOptions {
+  std::int64_t every = 2;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(every, "every", "route items 0, every, 2*every, ... to `picked`", {.min = 1});
+  }
+};
+
 class RouteEveryStage final : public Router<std::uint64_t, std::uint64_t> {
  public:
-  explicit RouteEveryStage(const Params& params);
+  using Options = RouteEveryOptions;
+  explicit RouteEveryStage(const Options& options);
   static StageDoc describe();
   static StageShape static_shape() { return shape_with_outputs({"picked", "rest"}); }
   StageShape shape() const override { return static_shape(); }

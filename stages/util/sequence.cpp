@@ -2,14 +2,13 @@
 
 namespace flowtrain::stages {
 
-SequenceSource::SequenceSource(const Params& params)
-    : next_(static_cast<std::uint64_t>(params.get_int("start"))),
-      end_(next_ + static_cast<std::uint64_t>(params.get_int("count"))) {}
+SequenceSource::SequenceSource(const Options& options)
+    : next_(static_cast<std::uint64_t>(options.start)),
+      end_(next_ + static_cast<std::uint64_t>(options.count)) {}
 
 StageDoc SequenceSource::describe() {
   return {"Emits the integers start .. start+count-1 in order.",
-          {int_param("count", 10000, "how many integers to emit", 0),
-           int_param("start", 0, "the first integer", 0)}};
+          option_specs<Options>()};
 }
 
 std::optional<std::uint64_t> SequenceSource::next() {

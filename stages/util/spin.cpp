@@ -2,11 +2,11 @@
 
 namespace flowtrain::stages {
 
-SpinStage::SpinStage(const Params& params) : rounds_(params.get_int("rounds")) {}
+SpinStage::SpinStage(const Options& options) : rounds_(options.rounds) {}
 
 StageDoc SpinStage::describe() {
   return {"CPU work of a chosen cost per item (rounds of 64-bit mixing, ~4 ns each).",
-          {int_param("rounds", 20000, "mixing rounds per item", 0)}};
+          option_specs<Options>()};
 }
 
 std::uint64_t SpinStage::mix(std::uint64_t value, std::int64_t rounds) {

@@ -10,9 +10,18 @@ namespace flowtrain::stages {
 /// Pure CPU work of a chosen cost: applies `rounds` rounds of a 64-bit mixing function to each
 /// integer (about 4 ns per round on this machine). Stands in for decode or augment work in
 /// examples.
+struct SpinOptions {
+  std::int64_t rounds = 20000;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(rounds, "rounds", "mixing rounds per item", {.min = 0});
+  }
+};
+
 class SpinStage final : public Map<std::uint64_t, std::uint64_t> {
  public:
-  explicit SpinStage(const Params& params);
+  using Options = SpinOptions;
+  explicit SpinStage(const Options& options);
   static StageDoc describe();
 
   /// The value the stage emits for `value`: the mixing function applied `rounds` times.

@@ -58,22 +58,13 @@ class ImageSource final : public Source<Sample> {
   std::uint64_t i_ = 0;
 };
 
-Params augment_params(const std::string& mode, int size) {
-  Params p = Params::defaults(AugmentStage::describe().params);
-  p.set("mode", mode);
-  p.set("size", std::int64_t{size});
-  p.set("brightness", 0.4);
-  p.set("contrast", 0.4);
-  p.set("saturation", 0.4);
-  p.set("seed", std::int64_t{7});
-  return p;
+AugmentStage::Options augment_options(const std::string& mode, int size) {
+  return {
+      .mode = mode, .size = size, .brightness = 0.4, .contrast = 0.4, .saturation = 0.4, .seed = 7};
 }
 
-Params collate_params(std::int64_t batch, std::int64_t pool) {
-  Params p = Params::defaults(CollateStage::describe().params);
-  p.set("batch_size", batch);
-  p.set("pool_size", pool);
-  return p;
+CollateStage::Options collate_options(std::int64_t batch, std::int64_t pool) {
+  return {.batch_size = batch, .pool = {.pool_size = pool}};
 }
 
 struct Collected {
@@ -86,9 +77,9 @@ Collected run_data_path(std::size_t augment_concurrency, std::uint64_t count, st
   Collected got;
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(count));
-  p.add("augment", std::make_unique<AugmentStage>(augment_params("train", 24)),
-        {.concurrency = augment_concurrency});
-  p.add("collate", std::make_unique<CollateStage>(collate_params(batch, 3)));
+  p.add<AugmentStage>("augment", augment_options("train", 24),
+                      {.concurrency = augment_concurrency});
+  p.add<CollateStage>("collate", collate_options(batch, 3));
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
           got.images.push_back(b.images.clone());
           got.labels.push_back(b.labels.clone());
@@ -157,8 +148,8 @@ TEST_CASE("Data.Collate.NormalisesIntoNchw" * doctest::timeout(60)) {
   Collected got;
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(10, 2));
-  p.add("augment", std::make_unique<AugmentStage>(augment_params("eval", 8)));
-  p.add("collate", std::make_unique<CollateStage>(collate_params(4, 2)));
+  p.add<AugmentStage>("augment", augment_options("eval", 8));
+  p.add<CollateStage>("collate", collate_options(4, 2));
   std::vector<Image> views;
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
           got.images.push_back(b.images.clone());
@@ -208,12 +199,12 @@ TEST_CASE("Data.Collate.BatchesBitIdenticalForConcurrency1And4" * doctest::timeo
 }
 
 TEST_CASE("Data.Collate.InFlightBatchesNeverExceedThePool" * doctest::timeout(120)) {
-  auto collate = std::make_unique<CollateStage>(collate_params(4, 2));
+  auto collate = std::make_unique<CollateStage>(collate_options(4, 2));
   CollateStage& stage = *collate;
   std::atomic<std::int64_t> alive{0}, peak{0};
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(80));
-  p.add("augment", std::make_unique<AugmentStage>(augment_params("train", 16)), {.concurrency = 2});
+  p.add<AugmentStage>("augment", augment_options("train", 16), {.concurrency = 2});
   p.add("collate", std::move(collate));
   // The sink's queue could hold 4 batches: more than the pool, so collate must wait for
   // buffers to come back rather than allocate.
@@ -230,13 +221,13 @@ TEST_CASE("Data.Collate.InFlightBatchesNeverExceedThePool" * doctest::timeout(12
 }
 
 TEST_CASE("Data.Collate.RejectsCudaWithoutCuda") {
-  Params p = collate_params(4, 2);
-  p.set("device", std::string("cuda:0"));
+  CollateStage::Options o = collate_options(4, 2);
+  o.pool.device = "cuda:0";
   if (!at::hasCUDA()) {
-    CHECK_THROWS_WITH_AS(CollateStage{p}, doctest::Contains("requested but"), Error);
+    CHECK_THROWS_WITH_AS(CollateStage{o}, doctest::Contains("requested but"), Error);
   }
-  p.set("device", std::string("tpu"));
-  CHECK_THROWS_WITH_AS(CollateStage{p}, "param 'device' must be 'cpu' or 'cuda[:N]', got 'tpu'",
+  o.pool.device = "tpu";
+  CHECK_THROWS_WITH_AS(CollateStage{o}, "param 'device' must be 'cpu' or 'cuda[:N]', got 'tpu'",
                        Error);
 }
 

@@ -15,11 +15,14 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "graph/registry.hpp"
+#include "stages/data/csv_source.hpp"
 #include "stages/data/dataset.hpp"
+#include "stages/data/image_folder_source.hpp"
 #include "stages/data/sample.hpp"
 #include "stages/data/shard.hpp"
-#include "tests/test_stages.hpp"
+#include "stages/data/shard_source.hpp"
 #include "tests/temp_dir.hpp"
+#include "tests/test_stages.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::data;
@@ -139,24 +142,26 @@ struct SourceFixture {
 
 constexpr const char* kSourceTypes[] = {"image_folder", "csv_manifest", "shard"};
 
-// Builds a registered stage from its declared defaults plus `overrides`.
+// Builds the source `type` of the dataset at `location` (empty: none given) with `source`.
 std::unique_ptr<Stage> make_stage(const std::string& type,
-                                  const std::map<std::string, ParamValue>& overrides) {
-  const StageInfo* info = Registry::global().find(type);
-  REQUIRE(info != nullptr);
-  Params params = Params::defaults(info->doc.params);
-  for (const auto& [name, value] : overrides) {
-    REQUIRE(info->find_param(name) != nullptr);
-    params.set(name, value);
+                                  const std::string& location,
+                                  const DatasetSourceOptions& source = {}) {
+  if (type == "image_folder") {
+    return std::make_unique<ImageFolderSource>(
+        ImageFolderSource::Options{.root = location, .source = source});
   }
-  return info->make(params);
+  if (type == "csv_manifest") {
+    return std::make_unique<CsvManifestSource>(
+        CsvManifestSource::Options{.manifest = location, .source = source});
+  }
+  REQUIRE(type == "shard");
+  return std::make_unique<ShardSource>(ShardSource::Options{.shard = location, .source = source});
 }
 
 std::unique_ptr<Stage> make_source(const SourceFixture& f,
                                    const std::string& type,
-                                   std::map<std::string, ParamValue> overrides = {}) {
-  overrides[f.location_param(type)] = f.location(type);
-  return make_stage(type, overrides);
+                                   const DatasetSourceOptions& source = {}) {
+  return make_stage(type, f.location(type), source);
 }
 
 // Runs `source` into a sink with two workers; returns what the sink got, in sequence order.
@@ -589,8 +594,7 @@ TEST_CASE("Data.Sources.PipelineRunEmitsExpectedCount" * doctest::timeout(60)) {
   const SourceFixture f;
   for (const char* type : kSourceTypes) {
     CAPTURE(type);
-    const std::vector<Sample> samples =
-        run_source(make_source(f, type, {{"epochs", std::int64_t{2}}}));
+    const std::vector<Sample> samples = run_source(make_source(f, type, {.epochs = 2}));
     REQUIRE(samples.size() == 2 * SourceFixture::kCount);
     for (const Sample& s : samples) {
       CAPTURE(s.index);
@@ -641,13 +645,9 @@ TEST_CASE("Data.Sources.EachSampleOncePerEpochAcrossRanks" * doctest::timeout(60
         // counts[epoch][index] over all ranks
         std::vector<std::map<std::uint64_t, std::size_t>> counts(kEpochs);
         for (std::int64_t rank = 0; rank < world; ++rank) {
-          const std::vector<Sample> samples =
-              run_source(make_source(f, type,
-                                     {{"epochs", std::int64_t{kEpochs}},
-                                      {"seed", std::int64_t{5}},
-                                      {"rank", rank},
-                                      {"world_size", world},
-                                      {"uneven", std::string(uneven)}}));
+          const std::vector<Sample> samples = run_source(make_source(
+              f, type,
+              {.epochs = kEpochs, .seed = 5, .rank = rank, .world_size = world, .uneven = uneven}));
           CHECK(samples.size() == per_rank * kEpochs);  // equal counts per rank
           for (const Sample& s : samples) ++counts[s.epoch][s.index];
         }
@@ -678,8 +678,8 @@ TEST_CASE("Data.Sources.ShuffleFollowsSeedAndEpoch" * doctest::timeout(60)) {
   const SourceFixture f;
   auto order = [&](const char* type, std::int64_t seed, bool shuffle) {
     std::vector<std::uint64_t> out;
-    for (const Sample& s : run_source(make_source(
-             f, type, {{"epochs", std::int64_t{2}}, {"seed", seed}, {"shuffle", shuffle}}))) {
+    for (const Sample& s :
+         run_source(make_source(f, type, {.epochs = 2, .seed = seed, .shuffle = shuffle}))) {
       out.push_back(s.index);
     }
     return out;
@@ -703,12 +703,10 @@ TEST_CASE("Data.Sources.LimitTakesFirstEntries" * doctest::timeout(60)) {
   const SourceFixture f;
   for (const char* type : kSourceTypes) {
     CAPTURE(type);
-    const std::vector<Sample> samples =
-        run_source(make_source(f, type, {{"limit", std::int64_t{4}}}));
+    const std::vector<Sample> samples = run_source(make_source(f, type, {.limit = 4}));
     CHECK(samples.size() == 4);
     for (const Sample& s : samples) CHECK(s.index < 4);
-    CHECK(run_source(make_source(f, type, {{"limit", std::int64_t{100}}})).size() ==
-          SourceFixture::kCount);
+    CHECK(run_source(make_source(f, type, {.limit = 100})).size() == SourceFixture::kCount);
   }
 }
 
@@ -716,27 +714,21 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
   const SourceFixture f;
   for (const char* type : kSourceTypes) {
     CAPTURE(type);
-    auto error_with = [&](std::map<std::string, ParamValue> params) {
-      return error_of([&] { make_source(f, type, std::move(params)); });
+    auto error_with = [&](const DatasetSourceOptions& source) {
+      return error_of([&] { make_source(f, type, source); });
     };
-    CHECK(error_with({{"uneven", std::string("even")}}) ==
-          "param 'uneven' must be 'pad' or 'drop', got 'even'");
-    CHECK(error_with({{"rank", std::int64_t{2}}, {"world_size", std::int64_t{2}}}) ==
+    CHECK(error_with({.uneven = "even"}) == "param 'uneven' must be 'pad' or 'drop', got 'even'");
+    CHECK(error_with({.rank = 2, .world_size = 2}) ==
           "param 'rank' (2) must be below world_size (2)");
-    CHECK(error_with({{"world_size", std::int64_t{-1}}}) ==
+    CHECK(error_with({.world_size = -1}) ==
           "param 'world_size' must be in [0, 9223372036854775807], got -1");
-    CHECK(error_with({{"rank", std::int64_t{-2}}}) ==
-          "param 'rank' must be in [-1, 9223372036854775807], got -2");
-    CHECK(error_of([&] { make_stage(type, {}); }) ==
+    CHECK(error_with({.rank = -2}) == "param 'rank' must be in [-1, 9223372036854775807], got -2");
+    CHECK(error_of([&] { make_stage(type, ""); }) ==
           "param '" + f.location_param(type) + "' is required");
   }
-  CHECK(contains(error_of([&] {
-                   make_stage("shard", {{"shard", f.manifest}});
-                 }),
+  CHECK(contains(error_of([&] { make_stage("shard", f.manifest); }),
                  f.manifest + ": not a flowtrain shard"));
-  CHECK(contains(error_of([&] {
-                   make_stage("csv_manifest", {{"manifest", f.shard}});
-                 }),
+  CHECK(contains(error_of([&] { make_stage("csv_manifest", f.shard); }),
                  f.shard + ":1: header must start with 'path,label'"));
 
   // From a config, validation names the location and stage, before anything is built: one line.
@@ -759,16 +751,15 @@ TEST_CASE("Data.Sources.SeekContinuesTheSameStream" * doctest::timeout(60)) {
   const SourceFixture f;
   for (const char* type : kSourceTypes) {
     CAPTURE(type);
-    const std::map<std::string, ParamValue> params = {{"epochs", std::int64_t{3}},
-                                                      {"seed", std::int64_t{9}}};
-    const std::vector<Sample> whole = run_source(make_source(f, type, params));
+    const DatasetSourceOptions options = {.epochs = 3, .seed = 9};
+    const std::vector<Sample> whole = run_source(make_source(f, type, options));
     REQUIRE(whole.size() == 3 * SourceFixture::kCount);
     for (std::size_t k = 0; k < whole.size(); ++k) CHECK(whole[k].position == k);
     for (const std::uint64_t at : {std::uint64_t{0}, std::uint64_t{1}, SourceFixture::kCount - 1,
                                    SourceFixture::kCount, SourceFixture::kCount + 3,
                                    3 * SourceFixture::kCount}) {
       CAPTURE(at);
-      std::unique_ptr<Stage> source = make_source(f, type, params);
+      std::unique_ptr<Stage> source = make_source(f, type, options);
       REQUIRE(source->seek(at));
       CHECK(source->plan(std::nullopt) == whole.size() - at);
       const std::vector<Sample> rest = run_source(std::move(source));
@@ -780,7 +771,7 @@ TEST_CASE("Data.Sources.SeekContinuesTheSameStream" * doctest::timeout(60)) {
       }
     }
     // Past the end: refused, nothing changed.
-    std::unique_ptr<Stage> source = make_source(f, type, params);
+    std::unique_ptr<Stage> source = make_source(f, type, options);
     CHECK_FALSE(source->seek(3 * SourceFixture::kCount + 1));
     CHECK(source->plan(std::nullopt) == whole.size());
   }

@@ -20,10 +20,11 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/bad_sample_policy.hpp"
+#include "stages/data/image_folder_source.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/synthetic.hpp"
-#include "tests/test_stages.hpp"
 #include "tests/temp_dir.hpp"
+#include "tests/test_stages.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::data;
@@ -151,21 +152,21 @@ struct DecodeRun {
   std::map<std::uint64_t, Sample> outputs;  // by Sample::index
 };
 
-Params decode_params(std::map<std::string, ParamValue> overrides = {}) {
-  Params params = Params::defaults(JpegDecodeStage::describe().params);
-  for (auto& [name, value] : overrides) params.set(name, value);
-  return params;
+// jpeg_decode's options with the bad-sample policy `policy`, the others their defaults.
+JpegDecodeStage::Options with_policy(BadSampleOptions policy) {
+  JpegDecodeStage::Options options;
+  options.decode.bad_samples = std::move(policy);
+  return options;
 }
 
 DecodeRun run_decode(std::unique_ptr<Source<Sample>> source,
-                     const Params& params,
+                     const JpegDecodeStage::Options& options,
                      std::size_t concurrency = 2) {
   DecodeRun run;
   std::mutex mutex;
   Pipeline p;
   p.add("files", std::move(source));
-  p.add("decode", std::make_unique<JpegDecodeStage>(params),
-        {.concurrency = concurrency, .queue_capacity = 8});
+  p.add<JpegDecodeStage>("decode", options, {.concurrency = concurrency, .queue_capacity = 8});
   p.add("sink", std::make_unique<testing::ProbeSink<Sample>>([&](Sample&& s, ItemContext&) {
           std::lock_guard lock(mutex);
           const std::uint64_t index = s.index;
@@ -570,9 +571,10 @@ TEST_CASE("Data.Decode.MinSideSpeedupOn1280x720" * doctest::timeout(60)) {
 // ---- the stage ---------------------------------------------------------------------------------
 
 TEST_CASE("Data.Decode.StageRejectsBadParams") {
-  CHECK_THROWS_WITH_AS(JpegDecodeStage(decode_params({{"on_bad_sample", std::string("maybe")}})),
-                       "on_bad_sample must be 'auto', 'skip', 'replace' or 'fail', not 'maybe'", Error);
-  CHECK_THROWS_AS(JpegDecodeStage(decode_params({{"max_bad_fraction", 1.5}})), Error);
+  CHECK_THROWS_WITH_AS(JpegDecodeStage(with_policy({.on_bad_sample = "maybe"})),
+                       "on_bad_sample must be 'auto', 'skip', 'replace' or 'fail', not 'maybe'",
+                       Error);
+  CHECK_THROWS_AS(JpegDecodeStage(with_policy({.max_bad_fraction = 1.5})), Error);
   CHECK(Registry::global().find("jpeg_decode") != nullptr);
 }
 
@@ -608,7 +610,7 @@ TEST_CASE("Data.Decode.StageReadsPathsFreesBytesReusesPixels" * doctest::timeout
     std::size_t next_ = 0;
   };
   std::map<std::uint64_t, const void*> buffers;
-  const DecodeRun run = run_decode(std::make_unique<MixedSource>(set, buffers), decode_params());
+  const DecodeRun run = run_decode(std::make_unique<MixedSource>(set, buffers), {});
   REQUIRE(run.outputs.size() == 12);
   for (const auto& [index, sample] : run.outputs) {
     CAPTURE(index);
@@ -630,7 +632,7 @@ TEST_CASE("Data.Decode.EachBrokenKindDroppedWithReason" * doctest::timeout(60)) 
   for (const bool with_bytes : {false, true}) {
     CAPTURE(with_bytes);
     const DecodeRun run = run_decode(std::make_unique<FileListSource>(set.files, with_bytes),
-                                     decode_params({{"max_bad_fraction", 1.0}}));
+                                     with_policy({.max_bad_fraction = 1.0}));
     const StageReport& decode = run.report.stages[1];
     CHECK(run.outputs.empty());
     CHECK(decode.dropped == set.files.size());
@@ -649,8 +651,7 @@ TEST_CASE("Data.Decode.PipelineDropsExactlyTheBrokenFiles" * doctest::timeout(12
       {.root = dir.str(), .count = 600, .classes = 10, .seed = 7, .broken_fraction = 0.01});
   REQUIRE(set.broken_count() == 6);
 
-  const DecodeRun run = run_decode(std::make_unique<FileListSource>(set.files),
-                                   decode_params({{"min_side", std::int64_t{32}}}));
+  const DecodeRun run = run_decode(std::make_unique<FileListSource>(set.files), {.min_side = 32});
   const StageReport& decode = run.report.stages[1];
   CHECK(decode.items_in == 600);
   CHECK(decode.dropped == 6);
@@ -683,8 +684,8 @@ TEST_CASE("Data.Decode.OnBadSampleFailIsOneStageError" * doctest::timeout(60)) {
   const std::size_t first_bad = 5;  // (2 * 0 + 1) * 60 / (2 * 6)
   REQUIRE(set.files[first_bad].broken == BrokenKind::kEmpty);
   try {
-    run_decode(std::make_unique<FileListSource>(set.files),
-               decode_params({{"on_bad_sample", std::string("fail")}}), /*concurrency=*/1);
+    run_decode(std::make_unique<FileListSource>(set.files), with_policy({.on_bad_sample = "fail"}),
+               /*concurrency=*/1);
     FAIL("the run did not fail");
   } catch (const StageError& e) {
     CHECK(e.stage() == "decode");
@@ -701,7 +702,7 @@ TEST_CASE("Data.Decode.MaxBadFractionIsOneStageError" * doctest::timeout(60)) {
       generate_jpeg_dataset({.root = dir.str(), .count = 60, .broken_fraction = 0.2});
   REQUIRE(set.files[17].broken == BrokenKind::kCorruptData);
   try {
-    run_decode(std::make_unique<FileListSource>(set.files), decode_params(), /*concurrency=*/1);
+    run_decode(std::make_unique<FileListSource>(set.files), {}, /*concurrency=*/1);
     FAIL("the run did not fail");
   } catch (const StageError& e) {
     CHECK(e.stage() == "decode");
@@ -715,7 +716,7 @@ TEST_CASE("Data.Decode.MaxBadFractionIsOneStageError" * doctest::timeout(60)) {
   }
   // Allowing 25%, the run completes with its 12 drops.
   const DecodeRun run = run_decode(std::make_unique<FileListSource>(set.files),
-                                   decode_params({{"max_bad_fraction", 0.25}}));
+                                   with_policy({.max_bad_fraction = 0.25}));
   CHECK(run.report.stages[1].dropped == 12);
   CHECK(run.outputs.size() == 48);
 }
@@ -724,10 +725,10 @@ TEST_CASE("Data.Decode.MaxBadFractionIsOneStageError" * doctest::timeout(60)) {
 // the share is judged in sequence order (a run on 1% broken files used to stop in 2-3 of 20
 // runs, at "2 of 39").
 TEST_CASE("Data.Decode.MaxBadFractionDoesNotDependOnScheduling") {
-  Params params = Params::defaults(BadSamplePolicy::param_specs());
+  BadSampleOptions options;
   const std::set<std::uint64_t> broken = {3, 45, 50, 140};  // 3 of 51 (5.9%) is the first > 5%
   auto outcome = [&](const std::vector<std::uint64_t>& order) {
-    BadSamplePolicy policy(params);
+    BadSamplePolicy policy(options);
     try {
       for (const std::uint64_t seq : order) {
         ItemContext ctx(seq);
@@ -757,8 +758,8 @@ TEST_CASE("Data.Decode.MaxBadFractionDoesNotDependOnScheduling") {
   // A sample that never arrives (dropped before the stage) is passed over in time.
   std::vector<std::uint64_t> gap(BadSamplePolicy::kLookahead + 50);
   std::iota(gap.begin(), gap.end(), 1);  // no 0
-  params.set("max_bad_fraction", 1.0);
-  BadSamplePolicy policy(params);
+  options.max_bad_fraction = 1.0;
+  BadSamplePolicy policy(options);
   for (std::size_t i = 0; i < gap.size(); ++i) {
     if (i == BadSamplePolicy::kLookahead) CHECK(policy.seen() == 0);  // still waiting for 0
     ItemContext ctx(gap[i]);
@@ -784,15 +785,10 @@ TEST_CASE("Data.Decode.ReplaceKeepsTheCountWithTheSameStandIns" * doctest::timeo
     std::map<std::uint64_t, std::string> decoded;
     std::mutex mutex;
     Pipeline pipeline;
-    pipeline.add("source", std::unique_ptr<Stage>(Registry::global().find("image_folder")->make([&] {
-                   Params p = Params::defaults(Registry::global().find("image_folder")->doc.params);
-                   p.set("root", set.root);
-                   p.set("epochs", std::int64_t{2});
-                   return p;
-                 }())));
-    Params params = decode_params({{"on_bad_sample", std::string("replace")},
-                                   {"max_bad_fraction", 0.1}});
-    pipeline.add("decode", std::make_unique<JpegDecodeStage>(params), {.concurrency = 2});
+    pipeline.add<ImageFolderSource>("source", {.root = set.root, .source = {.epochs = 2}});
+    pipeline.add<JpegDecodeStage>(
+        "decode", with_policy({.on_bad_sample = "replace", .max_bad_fraction = 0.1}),
+        {.concurrency = 2});
     pipeline.add("record", std::make_unique<testing::ProbeSink<Sample>>([&](Sample&& s, ItemContext&) {
       std::lock_guard lock(mutex);
       CHECK(s.image.width == 64);
@@ -832,8 +828,8 @@ TEST_CASE("Data.Decode.FifoDeviceAndHugeFilesAreRefusedByName" * doctest::timeou
   std::vector<GeneratedFile> files = set.files;
   files.push_back({fifo, 0});
   files.push_back({zero, 0});
-  const DecodeRun run = run_decode(std::make_unique<FileListSource>(files),
-                                   decode_params({{"max_bad_fraction", 1.0}}));
+  const DecodeRun run =
+      run_decode(std::make_unique<FileListSource>(files), with_policy({.max_bad_fraction = 1.0}));
   CHECK(run.outputs.size() == 4);
   const StageReport& decode = run.report.stages[1];
   REQUIRE(decode.drops.size() == 2);

@@ -134,33 +134,30 @@ struct Batches {
   RunReport report;
 };
 
-Params crop_params(std::int64_t batch, int size) {
-  Params p = Params::defaults(DecodeCropStage::describe().params);
-  p.set("batch_size", batch);
-  p.set("size", std::int64_t{size});
-  p.set("brightness", 0.3);
-  p.set("saturation", 0.3);
-  p.set("seed", std::int64_t{5});
-  p.set("pool_size", std::int64_t{8});
-  p.set("max_bad_fraction", 0.5);
-  return p;
+DecodeCropStage::Options crop_options(std::int64_t batch, int size) {
+  DecodeCropStage::Options o;
+  o.batch_size = batch;
+  o.augment.size = size;
+  o.augment.brightness = 0.3;
+  o.augment.saturation = 0.3;
+  o.augment.seed = 5;
+  o.decode.bad_samples.max_bad_fraction = 0.5;
+  o.pool.pool_size = 8;
+  return o;
 }
 
 Batches run_crop_path(std::unique_ptr<Stage> source,
                       std::size_t concurrency,
                       std::int64_t batch,
                       int size = 32,
-                      const std::function<void(Params&)>& adjust = {}) {
+                      const std::function<void(DecodeCropStage::Options&)>& adjust = {}) {
   Batches got;
-  Params crop = crop_params(batch, size);
+  DecodeCropStage::Options crop = crop_options(batch, size);
   if (adjust) adjust(crop);
-  Params assemble = Params::defaults(AssembleBatchStage::describe().params);
-  assemble.set("batch_size", batch);
   Pipeline p;
   p.add("source", std::move(source));
-  p.add("crop", std::make_unique<DecodeCropStage>(crop),
-        {.concurrency = concurrency, .queue_capacity = 4});
-  p.add("assemble", std::make_unique<AssembleBatchStage>(assemble));
+  p.add<DecodeCropStage>("crop", crop, {.concurrency = concurrency, .queue_capacity = 4});
+  p.add<AssembleBatchStage>("assemble", {.batch_size = batch});
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
           got.images.push_back(b.images.clone());
           got.labels.push_back(b.labels.clone());
@@ -300,12 +297,12 @@ TEST_CASE("Data.DecodeCrop.GrayCmykAndPngAllBecomeRows" * doctest::timeout(60)) 
   const Batches got = run_crop_path(
       std::make_unique<BytesSource>(std::vector<Bytes>{photo(96, 72, 1), gray, cmyk, png},
                                     std::vector<std::uint64_t>{}),
-      2, 4, 24, [](Params& p) {  // every view the whole 4:3 image, unflipped, unjittered
-        p.set("scale", std::vector<double>{1, 1});
-        p.set("ratio", std::vector<double>{4.0 / 3, 4.0 / 3});
-        p.set("flip", 0.0);
-        p.set("brightness", 0.0);
-        p.set("saturation", 0.0);
+      2, 4, 24, [](DecodeCropStage::Options& o) {  // whole-image views, unflipped, unjittered
+        o.augment.scale = {1, 1};
+        o.augment.ratio = {4.0 / 3, 4.0 / 3};
+        o.augment.flip = 0;
+        o.augment.brightness = 0;
+        o.augment.saturation = 0;
       });
   CHECK(got.report.stages[1].dropped == 0);
   REQUIRE(got.images.size() == 1);
@@ -401,16 +398,14 @@ TEST_CASE("Data.DecodeCrop.InFlightBatchesNeverExceedThePool" * doctest::timeout
   // The slow sink's queue could hold 4 batches, more than the pool of 3: decode_crop must wait
   // for buffers to come back rather than allocate, and still deliver every batch.
   std::vector<Bytes> images(60, photo(64, 48, 3));
-  Params params = crop_params(4, 16);
-  params.set("pool_size", std::int64_t{3});
-  auto crop = std::make_unique<DecodeCropStage>(params);
+  DecodeCropStage::Options options = crop_options(4, 16);
+  options.pool.pool_size = 3;
+  auto crop = std::make_unique<DecodeCropStage>(options);
   DecodeCropStage& stage = *crop;
-  Params assemble = Params::defaults(AssembleBatchStage::describe().params);
-  assemble.set("batch_size", std::int64_t{4});
   Pipeline p;
   p.add("source", std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}));
   p.add("crop", std::move(crop), {.concurrency = 2, .queue_capacity = 2});
-  p.add("assemble", std::make_unique<AssembleBatchStage>(assemble), {.queue_capacity = 2});
+  p.add<AssembleBatchStage>("assemble", {.batch_size = 4}, {.queue_capacity = 2});
   p.add("slow_sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
           CHECK(b.size() == 4);
           testing::sleep_us(3000);
@@ -460,12 +455,10 @@ TEST_CASE("Data.DecodeCrop.SameBatchesAsDecodeAugmentCollate" * doctest::timeout
 
 TEST_CASE("Data.DecodeCrop.AssembleNamesAMismatchedBatchSize" * doctest::timeout(60)) {
   std::vector<Bytes> images(4, photo(64, 48, 1));
-  Params assemble = Params::defaults(AssembleBatchStage::describe().params);
-  assemble.set("batch_size", std::int64_t{3});
   Pipeline p;
   p.add("source", std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}));
-  p.add("crop", std::make_unique<DecodeCropStage>(crop_params(2, 16)));
-  p.add("assemble", std::make_unique<AssembleBatchStage>(assemble));
+  p.add<DecodeCropStage>("crop", crop_options(2, 16));
+  p.add<AssembleBatchStage>("assemble", {.batch_size = 3});
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([](Batch&&, ItemContext&) {}));
   CHECK_THROWS_WITH_AS(p.run({.threads = 2}),
                        doctest::Contains("give both stages the same batch_size"), Error);

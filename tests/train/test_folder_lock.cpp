@@ -4,11 +4,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "graph/error.hpp"
-#include "graph/params.hpp"
 #include "stages/train/folder_lock.hpp"
 #include "stages/train/train_step.hpp"
 #include "tests/train/training_fixture.hpp"
@@ -33,20 +30,12 @@ TEST_CASE("Train.FolderLock.SecondClaimFailsNamingTheHolder") {
 TEST_CASE("Train.FolderLock.TwoTrainingStagesCannotShareACheckpointDir") {
   // Two runs into one checkpoint_dir used to both "succeed", interleaving steps.csv.
   TempDir dir("lock-stage");
-  Params params = Params::defaults(TrainStepStage::describe().params);
-  for (const auto& [key, value] :
-       std::vector<std::pair<std::string, std::int64_t>>{{"classes", 4},
-                                                         {"image_size", 32},
-                                                         {"patch_size", 8},
-                                                         {"dim", 32},
-                                                         {"depth", 1},
-                                                         {"heads", 2}}) {
-    params.set(key, value);
-  }
-  params.set("checkpoint_dir", dir / "run");
-  const TrainStepStage first(params);
+  const TrainStepStage::Options options{
+      .checkpoint_dir = dir / "run",
+      .vit = {.image_size = 32, .classes = 4, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2}};
+  const TrainStepStage first(options);
   CHECK_THROWS_WITH_AS(
-      TrainStepStage{params},
+      TrainStepStage{options},
       doctest::Contains(
           ("checkpoint_dir " + (dir / "run") + " is in use by another run (pid ").c_str()),
       Error);

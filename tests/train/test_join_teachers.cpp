@@ -47,12 +47,6 @@ void write_teacher(const std::string& path, std::uint64_t seed, int dim) {
   save_checkpoint(path, teacher, nullptr, {});
 }
 
-std::unique_ptr<Stage> teacher(const std::string& model) {
-  Params params = Params::defaults(TeacherInferStage::describe().params);
-  params.set("model", model);
-  return std::make_unique<TeacherInferStage>(params);
-}
-
 // What reaches the sink, by batch number.
 struct Seen {
   std::mutex mutex;
@@ -77,7 +71,7 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
   for (auto [model, seen] : {std::pair{dir / "a.pt", &alone_a}, std::pair{dir / "b.pt", &alone_b}}) {
     Pipeline p;
     p.add("batches", std::make_unique<RandomBatches>(6));
-    p.add("teacher", teacher(model));
+    p.add<TeacherInferStage>("teacher", {.model = model});
     p.add("sink", seen->sink());
     p.run({.threads = 2});
   }
@@ -88,10 +82,11 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
   Seen joined;
   Pipeline p;
   p.add("batches", std::make_unique<RandomBatches>(6));
-  p.add("teacher_a", teacher(dir / "a.pt"), {.queue_capacity = 2});
-  p.add("teacher_b", teacher(dir / "b.pt"), {.queue_capacity = 2, .inputs = {"batches"}});
-  p.add("join", std::make_unique<JoinTeachersStage>(Params()),
-        {.concurrency = 2, .queue_capacity = 2, .inputs = {"teacher_a", "teacher_b"}});
+  p.add<TeacherInferStage>("teacher_a", {.model = dir / "a.pt"}, {.queue_capacity = 2});
+  p.add<TeacherInferStage>("teacher_b", {.model = dir / "b.pt"},
+                           {.queue_capacity = 2, .inputs = {"batches"}});
+  p.add<JoinTeachersStage>(
+      "join", {}, {.concurrency = 2, .queue_capacity = 2, .inputs = {"teacher_a", "teacher_b"}});
   p.add("sink", joined.sink());
   const RunReport report = p.run({.threads = 2});
   CHECK(report.stages[3].items_in == 6);
@@ -138,7 +133,7 @@ TEST_CASE("Train.Ensemble.JoinRefusesMismatchedTeachers") {
           return std::optional<data::Batch>(std::move(x));
         }),
         {.inputs = {"batches"}});
-  p.add("join", std::make_unique<JoinTeachersStage>(Params()), {.inputs = {"same", "other"}});
+  p.add<JoinTeachersStage>("join", {}, {.inputs = {"same", "other"}});
   p.add("sink", std::make_unique<ProbeSink<data::Batch>>([](data::Batch&&, ItemContext&) {}));
   CHECK_THROWS_WITH_AS(p.run({.threads = 1}),
                        "stage 'join' failed on item 0: teacher logits of branch 2 have shape "

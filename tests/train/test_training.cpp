@@ -161,13 +161,20 @@ TEST_CASE("Train.Distill.TeacherLearnsStudentFollows" * doctest::timeout(300)) {
 
 namespace {
 
+struct PoisonBatchOptions {
+  std::int64_t batch = 3;
+  template <class Declare>
+  void declare(Declare& d) {
+    d(batch, "batch", "batch number to poison");
+  }
+};
+
 // Test-only: fills the images of one batch with NaN, the way a corrupt input would poison a step.
 class PoisonBatchStage final : public Map<data::Batch, data::Batch> {
  public:
-  explicit PoisonBatchStage(const Params& params) : number_(params.get_int("batch")) {}
-  static StageDoc describe() {
-    return {"test: NaN images in one batch", {int_param("batch", 3, "batch number to poison")}};
-  }
+  using Options = PoisonBatchOptions;
+  explicit PoisonBatchStage(const Options& options) : number_(options.batch) {}
+  static StageDoc describe() { return {"test: NaN images in one batch", option_specs<Options>()}; }
 
  protected:
   std::optional<data::Batch> process(data::Batch&& batch, ItemContext&) override {
