@@ -105,7 +105,9 @@ PhasesOutcome run_phases(RunConfig& config,
       };
     }
     if (hooks.prepare) hooks.prepare(phase, leader);
-    std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
+    BuildContext context;
+    if (world) context.provide(*world);
+    std::unique_ptr<Pipeline> pipeline = build_pipeline(phase, Registry::global(), context);
     if (leader) {
       // The nodes the report lists, the ones a `train_step` entry brings included.
       const std::size_t nodes = pipeline->decls().size();

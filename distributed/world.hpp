@@ -31,12 +31,13 @@ class WorldError : public Error {
 
 /// The c10d process group of a data-parallel job: created once per process from the launcher's
 /// environment (JobPlacement), rendezvous through a c10d TCPStore on MASTER_ADDR:MASTER_PORT
-/// (hosted by rank 0). Stages find it with World::current(); a single process has none.
+/// (hosted by rank 0). The runner (run_phases) hands it to the stages it builds through their
+/// BuildContext; a single process has none:
 ///
-///   if (dist::World* world = dist::World::current()) {
-///     std::vector<at::Tensor> t = {grad};
-///     world->group().allreduce(t)->wait();
-///   }
+///   EvaluateStage(const Options& options, const BuildContext& context)
+///       : world_(context.find<dist::World>()) {}
+///   ...
+///   if (world_) world_->group().allreduce(sums)->wait();
 ///
 /// Every rank writes a heartbeat to the store each second from a background thread; the waits
 /// below and diagnose() use them to name a rank that was killed or hung instead of waiting out
@@ -48,7 +49,8 @@ class World {
   /// that did not arrive, a config hash that differs from rank 0's (naming both ranks); Error
   /// for a backend this LibTorch lacks.
   static World* init(const JobPlacement& placement, const WorldOptions& options);
-  /// The world of this process, or nullptr when it runs alone.
+  /// The world of this process, or nullptr when it runs alone: for the process's own concerns
+  /// (its error prefix, leaving the job on a fatal error). Stages get it when built instead.
   static World* current();
   /// Leaves the job (waits for the other ranks first, so nobody sees a vanished peer; rank 0,
   /// which hosts the store, leaves last). Throws WorldError if a rank does not arrive; the

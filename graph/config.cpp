@@ -963,12 +963,14 @@ void check_thread_budget(const PipelineConfig& phase, const Registry& registry) 
   throw Error(where + ": " + phase_label(phase.name) + problem);
 }
 
-std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config, const Registry& registry) {
+std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
+                                         const Registry& registry,
+                                         const BuildContext& context) {
   auto pipeline = std::make_unique<Pipeline>();
   for (const StageConfig& stage : expanded_stages(config, registry)) {
     std::unique_ptr<Stage> built;
     try {
-      built = registered(stage, registry).make(stage.params);
+      built = registered(stage, registry).make(stage.params, context);
     } catch (const std::exception& e) {
       throw Error(stage.location + ": " + phase_label(config.name) +
                   stage_label(stage.name, stage.type) + e.what());

@@ -135,9 +135,11 @@ void check_thread_budget(const PipelineConfig& phase, const Registry& registry =
 
 /// Constructs the stages of a validated config (one phase). Errors thrown by a stage's
 /// constructor (a file it cannot open, say) come back as Error prefixed with the stage's
-/// location and name, and the phase's name.
+/// location and name, and the phase's name. Each stage is built with `context`: the run's
+/// services, such as the job's process group.
 std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
-                                         const Registry& registry = Registry::global());
+                                         const Registry& registry = Registry::global(),
+                                         const BuildContext& context = {});
 
 /// The nodes a config (one phase) runs: its entries in order, each entry whose output no other
 /// entry takes followed by the nodes it expands into (StageInfo::expand: a `train_step` brings

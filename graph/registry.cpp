@@ -70,8 +70,9 @@ Registry& Registry::global() {
             "branches of one router; emits their item type.",
             {}},
            MergeStage::static_shape(),
-           [](const Params&) { return std::unique_ptr<Stage>(new MergeStage); }});
-    r.add({"mix", MixStage::describe(), MixStage::static_shape(), [](const Params& p) {
+           [](const Params&, const BuildContext&) { return std::unique_ptr<Stage>(new MergeStage); }});
+    r.add({"mix", MixStage::describe(), MixStage::static_shape(),
+           [](const Params& p, const BuildContext&) {
              return std::unique_ptr<Stage>(new MixStage(options_from<MixStage::Options>(p)));
            }});
     return r;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/build_context.hpp"
 #include "graph/options.hpp"
 #include "graph/params.hpp"
 #include "graph/stage.hpp"
@@ -44,7 +45,8 @@ struct StageInfo {
   std::string type;
   StageDoc doc;
   StageShape shape;
-  std::function<std::unique_ptr<Stage>(const Params&)> make;
+  /// Builds a stage from validated params, with the run's services (BuildContext).
+  std::function<std::unique_ptr<Stage>(const Params&, const BuildContext&)> make;
   /// The nodes an entry brings, from its params: the rest of its work (a training step's
   /// grad_sync and optimizer_step) and the nodes that take its output when no other entry does
   /// (the step's log, checkpoint and snapshot writers): one entry in a config, every node in
@@ -74,8 +76,15 @@ namespace detail {
 template <class S>
 struct Registrar {
   explicit Registrar(const char* type) {
-    StageInfo info{type, S::describe(), S::static_shape(), [](const Params& p) {
-                     return std::unique_ptr<Stage>(new S(options_from<typename S::Options>(p)));
+    StageInfo info{type, S::describe(), S::static_shape(),
+                   [](const Params& p, const BuildContext& context) {
+                     auto options = options_from<typename S::Options>(p);
+                     if constexpr (std::is_constructible_v<S, decltype(options),
+                                                           const BuildContext&>) {
+                       return std::unique_ptr<Stage>(new S(options, context));
+                     } else {
+                       return std::unique_ptr<Stage>(new S(options));
+                     }
                    }};
     if constexpr (requires(const Params& p) { S::expand(p); }) info.expand = &S::expand;
     Registry::global().add(std::move(info));
@@ -90,7 +99,8 @@ struct Registrar {
 
 /// Makes a stage class available to configs under `type`. The class needs an `Options` struct
 /// (graph/options.hpp), `static StageDoc describe()` listing `option_specs<Options>()`, and a
-/// constructor taking `const Options&`, and may have
+/// constructor taking `const Options&` (and `const BuildContext&` if it needs the run's
+/// services, such as the process group), and may have
 /// `static std::vector<ExpandedNode> expand(const Params&)` (StageInfo::expand):
 ///
 ///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };

@@ -51,9 +51,9 @@ const Registry& test_registry() {
   static const Registry registry = [] {
     Registry r = Registry::global();
     r.add({"lines", LinesSource::describe(), LinesSource::static_shape(),
-           [](const Params& p) { return std::unique_ptr<Stage>(new LinesSource(p)); }});
+           [](const Params& p, const BuildContext&) { return std::unique_ptr<Stage>(new LinesSource(p)); }});
     r.add({"heavy", HeavyMap::describe(), HeavyMap::static_shape(),
-           [](const Params& p) { return std::unique_ptr<Stage>(new HeavyMap(p)); }});
+           [](const Params& p, const BuildContext&) { return std::unique_ptr<Stage>(new HeavyMap(p)); }});
     return r;
   }();
   return registry;

@@ -292,7 +292,7 @@ TEST_CASE("Pipeline.Dag.ChecksTheGraph") {
 
 TEST_CASE("Config.Dag.InputsFromYaml" * doctest::timeout(60)) {
   Registry registry = Registry::global();
-  registry.add({"sum_join", {"test join", {}}, SumJoin::static_shape(), [](const Params&) {
+  registry.add({"sum_join", {"test join", {}}, SumJoin::static_shape(), [](const Params&, const BuildContext&) {
                   return std::unique_ptr<Stage>(new SumJoin);
                 }});
   const std::string text = R"(threads: 2
@@ -429,7 +429,7 @@ TEST_CASE("Pipeline.Dag.RouterOutputsAreChecked") {
 
 TEST_CASE("Config.Dag.RouterAndMergeFromYaml" * doctest::timeout(60)) {
   Registry registry = Registry::global();
-  registry.add({"parity", {"test router", {}}, Parity::static_shape(), [](const Params&) {
+  registry.add({"parity", {"test router", {}}, Parity::static_shape(), [](const Params&, const BuildContext&) {
                   return std::unique_ptr<Stage>(new Parity);
                 }});
   const PipelineConfig config = parse_pipeline_config(R"(threads: 2

@@ -15,7 +15,7 @@ TEST_CASE("Registry.Builtins.EveryBuiltinStageIsRegistered") {
     REQUIRE(info != nullptr);
     CHECK(!info->doc.summary.empty());
     for (const ParamSpec& p : info->doc.params) CHECK(!p.doc.empty());
-    CHECK(info->make(Params::defaults(info->doc.params)) != nullptr);
+    CHECK(info->make(Params::defaults(info->doc.params), BuildContext{}) != nullptr);
   }
 }
 

@@ -109,7 +109,7 @@ template <class In>
 void add_probe_sink(Registry& registry,
                     const std::string& type,
                     std::function<void(In&&, ItemContext&)> body) {
-  registry.add({type, {"a test's probe", {}}, Sink<In>::static_shape(), [body](const Params&) {
+  registry.add({type, {"a test's probe", {}}, Sink<In>::static_shape(), [body](const Params&, const BuildContext&) {
                   return std::unique_ptr<Stage>(new ProbeSink<In>(body));
                 }});
 }

@@ -8,9 +8,9 @@
 
 namespace flowtrain::data {
 
-BadSamplePolicy::BadSamplePolicy(const BadSampleOptions& options)
+BadSamplePolicy::BadSamplePolicy(const BadSampleOptions& options, const dist::World* world)
     : max_bad_fraction_(options.max_bad_fraction) {
-  if (const dist::World* world = dist::World::current()) {
+  if (world) {
     rank_ = world->rank();
     world_size_ = world->size();
   }

@@ -11,6 +11,10 @@
 #include "graph/stage.hpp"
 #include "stages/data/sample.hpp"
 
+namespace flowtrain::dist {
+class World;
+}
+
 namespace flowtrain::data {
 
 /// The `on_bad_sample` and `max_bad_fraction` params of the stages that decode (BadSamplePolicy).
@@ -53,7 +57,9 @@ struct BadSampleOptions {
 class BadSamplePolicy {
  public:
   /// Throws Error for an unknown `on_bad_sample` or a `max_bad_fraction` outside [0, 1].
-  explicit BadSamplePolicy(const BadSampleOptions& options);
+  /// `world`: the job's process group when the run is one rank of several (`auto` then
+  /// replaces, and the report names the rank), else nullptr.
+  BadSamplePolicy(const BadSampleOptions& options, const dist::World* world);
 
   /// Decodes `sample` with `attempt` (it returns why it failed, or an empty string). Returns
   /// true with `sample` decoded (under `replace` maybe a stand-in), or false after dropping it

@@ -9,20 +9,13 @@
 
 #if FLOWTRAIN_WITH_CUDA
 #include <ATen/Context.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace flowtrain::data {
 
-namespace {
 bool wants_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
-}  // namespace
 
-BatchPool::BatchPool(std::size_t capacity, std::string device)
-    : capacity_(capacity), device_(std::move(device)) {}
-
-std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, const std::string& device) {
+void check_device(const std::string& device) {
   if (device != "cpu" && !wants_cuda(device)) {
     throw Error("param 'device' must be 'cpu' or 'cuda[:N]', got '" + device + "'");
   }
@@ -36,6 +29,13 @@ std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, const std::st
                 "' requested but this LibTorch was built without CUDA; use device: cpu");
   }
 #endif
+}
+
+BatchPool::BatchPool(std::size_t capacity, std::string device)
+    : capacity_(capacity), device_(std::move(device)) {}
+
+std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, const std::string& device) {
+  check_device(device);
   return std::shared_ptr<BatchPool>(new BatchPool(capacity, device));
 }
 
@@ -129,20 +129,6 @@ Batch BatchFiller::take(std::uint64_t end_position) {
   batch.labels = buffers->labels.narrow(0, 0, rows_);
   batch.targets = buffers->targets.narrow(0, 0, rows_);
   discard();
-#if FLOWTRAIN_WITH_CUDA
-  if (wants_cuda(buffers->device)) {
-    // Copy on a side stream so it overlaps the model's work on the default stream; this thread
-    // waits for the copy, then the pinned buffer goes back to the pool at once.
-    const at::Device device(buffers->device);
-    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
-    c10::cuda::CUDAStreamGuard guard(stream);
-    batch.images = batch.images.to(device, /*non_blocking=*/true);
-    batch.labels = batch.labels.to(device, /*non_blocking=*/true);
-    batch.targets = batch.targets.to(device, /*non_blocking=*/true);
-    stream.synchronize();
-    buffers.reset();
-  }
-#endif
   batch.lease = std::move(buffers);
   return batch;
 }

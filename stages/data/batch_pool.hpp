@@ -24,9 +24,16 @@ struct BatchPoolOptions {
       {.min = 1});
     d(wait_timeout_s, "wait_timeout_s", "how long to wait for a free buffer before failing",
       {.min = 0});
-    d(device, "device", "cpu, or cuda[:N] (pinned buffers, async copy)");
+    d(device, "device",
+      "cpu, or cuda[:N]: pinned buffers, for stage_to_device's async copy to that device");
   }
 };
+
+/// True for "cuda" and "cuda:N".
+bool wants_cuda(const std::string& device);
+/// Throws Error unless `device` is "cpu", or "cuda[:N]" with a LibTorch built with CUDA and a
+/// device present.
+void check_device(const std::string& device);
 
 /// A bounded pool of batch buffers (images, labels, targets) of one shape. Buffers are made on
 /// demand up to `capacity`, then reused: no allocation in steady state, and memory bounded.

@@ -31,8 +31,9 @@ struct CollateOptions {
 
 /// Collates samples into NCHW float32 batches, normalising on the way ((pixel / 255 - mean) /
 /// std, fused with the HWC -> CHW copy straight into a pooled buffer). Batches leave in sample
-/// order. With `device: cuda`, where LibTorch has CUDA, buffers are pinned and each batch is
-/// copied to the GPU with non_blocking on a side stream; without CUDA that path compiles away.
+/// order. With `device: cuda`, where LibTorch has CUDA, buffers are pinned, and a
+/// `stage_to_device` node after it copies each batch to the GPU; without CUDA that path
+/// compiles away.
 class CollateStage final : public FlatMap<Sample, Batch> {
  public:
   using Options = CollateOptions;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/data/jpeg_crop.hpp"
 #include "stages/data/opencv_threads.hpp"
@@ -33,9 +34,9 @@ constexpr std::size_t kOpenBatches = 64;
 
 }  // namespace
 
-DecodeCropStage::DecodeCropStage(const Options& options)
+DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& context)
     : decode_(options.decode.decode_options()),
-      policy_(options.decode.bad_samples),
+      policy_(options.decode.bad_samples, context.find<dist::World>()),
       augment_(options.augment.policy()),
       size_(static_cast<int>(options.augment.size)),
       roi_(options.roi),

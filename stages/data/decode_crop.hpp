@@ -59,7 +59,9 @@ struct DecodeCropOptions {
 class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
   using Options = DecodeCropOptions;
-  explicit DecodeCropStage(const Options& options);
+  /// `context`: the run's services; its process group (dist::World) if the run is a rank of
+  /// a job.
+  explicit DecodeCropStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
   std::vector<StageResult> results() const override { return policy_.results(); }

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/data/opencv_threads.hpp"
 
@@ -456,8 +457,9 @@ void release_encoded(Sample& sample) {
   thread_scratch().trim();
 }
 
-JpegDecodeStage::JpegDecodeStage(const Options& options)
-    : options_(options.decode.decode_options()), policy_(options.decode.bad_samples) {
+JpegDecodeStage::JpegDecodeStage(const Options& options, const BuildContext& context)
+    : options_(options.decode.decode_options()),
+      policy_(options.decode.bad_samples, context.find<dist::World>()) {
   options_.min_side = static_cast<int>(std::clamp<std::int64_t>(options.min_side, 0, INT_MAX));
   keep_opencv_on_caller_thread();  // other formats decode through OpenCV
 }

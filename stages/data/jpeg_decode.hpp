@@ -116,7 +116,9 @@ struct JpegDecodeOptions {
 class JpegDecodeStage final : public Map<Sample, Sample> {
  public:
   using Options = JpegDecodeOptions;
-  explicit JpegDecodeStage(const Options& options);
+  /// `context`: the run's services; its process group (dist::World) if the run is a rank of
+  /// a job.
+  explicit JpegDecodeStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
   std::vector<StageResult> results() const override { return policy_.results(); }

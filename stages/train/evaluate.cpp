@@ -9,8 +9,10 @@
 
 namespace flowtrain::train {
 
-EvaluateStage::EvaluateStage(const Options& options)
-    : intraop_threads_(options.intraop_threads), bf16_(wants_bf16(options.autocast)) {
+EvaluateStage::EvaluateStage(const Options& options, const BuildContext& context)
+    : intraop_threads_(options.intraop_threads),
+      bf16_(wants_bf16(options.autocast)),
+      world_(context.find<dist::World>()) {
   model_ = InferenceModel::load_required(options.model);
 }
 
@@ -53,13 +55,12 @@ void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
 
 void EvaluateStage::finish() {
   // Data-parallel: each rank saw its shard of the split; report the whole split on every rank.
-  dist::World* world = dist::World::current();
-  if (!world) return;
+  if (!world_) return;
   std::vector<torch::Tensor> sums = {torch::tensor(
       {static_cast<double>(seen_), static_cast<double>(top1_), static_cast<double>(top5_),
        static_cast<double>(regression_values_), abs_error_},
       torch::kDouble)};
-  world->group().allreduce(sums)->wait();
+  world_->group().allreduce(sums)->wait();
   const auto total = [&](int i) { return sums[0][i].item<double>(); };
   seen_ = static_cast<std::uint64_t>(total(0));
   top1_ = static_cast<std::uint64_t>(total(1));

@@ -9,6 +9,10 @@
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
 
+namespace flowtrain::dist {
+class World;
+}
+
 namespace flowtrain::train {
 
 struct EvaluateOptions {
@@ -30,7 +34,9 @@ struct EvaluateOptions {
 class EvaluateStage final : public SerialSink<data::Batch> {
  public:
   using Options = EvaluateOptions;
-  explicit EvaluateStage(const Options& options);
+  /// `context`: the run's services; its process group (dist::World) if the run is a rank of
+  /// a job.
+  explicit EvaluateStage(const Options& options, const BuildContext& context = {});
   ~EvaluateStage() override;
   static StageDoc describe();
 
@@ -50,6 +56,7 @@ class EvaluateStage final : public SerialSink<data::Batch> {
   std::unique_ptr<InferenceModel> model_;
   int intraop_threads_;
   bool bf16_;
+  dist::World* world_;  // the job's process group (nullptr: a single process)
   std::uint64_t seen_ = 0, top1_ = 0, top5_ = 0;
   std::uint64_t regression_values_ = 0;
   double abs_error_ = 0;

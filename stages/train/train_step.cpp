@@ -39,7 +39,7 @@ ViTConfig ViTOptions::config() const {
   return config;
 }
 
-TrainStepStage::TrainStepStage(const Options& options)
+TrainStepStage::TrainStepStage(const Options& options, const BuildContext& context)
     : session_(std::make_shared<TrainingSession>()), configured_total_steps_(options.total_steps) {
   session_->intraop_threads = options.intraop_threads;
   const std::string& checkpoint_dir = options.checkpoint_dir;
@@ -64,7 +64,7 @@ TrainStepStage::TrainStepStage(const Options& options)
   trainer.first_bucket_bytes = static_cast<std::int64_t>(options.first_bucket_mb * 1e6);
   trainer.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * 1e6);
 
-  dist::World* world = dist::World::current();
+  dist::World* world = context.find<dist::World>();
   const int rank = world ? world->rank() : 0;
   const int world_size = world ? world->size() : 1;
   if (!checkpoint_dir.empty()) {

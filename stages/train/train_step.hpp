@@ -134,7 +134,9 @@ struct TrainStepOptions {
 class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
  public:
   using Options = TrainStepOptions;
-  explicit TrainStepStage(const Options& options);
+  /// `context`: the run's services; its process group (dist::World) if the run is a rank of
+  /// a job.
+  explicit TrainStepStage(const Options& options, const BuildContext& context = {});
   ~TrainStepStage() override;
   static StageDoc describe();
   static std::vector<ExpandedNode> expand(const Params& params);

@@ -10,6 +10,7 @@
 #include "graph/registry.hpp"
 #include "stages/data/augment.hpp"
 #include "stages/data/collate.hpp"
+#include "stages/data/stage_to_device.hpp"
 #include "stages/data/synthetic.hpp"
 #include "tests/test_stages.hpp"
 
@@ -231,10 +232,39 @@ TEST_CASE("Data.Collate.RejectsCudaWithoutCuda") {
                        Error);
 }
 
+TEST_CASE("Data.StageToDevice.OnCpuEachBatchPassesAsIs" * doctest::timeout(120)) {
+  // The staging node between collate and the model: on cpu the batches are where the model
+  // runs, so each passes with its own pooled storage (no copy), in order, and the pool's
+  // buffers still go back (3 buffers serve 6 batches).
+  std::vector<const void*> storage;
+  std::vector<std::uint64_t> numbers;
+  Pipeline p;
+  p.add("source", std::make_unique<ImageSource>(24));
+  p.add<AugmentStage>("augment", augment_options("train", 24));
+  p.add<CollateStage>("collate", collate_options(4, 3));
+  p.add("collated", [&](Batch b) {
+    storage.push_back(b.images.data_ptr());
+    return b;
+  });
+  p.add<StageToDeviceStage>("stage_to_device", {}, {.concurrency = 2, .queue_capacity = 2});
+  p.add("sink", [&](Batch b) {
+    CHECK(b.images.data_ptr() == storage.at(b.number));
+    CHECK(b.images.device().is_cpu());
+    numbers.push_back(b.number);
+  }, {.ordered = true});
+  const RunReport report = p.run({.threads = 2});
+  CHECK(numbers == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5});
+  CHECK(report.stages[4].items_out == 6);
+  if (!at::hasCUDA()) {
+    CHECK_THROWS_WITH_AS(StageToDeviceStage({.device = "cuda"}),
+                         doctest::Contains("requested but"), Error);
+  }
+}
+
 TEST_CASE("Data.Registry.EveryDataStageRegistered") {
   for (const char* type :
        {"image_folder", "csv_manifest", "shard", "jpeg_decode", "augment", "collate", "decode_crop",
-        "assemble_batch"}) {
+        "assemble_batch", "stage_to_device"}) {
     CAPTURE(type);
     const StageInfo* info = Registry::global().find(type);
     REQUIRE(info != nullptr);

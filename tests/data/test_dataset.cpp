@@ -734,7 +734,7 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
   // From a config, validation names the location and stage, before anything is built: one line.
   Registry registry;
   registry.add(*Registry::global().find("image_folder"));
-  registry.add({"sink", {"discards items", {}}, Sink<Anything>::static_shape(), [](const Params&) {
+  registry.add({"sink", {"discards items", {}}, Sink<Anything>::static_shape(), [](const Params&, const BuildContext&) {
                   return std::unique_ptr<Stage>(
                       new ProbeSink<Anything>([](Anything&&, ItemContext&) {}));
                 }});

@@ -240,7 +240,7 @@ TEST_CASE("Train.TokenLoop.UpdatesStrictlyOrdered" * doctest::timeout(180)) {
   Pipeline pipeline;
   TrainStepStage* student = nullptr;
   for (const StageConfig& stage : expanded_stages(config)) {
-    std::unique_ptr<Stage> built = Registry::global().find(stage.type)->make(stage.params);
+    std::unique_ptr<Stage> built = Registry::global().find(stage.type)->make(stage.params, BuildContext{});
     if (stage.type == "student_step") student = static_cast<TrainStepStage*>(built.get());
     pipeline.add(stage.name, std::move(built), stage.options);
   }
