@@ -41,16 +41,9 @@ std::size_t StageShape::max_inputs() const {
 }
 
 std::size_t StageShape::min_inputs() const {
-  switch (kind) {
-    case Kind::kSource:
-      return 0;
-    case Kind::kJoin:
-    case Kind::kMerge:
-    case Kind::kMix:
-      return 2;
-    default:
-      return 1;
-  }
+  // None, one, or (for the kinds that take any number) two.
+  const std::size_t max = max_inputs();
+  return max == static_cast<std::size_t>(-1) ? 2 : max;
 }
 
 const ParamSpec* StageInfo::find_param(const std::string& name) const {

@@ -15,25 +15,13 @@ class World;
 
 namespace flowtrain::train {
 
-struct EvaluateOptions {
-  std::string model;
-  int intraop_threads = 1;
-  std::string autocast = "none";
-  template <class Declare>
-  void declare(Declare& d) {
-    declare_model_file(d, model);
-    declare_intraop_threads(d, intraop_threads);
-    declare_autocast(d, autocast);
-  }
-};
-
 /// Measures a model on held-out batches: top-1 and top-5 accuracy, and the mean absolute error
 /// of a regression head against the batch targets. Serial and in order, so the sums (and the
 /// results) are the same on every run. In a data-parallel job each rank evaluates its shard
 /// and the counts are summed over the ranks at the end.
 class EvaluateStage final : public SerialSink<data::Batch> {
  public:
-  using Options = EvaluateOptions;
+  using Options = InferenceOptions;
   /// `context`: the run's services; its process group (dist::World) if the run is a rank of
   /// a job.
   explicit EvaluateStage(const Options& options, const BuildContext& context = {});

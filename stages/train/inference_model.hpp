@@ -6,6 +6,7 @@
 #include <string>
 
 #include "graph/options.hpp"
+#include "stages/train/compute.hpp"
 #include "stages/train/vit.hpp"
 
 namespace flowtrain::train {
@@ -23,7 +24,7 @@ class InferenceModel {
   /// Loads either kind, telling them apart by content; throws Error naming the path and the
   /// reason (missing, neither kind, unreadable).
   static std::unique_ptr<InferenceModel> load(const std::string& path);
-  /// The file a stage's `model` option names (declare_model_file); throws Error if it is empty
+  /// The file a stage's `model` option names (InferenceOptions); throws Error if it is empty
   /// (not given), else as load(path).
   static std::unique_ptr<InferenceModel> load_required(const std::string& model);
 
@@ -34,15 +35,21 @@ class InferenceModel {
   virtual std::string description() const = 0;
 };
 
-/// The `model` option of the stages that run one, a plain `std::string model;` field of their
-/// options struct, declared by `declare_model_file(d, model);` and read by
-/// InferenceModel::load_required(options.model).
-template <class Declare>
-void declare_model_file(Declare& d, std::string& model) {
-  d(model, "model",
-    "model file: a flowtrain checkpoint (final.pt of a training run) or a TorchScript module; "
-    "may be written by an earlier phase",
-    {.type = ParamType::kOutputPath});
-}
+/// The options of the stages that run a frozen model (teacher_infer, evaluate): the model file,
+/// read by InferenceModel::load_required(options.model), and the compute options.
+struct InferenceOptions {
+  std::string model;
+  int intraop_threads = 1;
+  std::string autocast = "none";
+  template <class Declare>
+  void declare(Declare& d) {
+    d(model, "model",
+      "model file: a flowtrain checkpoint (final.pt of a training run) or a TorchScript module; "
+      "may be written by an earlier phase",
+      {.type = ParamType::kOutputPath});
+    declare_intraop_threads(d, intraop_threads);
+    declare_autocast(d, autocast);
+  }
+};
 
 }  // namespace flowtrain::train

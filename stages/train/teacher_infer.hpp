@@ -10,18 +10,6 @@
 
 namespace flowtrain::train {
 
-struct TeacherInferOptions {
-  std::string model;
-  int intraop_threads = 1;
-  std::string autocast = "none";
-  template <class Declare>
-  void declare(Declare& d) {
-    declare_model_file(d, model);
-    declare_intraop_threads(d, intraop_threads);
-    declare_autocast(d, autocast);
-  }
-};
-
 /// Runs a frozen teacher on each batch and adds its outputs (Batch::teacher_logits, and
 /// teacher_regression for a model with a regression head). No gradients, eval mode, its own
 /// intra-op thread count, optional bf16 autocast. The teacher is a flowtrain checkpoint or any
@@ -29,7 +17,7 @@ struct TeacherInferOptions {
 /// the student.
 class TeacherInferStage final : public Map<data::Batch, data::Batch> {
  public:
-  using Options = TeacherInferOptions;
+  using Options = InferenceOptions;
   explicit TeacherInferStage(const Options& options);
   ~TeacherInferStage() override;
   static StageDoc describe();
