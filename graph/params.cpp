@@ -90,18 +90,6 @@ ParamSpec output_path_param(std::string name, std::string doc) {
 ParamSpec path_param(std::string name, std::string doc) {
   return {std::move(name), ParamType::kPath, std::string(), std::move(doc)};
 }
-ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc) {
-  return {std::move(name), ParamType::kFloatList, std::move(default_value), std::move(doc)};
-}
-
-std::vector<ParamSpec> join_params(std::vector<std::vector<ParamSpec>> groups) {
-  std::vector<ParamSpec> joined;
-  for (std::vector<ParamSpec>& group : groups) {
-    for (ParamSpec& spec : group) joined.push_back(std::move(spec));
-  }
-  return joined;
-}
-
 std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
   const std::string where = "param '" + spec.name + "' ";
   const bool right_type = std::visit(

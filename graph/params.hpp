@@ -41,8 +41,9 @@ struct ParamSpec {
   std::string default_text() const;
 };
 
-/// Helpers to declare parameters tersely:
-///   {int_param("count", 1000, "items to produce", 0), path_param("root", "image folder")}
+/// Helpers to declare the params of an application's config section tersely (a stage declares
+/// its params as a typed options struct instead, graph/options.hpp):
+///   {int_param("seed", 1, "seed of the split", 0), path_param("from", "photo folder")}
 ParamSpec int_param(std::string name,
                     std::int64_t default_value,
                     std::string doc,
@@ -60,19 +61,15 @@ ParamSpec string_param(std::string name,
                        std::vector<std::string> choices = {});
 ParamSpec path_param(std::string name, std::string doc);
 ParamSpec output_path_param(std::string name, std::string doc);
-ParamSpec float_list_param(std::string name, std::vector<double> default_value, std::string doc);
 
 /// Returns a one-line problem with `value` for `spec` ("param 'count' must be >= 0, got -1"),
 /// else an empty string: the type, the bounds, the choices, and that a kPath exists. Options set
 /// in C++ are checked so, as a config's are when it is read.
 std::string value_problem(const ParamSpec& spec, const ParamValue& value);
 
-/// A stage's param list made of shared groups, in order:
-///   join_params({{int_param("batch_size", 64, "rows", 1)}, normalize_param_specs()})
-std::vector<ParamSpec> join_params(std::vector<std::vector<ParamSpec>> groups);
-
-/// The validated parameters handed to a stage's constructor: every declared name has a value of
-/// its declared type (the default where the config gave none).
+/// Validated parameters, by name: every declared name has a value of its declared type (the
+/// default where the config gave none). The registry turns a stage's into its typed options
+/// (options_from); an application reads its config sections from them.
 class Params {
  public:
   Params() = default;
