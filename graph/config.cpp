@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -170,6 +169,7 @@ std::size_t parse_concurrency(const YAML::Node& node, const std::string& ctx, co
 }
 
 // Reads one declared value; `where` starts messages about it ("stage 'x' (spin): param 'n' ").
+// The value is then checked as a stage's options from C++ are (value_problem).
 ParamValue parse_param(const ParamSpec& spec,
                        const YAML::Node& node,
                        const std::string& where,
@@ -179,72 +179,53 @@ ParamValue parse_param(const ParamSpec& spec,
     loc.fail(node, where + "must be " + (spec.type == ParamType::kInt ? "an " : "a ") +
                        to_string(spec.type) + ", got " + scalar_text(node));
   };
-  auto check_range = [&](double v, std::optional<double> max) {
-    std::ostringstream os;
-    if (spec.min && v < *spec.min) {
-      os << where << "must be >= " << *spec.min << ", got " << node.Scalar();
-    } else if (max && v > *max) {
-      os << where << "must be <= " << std::fixed << std::setprecision(0) << *max << ", got "
-         << node.Scalar();
-    } else {
-      return;
-    }
-    loc.fail(node, os.str());
-  };
-  switch (spec.type) {
-    case ParamType::kInt: {
-      std::int64_t v = 0;
-      if (!scalar_as(node, v)) wrong();
-      // Stages read ints as int: nothing above 2^31 - 1 may wrap into a negative.
-      check_range(static_cast<double>(v),
-                  spec.max.value_or(static_cast<double>(std::numeric_limits<std::int32_t>::max())));
-      return v;
-    }
-    case ParamType::kFloat: {
-      double v = 0;
-      if (!scalar_as(node, v)) wrong();
-      check_range(v, spec.max);
-      return v;
-    }
-    case ParamType::kBool: {
-      bool v = false;
-      if (!scalar_as(node, v)) wrong();
-      return v;
-    }
-    case ParamType::kString: {
-      if (!node.IsScalar()) wrong();
-      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(),
-                                             node.Scalar()) == spec.choices.end()) {
-        loc.fail(node,
-                 where + "must be one of " + join(spec.choices) + ", got '" + node.Scalar() + "'");
+  auto read = [&]() -> ParamValue {
+    switch (spec.type) {
+      case ParamType::kInt: {
+        std::int64_t v = 0;
+        if (!scalar_as(node, v)) wrong();
+        return v;
       }
-      return node.Scalar();
-    }
-    case ParamType::kPath:
-    case ParamType::kOutputPath: {
-      if (!node.IsScalar()) wrong();
-      std::filesystem::path p = node.Scalar();
-      if (p.empty()) return std::string();
-      // Relative to the config file's folder; a path given on the command line, to the shell's.
-      if (p.is_relative() && !base_dir.empty() && !loc.is_override(node)) p = base_dir / p;
-      std::error_code ec;
-      if (spec.type == ParamType::kPath && !std::filesystem::exists(p, ec)) {
-        loc.fail(node, where + "names '" + p.string() + "', which does not exist");
-      }
-      return p.lexically_normal().string();
-    }
-    case ParamType::kFloatList: {
-      if (!node.IsSequence()) wrong();
-      std::vector<double> out;
-      for (const YAML::Node& item : node) {
+      case ParamType::kFloat: {
         double v = 0;
-        if (!scalar_as(item, v)) wrong();
-        out.push_back(v);
+        if (!scalar_as(node, v)) wrong();
+        return v;
       }
-      return out;
+      case ParamType::kBool: {
+        bool v = false;
+        if (!scalar_as(node, v)) wrong();
+        return v;
+      }
+      case ParamType::kString:
+        if (!node.IsScalar()) wrong();
+        return node.Scalar();
+      case ParamType::kPath:
+      case ParamType::kOutputPath: {
+        if (!node.IsScalar()) wrong();
+        std::filesystem::path p = node.Scalar();
+        if (p.empty()) return std::string();
+        // Relative to the config file's folder; a path given on the command line, to the shell's.
+        if (p.is_relative() && !base_dir.empty() && !loc.is_override(node)) p = base_dir / p;
+        return p.lexically_normal().string();
+      }
+      case ParamType::kFloatList: {
+        if (!node.IsSequence()) wrong();
+        std::vector<double> out;
+        for (const YAML::Node& item : node) {
+          double v = 0;
+          if (!scalar_as(item, v)) wrong();
+          out.push_back(v);
+        }
+        return out;
+      }
     }
+    throw Error(where + "has an unknown type");
+  };
+  ParamValue value = read();
+  if (std::string problem = value_problem(spec, value); !problem.empty()) {
+    loc.fail(node, where + problem);
   }
-  throw Error(where + "has an unknown type");
+  return value;
 }
 
 // Finds the entry of a list of named maps (`stages`, `phases`) that an override's

@@ -91,7 +91,6 @@ ParamSpec path_param(std::string name, std::string doc) {
   return {std::move(name), ParamType::kPath, std::string(), std::move(doc)};
 }
 std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
-  const std::string where = "param '" + spec.name + "' ";
   const bool right_type = std::visit(
       [&](const auto& v) {
         using T = std::decay_t<decltype(v)>;
@@ -109,7 +108,7 @@ std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
         }
       },
       value);
-  if (!right_type) return where + "must be a " + to_string(spec.type);
+  if (!right_type) return std::string("must be a ") + to_string(spec.type);
   if (spec.type == ParamType::kInt || spec.type == ParamType::kFloat) {
     const double v = spec.type == ParamType::kInt ? static_cast<double>(std::get<std::int64_t>(value))
                                                   : std::get<double>(value);
@@ -122,19 +121,19 @@ std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
     auto bound = [](double b) {  // whole bounds in full: 2147483647, not 2.14748e+09
       return std::floor(b) == b ? std::to_string(static_cast<long long>(b)) : format_number(b);
     };
-    if (spec.min && v < *spec.min) return where + "must be >= " + bound(*spec.min) + got;
-    if (max && v > *max) return where + "must be <= " + bound(*max) + got;
+    if (spec.min && v < *spec.min) return "must be >= " + bound(*spec.min) + got;
+    if (max && v > *max) return "must be <= " + bound(*max) + got;
   }
   if (const auto* s = std::get_if<std::string>(&value)) {
     if (!spec.choices.empty() &&
         std::find(spec.choices.begin(), spec.choices.end(), *s) == spec.choices.end()) {
       std::string all;
       for (const std::string& c : spec.choices) all += (all.empty() ? "" : ", ") + c;
-      return where + "must be one of " + all + ", got '" + *s + "'";
+      return "must be one of " + all + ", got '" + *s + "'";
     }
     std::error_code ec;
     if (spec.type == ParamType::kPath && !s->empty() && !std::filesystem::exists(*s, ec)) {
-      return where + "names '" + *s + "', which does not exist";
+      return "names '" + *s + "', which does not exist";
     }
   }
   return {};

@@ -62,9 +62,9 @@ ParamSpec string_param(std::string name,
 ParamSpec path_param(std::string name, std::string doc);
 ParamSpec output_path_param(std::string name, std::string doc);
 
-/// Returns a one-line problem with `value` for `spec` ("param 'count' must be >= 0, got -1"),
-/// else an empty string: the type, the bounds, the choices, and that a kPath exists. Options set
-/// in C++ are checked so, as a config's are when it is read.
+/// Returns a one-line problem with `value` for `spec` ("must be >= 0, got -1"; the caller names
+/// the param), else an empty string: the type, the bounds (ints also <= 2^31 - 1), the choices,
+/// and that a kPath exists. One check for a config's values and for options set in C++.
 std::string value_problem(const ParamSpec& spec, const ParamValue& value);
 
 /// Validated parameters, by name: every declared name has a value of its declared type (the

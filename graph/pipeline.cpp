@@ -495,7 +495,7 @@ void Pipeline::check_options(const std::string& name,
   for (const ParamSpec& spec : specs) {
     if (std::string problem = value_problem(spec, params.values().at(spec.name));
         !problem.empty()) {
-      throw Error("stage '" + name + "': " + problem);
+      throw Error("stage '" + name + "': param '" + spec.name + "' " + problem);
     }
   }
 }

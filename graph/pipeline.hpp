@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "graph/lambda_stage.hpp"
@@ -118,24 +119,23 @@ struct Output {
 };
 
 namespace detail {
+// The item types a stage class declares (Anything where it does not, as Stage itself).
 template <class S>
-struct InputOf {
-  using type = Anything;
-};
+auto input_of() {
+  if constexpr (requires { typename S::input_type; }) {
+    return std::type_identity<typename S::input_type>{};
+  } else {
+    return std::type_identity<Anything>{};
+  }
+}
 template <class S>
-  requires requires { typename S::input_type; }
-struct InputOf<S> {
-  using type = typename S::input_type;
-};
-template <class S>
-struct OutputOf {
-  using type = Anything;
-};
-template <class S>
-  requires requires { typename S::output_type; }
-struct OutputOf<S> {
-  using type = typename S::output_type;
-};
+auto output_of() {
+  if constexpr (requires { typename S::output_type; }) {
+    return std::type_identity<typename S::output_type>{};
+  } else {
+    return std::type_identity<Anything>{};
+  }
+}
 
 template <class P>
 struct IsStagePtr : std::false_type {};
@@ -176,7 +176,8 @@ class StageHandle {
 
 namespace detail {
 template <class S>
-using HandleOf = StageHandle<typename InputOf<S>::type, typename OutputOf<S>::type>;
+using HandleOf = StageHandle<typename decltype(input_of<S>())::type,
+                             typename decltype(output_of<S>())::type>;
 }  // namespace detail
 
 /// A graph of stages run as a oneTBB flow graph with bounded queues. Each stage takes the
