@@ -27,7 +27,7 @@
 // CPU/wall" is the rest of the machine's (/proc/stat), to tell a noisy round from a slow layout.
 //
 // Run: build/bench/bench_kd [--steps 20] [--reps 3] [--layouts A,B,C] [--data FOLDER]
-//        [--warmup 3]
+//        [--warmup 3] [--autocast none|bf16]
 // Without --data it generates 128x128 synthetic JPEGs (10 classes) in a temp folder.
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -130,7 +130,8 @@ std::string config_yaml(const Layout& l,
                         const std::string& data,
                         const std::string& teacher,
                         std::size_t limit,
-                        std::size_t epochs) {
+                        std::size_t epochs,
+                        const std::string& autocast) {
   const auto s = [](auto v) { return std::to_string(v); };
   return "threads: " + s(l.threads) +
          "\ncores: 2\n"
@@ -147,13 +148,13 @@ std::string config_yaml(const Layout& l,
          ", drop_last: true, pool_size: 8}}\n"
          "  - {type: teacher_infer, concurrency: " +
          s(l.teacher_concurrency) + ", queue_capacity: 2, params: {model: '" + teacher +
-         "', intraop_threads: " + s(l.teacher_intraop) +
+         "', intraop_threads: " + s(l.teacher_intraop) + ", autocast: " + autocast +
          "}}\n"
          "  - {type: train_step, queue_capacity: 2, params: {model: vit_cpu_student, "
          "image_size: " +
          s(kImageSize) + ", classes: " + s(kClasses) +
          ", alpha: 0.5, temperature: 2, lr: 0.001, intraop_threads: " + s(l.student_intraop) +
-         "}}\n";
+         ", autocast: " + autocast + "}}\n";
 }
 
 const flowtrain::StageReport& stage(const flowtrain::RunReport& r, const std::string& name) {
@@ -191,12 +192,13 @@ Sample run_once(const Layout& l,
                 const std::string& data,
                 std::size_t images,
                 const std::string& teacher,
-                std::size_t batches) {
+                std::size_t batches,
+                const std::string& autocast) {
   const std::size_t need = batches * kBatch;
   const std::size_t limit = std::min(images, need);
   const std::size_t epochs = (need + limit - 1) / limit;
   const flowtrain::PipelineConfig config = flowtrain::parse_pipeline_config(
-      config_yaml(l, data, teacher, limit, epochs), "layout " + l.key);
+      config_yaml(l, data, teacher, limit, epochs, autocast), "layout " + l.key);
   std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
   const double machine_before = machine_busy_s(), cpu_before = process_cpu_s();
   const flowtrain::RunReport r = pipeline->run(config.run);
@@ -262,7 +264,7 @@ std::string load_average() {
 
 int usage() {
   std::cerr << "usage: bench_kd [--steps N] [--reps N] [--warmup N] [--layouts A,B,C] "
-               "[--data FOLDER]\n";
+               "[--data FOLDER] [--autocast none|bf16]\n";
   return 2;
 }
 
@@ -274,6 +276,7 @@ int main(int argc, char** argv) {
   std::size_t warmup = 3;
   std::string layout_keys = "A,B,C";
   std::string data;
+  std::string autocast = "none";
   std::string command = argv[0];
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   for (int i = 1; i < argc; ++i) {
@@ -290,6 +293,8 @@ int main(int argc, char** argv) {
       layout_keys = value;
     } else if (arg == "--data") {
       data = value;
+    } else if (arg == "--autocast" && (std::string(value) == "none" || std::string(value) == "bf16")) {
+      autocast = value;
     } else {
       return usage();
     }
@@ -359,11 +364,12 @@ int main(int argc, char** argv) {
         kImageSize, kBatch, steps, warmup, reps);
     std::printf(
         "- **Models:** teacher vit_cpu_teacher (dim 384, depth 6, heads 6), student "
-        "vit_cpu_student (dim 192, depth 4, heads 3), patch 16, alpha 0.5\n\n");
+        "vit_cpu_student (dim 192, depth 4, heads 3), patch 16, alpha 0.5; autocast %s\n\n",
+        autocast.c_str());
     std::fflush(stdout);
 
     if (warmup > 0) {
-      for (const Layout& l : layouts) run_once(l, data, images, teacher, warmup);
+      for (const Layout& l : layouts) run_once(l, data, images, teacher, warmup, autocast);
     }
 
     // One row per round: each layout's images/s, the others' CPU/wall during that run (how
@@ -382,7 +388,7 @@ int main(int argc, char** argv) {
     for (int round = 1; round <= reps; ++round) {
       std::printf("| %d |", round);
       for (const Layout& l : layouts) {
-        samples[l.key].push_back(run_once(l, data, images, teacher, steps));
+        samples[l.key].push_back(run_once(l, data, images, teacher, steps, autocast));
         std::printf(" %.1f | %.2f |", samples[l.key].back().images_per_s,
                     samples[l.key].back().others_per_wall);
         std::fflush(stdout);

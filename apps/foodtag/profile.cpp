@@ -116,6 +116,9 @@ std::string step_split(const flowtrain::RunReport& report) {
   const double images = result(*trainer, "images").value_or(0);
   if (images > 0 && report.wall_s > 0) line += format(", %.1f images/s", images / report.wall_s);
   line += ")";
+  if (const std::optional<double> gflops = result(*trainer, "gflops")) {
+    line += format("; student %.0f GFLOP/s", *gflops);
+  }
   if (teacher && teacher->items_in > 0) {
     line += format("; teacher %.0f ms per batch", teacher->busy_s * 1e3 /
                                                        static_cast<double>(teacher->items_in));
@@ -123,6 +126,9 @@ std::string step_split(const flowtrain::RunReport& report) {
                                   : format(" on each of %.0f workers",
                                            static_cast<double>(teacher->workers));
     line += ", ahead of the student";
+    if (const std::optional<double> gflops = result(*teacher, "gflops")) {
+      line += format(", %.0f GFLOP/s", *gflops);
+    }
   }
   return line;
 }

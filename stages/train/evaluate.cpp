@@ -10,11 +10,9 @@
 namespace flowtrain::train {
 
 EvaluateStage::EvaluateStage(const Options& options, const BuildContext& context)
-    : intraop_threads_(options.intraop_threads),
-      bf16_(wants_bf16(options.autocast)),
-      world_(context.find<dist::World>()) {
-  model_ = InferenceModel::load_required(options.model);
-}
+    : model_(InferenceModel::load_required(options.model, options.precision())),
+      intraop_threads_(options.intraop_threads),
+      world_(context.find<dist::World>()) {}
 
 EvaluateStage::~EvaluateStage() = default;
 
@@ -27,12 +25,8 @@ StageDoc EvaluateStage::describe() {
 
 void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
   IntraOpThreads threads(intraop_threads_);
-  ViTOutput out;
-  {
-    Autocast autocast(bf16_);
-    out = model_->forward(batch.images);
-  }
-  const torch::Tensor logits = out.logits.to(torch::kFloat);
+  const ViTOutput out = model_->forward(batch.images);
+  const torch::Tensor& logits = out.logits;
   if (logits.dim() != 2 || logits.size(0) != batch.size()) {
     throw Error("the model returned logits of shape " + c10::str(logits.sizes()) +
                 " for a batch of " + std::to_string(batch.size()));

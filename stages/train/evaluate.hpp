@@ -43,7 +43,6 @@ class EvaluateStage final : public SerialSink<data::Batch> {
  private:
   std::unique_ptr<InferenceModel> model_;
   int intraop_threads_;
-  bool bf16_;
   dist::World* world_;  // the job's process group (nullptr: a single process)
   std::uint64_t seen_ = 0, top1_ = 0, top5_ = 0;
   std::uint64_t regression_values_ = 0;

@@ -6,67 +6,106 @@
 
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/compute.hpp"
 #include "stages/train/torchscript.hpp"
 
 namespace flowtrain::train {
 
 namespace {
 
-class CheckpointModel final : public InferenceModel {
- public:
-  explicit CheckpointModel(const Checkpoint& checkpoint) : model_(load_model(checkpoint)) {}
-
+// Runs `forward` without gradients and returns float32 outputs; with bf16, under autocast.
+template <class Forward>
+ViTOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward) {
   // NoGradGuard rather than InferenceMode: the outputs feed the student's loss, and autograd
   // refuses to save inference-mode tensors for backward.
+  torch::NoGradGuard no_grad;
+  ViTOutput out;
+  {
+    Autocast autocast(bf16);
+    out = forward(images);
+  }
+  out.logits = out.logits.to(torch::kFloat);
+  if (out.regression.defined()) out.regression = out.regression.to(torch::kFloat);
+  return out;
+}
+
+// Whether a module is a matrix product autocast runs in bf16 (the built-in ViT's and
+// torch.nn's Linear and ConvNd, by class name, which TorchScript keeps).
+bool is_product(const std::string& class_name) {
+  const std::string name = class_name.substr(class_name.rfind('.') + 1);
+  return name == "Linear" || name.rfind("Conv", 0) == 0;
+}
+
+class CheckpointModel final : public InferenceModel {
+ public:
+  CheckpointModel(const Checkpoint& checkpoint, Precision precision)
+      : model_(load_model(checkpoint)), bf16_(precision == Precision::kBFloat16) {
+    if (!bf16_) return;
+    for (const std::shared_ptr<torch::nn::Module>& module : model_->modules()) {
+      if (module->as<torch::nn::Linear>() || module->as<torch::nn::Conv2d>()) {
+        module->to(torch::kBFloat16);
+      }
+    }
+  }
+
   ViTOutput forward(const torch::Tensor& images) override {
-    torch::NoGradGuard no_grad;
-    return model_->forward(images);
+    return run_frozen(images, bf16_, [this](const torch::Tensor& x) { return model_->forward(x); });
   }
 
   std::string description() const override {
     const ViTConfig& c = model_->config();
     char buf[160];
-    std::snprintf(buf, sizeof buf, "ViT dim %d depth %d heads %d patch %d, %.2fM parameters",
+    std::snprintf(buf, sizeof buf, "ViT dim %d depth %d heads %d patch %d, %.2fM parameters%s",
                   c.dim, c.depth, c.heads, c.patch_size,
-                  static_cast<double>(parameter_count(*model_)) / 1e6);
+                  static_cast<double>(parameter_count(*model_)) / 1e6, bf16_ ? ", bf16" : "");
     return buf;
   }
 
+  const ViTConfig* config() const override { return &model_->config(); }
+
  private:
   ViT model_;
+  bool bf16_;
 };
 
 class TorchScriptModel final : public InferenceModel {
  public:
-  explicit TorchScriptModel(const std::string& path) : model_(path) {}
-
-  ViTOutput forward(const torch::Tensor& images) override {
-    torch::NoGradGuard no_grad;
-    return model_.forward(images);
+  TorchScriptModel(const std::string& path, Precision precision)
+      : model_(path), bf16_(precision == Precision::kBFloat16) {
+    if (bf16_) model_.cast_submodules(is_product, torch::kBFloat16);
   }
 
-  std::string description() const override { return "TorchScript module"; }
+  ViTOutput forward(const torch::Tensor& images) override {
+    return run_frozen(images, bf16_, [this](const torch::Tensor& x) { return model_.forward(x); });
+  }
+
+  std::string description() const override {
+    return bf16_ ? "TorchScript module, bf16" : "TorchScript module";
+  }
 
  private:
   ScriptedModel model_;
+  bool bf16_;
 };
 
 }  // namespace
 
-std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path) {
+std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path,
+                                                     Precision precision) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error(path + ": no such model file (train or export one first)");
   }
   if (const std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) {
-    return std::make_unique<CheckpointModel>(*checkpoint);
+    return std::make_unique<CheckpointModel>(*checkpoint, precision);
   }
-  return std::make_unique<TorchScriptModel>(path);
+  return std::make_unique<TorchScriptModel>(path, precision);
 }
 
-std::unique_ptr<InferenceModel> InferenceModel::load_required(const std::string& model) {
+std::unique_ptr<InferenceModel> InferenceModel::load_required(const std::string& model,
+                                                              Precision precision) {
   if (model.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
-  return load(model);
+  return load(model, precision);
 }
 
 }  // namespace flowtrain::train

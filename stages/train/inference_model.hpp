@@ -21,18 +21,36 @@ class InferenceModel {
  public:
   virtual ~InferenceModel() = default;
 
+  /// What the model computes in.
+  enum class Precision {
+    kFloat32,
+    /// bf16 autocast, with the matrix products' weights (Linear and convolution layers) cast
+    /// to bfloat16 once at load instead of on every call: the outputs equal, bit for bit, those
+    /// of the float32 weights under autocast, in less time. LayerNorm, the position embedding
+    /// and the class token stay float32, as autocast computes them (LibTorch 1.13's bf16
+    /// LayerNorm is ~9x slower than its float32 one; see docs/benchmarks.md).
+    kBFloat16,
+  };
+
   /// Loads either kind, telling them apart by content; throws Error naming the path and the
   /// reason (missing, neither kind, unreadable).
-  static std::unique_ptr<InferenceModel> load(const std::string& path);
+  static std::unique_ptr<InferenceModel> load(const std::string& path,
+                                              Precision precision = Precision::kFloat32);
   /// The file a stage's `model` option names (InferenceOptions); throws Error if it is empty
-  /// (not given), else as load(path).
-  static std::unique_ptr<InferenceModel> load_required(const std::string& model);
+  /// (not given), else as load(path, precision).
+  static std::unique_ptr<InferenceModel> load_required(const std::string& model,
+                                                       Precision precision = Precision::kFloat32);
 
-  /// Runs the model without gradients; safe to call from several threads at once.
+  /// Runs the model without gradients (under autocast for kBFloat16) on float32 images
+  /// [B, C, H, W]; returns float32 outputs. Safe to call from several threads at once.
   virtual ViTOutput forward(const torch::Tensor& images) = 0;
 
-  /// "ViT dim 384 depth 6 heads 6, 10.7M parameters (checkpoint)" or "TorchScript module".
+  /// "ViT dim 384 depth 6 heads 6 patch 16, 10.70M parameters[, bf16]" or "TorchScript
+  /// module[, bf16]".
   virtual std::string description() const = 0;
+
+  /// The model's shape, for a checkpoint of the built-in ViT; nullptr for a TorchScript module.
+  virtual const ViTConfig* config() const { return nullptr; }
 };
 
 /// The options of the stages that run a frozen model (teacher_infer, evaluate): the model file,
@@ -49,6 +67,10 @@ struct InferenceOptions {
       {.type = ParamType::kOutputPath});
     declare_intraop_threads(d, intraop_threads);
     declare_autocast(d, autocast);
+  }
+  InferenceModel::Precision precision() const {
+    return wants_bf16(autocast) ? InferenceModel::Precision::kBFloat16
+                                : InferenceModel::Precision::kFloat32;
   }
 };
 

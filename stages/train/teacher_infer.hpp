@@ -1,7 +1,10 @@
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
@@ -12,7 +15,8 @@ namespace flowtrain::train {
 
 /// Runs a frozen teacher on each batch and adds its outputs (Batch::teacher_logits, and
 /// teacher_regression for a model with a regression head). No gradients, eval mode, its own
-/// intra-op thread count, optional bf16 autocast. The teacher is a flowtrain checkpoint or any
+/// intra-op thread count, optional bf16 autocast (with the weights of its matrix products cast
+/// once at load; InferenceModel::Precision). The teacher is a flowtrain checkpoint or any
 /// TorchScript module; with concurrency > 1 several batches run through it at once, ahead of
 /// the student.
 class TeacherInferStage final : public Map<data::Batch, data::Batch> {
@@ -24,6 +28,10 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
+  /// images, forward_ms (per batch), and gflops: the forward's matrix-product FLOPs
+  /// (ViTConfig::forward_flops) per second of forward, per invocation (its intraop_threads);
+  /// gflops is left out for a TorchScript teacher, whose shape is unknown.
+  std::vector<StageResult> results() const override;
 
  protected:
   std::optional<data::Batch> process(data::Batch&& batch, ItemContext& ctx) override;
@@ -31,7 +39,7 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
  private:
   std::unique_ptr<InferenceModel> model_;
   int intraop_threads_;
-  bool bf16_;
+  std::atomic<std::uint64_t> images_{0}, batches_{0}, forward_ns_{0};
 };
 
 }  // namespace flowtrain::train

@@ -429,6 +429,13 @@ std::optional<int> ScriptedModel::image_size() const {
   return static_cast<int>(value.toInt());
 }
 
+void ScriptedModel::cast_submodules(const std::function<bool(const std::string&)>& select,
+                                    torch::ScalarType dtype) {
+  for (torch::jit::Module module : impl_->module.modules()) {
+    if (select(module.type()->name()->qualifiedName())) module.to(dtype);
+  }
+}
+
 ViTOutput ScriptedModel::forward(const torch::Tensor& images) const {
   torch::NoGradGuard no_grad;
   c10::IValue result;

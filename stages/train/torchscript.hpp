@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,10 @@ class ScriptedModel {
   ScriptedModel& operator=(ScriptedModel&&) noexcept;
 
   ViTOutput forward(const torch::Tensor& images) const;
+  /// Casts the floating-point parameters and buffers of each submodule whose class name (e.g.
+  /// "__torch__.torch.nn.modules.linear.Linear") `select` accepts to `dtype`.
+  void cast_submodules(const std::function<bool(const std::string&)>& select,
+                       torch::ScalarType dtype);
   ViTOutput operator()(const torch::Tensor& images) const { return forward(images); }
 
   const std::string& path() const;

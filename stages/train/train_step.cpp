@@ -196,6 +196,12 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"forward_ms", s.forward_s * per_step_ms});
     out.push_back({"backward_ms", s.backward_s * per_step_ms});
     out.push_back({"optimizer_ms", s.optimizer_s * per_step_ms});
+    if (s.forward_s + s.backward_s > 0) {
+      // The matrix products' rate in forward and backward: how near the machine's ceiling.
+      out.push_back({"gflops", static_cast<double>(s.trainer->model()->config().train_flops()) *
+                                   static_cast<double>(s.images_this_run) /
+                                   (s.forward_s + s.backward_s) / 1e9});
+    }
     if (s.trainer->world_size() > 1) {
       // sync_comm: all-reduce time from the first bucket's start to the last one's end;
       // sync_wait: from the end of backward until every bucket was averaged (the part of it

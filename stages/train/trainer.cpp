@@ -1,5 +1,6 @@
 #include "stages/train/trainer.hpp"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
@@ -88,29 +89,37 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
   p.out.begin = Clock::now();
   model_->train();
 
-  ViTOutput forward;
+  torch::Tensor logits;
   {
-    Autocast autocast(options_.bf16);
-    forward = model_->forward(batch.images);
+    RECORD_USER_SCOPE("student forward");  // the parts' names in LibTorch's profiler
+    ViTOutput forward;
+    {
+      Autocast autocast(options_.bf16);
+      forward = model_->forward(batch.images);
+    }
+    logits = forward.logits.to(torch::kFloat);
+    // The loss sees the regression at the head's own scale (order one), not the targets' units.
+    const double scale = model_->config().regression_scale;
+    const torch::Tensor regression = forward.regression.defined()
+                                         ? forward.regression.to(torch::kFloat) / scale
+                                         : torch::Tensor();
+    const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
+    p.loss = batch.teacher_logits.defined()
+                 ? kd_loss(logits, batch.teacher_logits, batch.labels, options_.loss, regression,
+                           targets)
+                 : supervised_loss(logits, batch.labels, options_.loss.regression_weight,
+                                   regression, targets);
+    p.out.loss = p.loss.total.item<double>();
   }
-  const torch::Tensor logits = forward.logits.to(torch::kFloat);
-  // The loss sees the regression at the head's own scale (order one), not the targets' units.
-  const double scale = model_->config().regression_scale;
-  const torch::Tensor regression =
-      forward.regression.defined() ? forward.regression.to(torch::kFloat) / scale : torch::Tensor();
-  const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
-  p.loss = batch.teacher_logits.defined()
-               ? kd_loss(logits, batch.teacher_logits, batch.labels, options_.loss, regression,
-                         targets)
-               : supervised_loss(logits, batch.labels, options_.loss.regression_weight,
-                                 regression, targets);
-  p.out.loss = p.loss.total.item<double>();
   p.out.forward_end = Clock::now();
 
-  optimizer().zero_grad();
-  // Backward even for a non-finite loss: with data parallelism every rank must take part in
-  // the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
-  p.loss.total.backward();
+  {
+    RECORD_USER_SCOPE("student backward");
+    optimizer().zero_grad();
+    // Backward even for a non-finite loss: with data parallelism every rank must take part in
+    // the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
+    p.loss.total.backward();
+  }
   p.out.backward_end = Clock::now();
   // Counted now: the batch's pooled buffers may be reused once this call returns.
   p.out.correct =
@@ -144,6 +153,7 @@ StepOutcome Trainer::apply() {
   StepOutcome& out = p.out;
   if (sync_) sync_->end_step();
   out.sync_end = Clock::now();
+  RECORD_USER_SCOPE("optimizer");
   const std::uint64_t step = state_.step + 1;
   const double clip = options_.clip_grad_norm;
   const double grad_norm =

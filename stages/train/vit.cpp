@@ -99,6 +99,28 @@ std::int64_t ViTConfig::patches() const {
 
 std::int64_t ViTConfig::mlp_hidden() const { return static_cast<std::int64_t>(mlp_ratio * dim); }
 
+namespace {
+
+std::int64_t patch_embed_flops(const ViTConfig& c) {
+  return 2 * c.patches() * c.channels * c.patch_size * c.patch_size * c.dim;
+}
+
+}  // namespace
+
+std::int64_t ViTConfig::forward_flops() const {
+  const std::int64_t tokens = patches() + 1;
+  const std::int64_t d = dim;
+  const std::int64_t block = 2 * tokens * d * 3 * d          // qkv
+                             + 2 * 2 * tokens * tokens * d  // q k^T and attention x v
+                             + 2 * tokens * d * d           // output projection
+                             + 2 * 2 * tokens * d * mlp_hidden();
+  return patch_embed_flops(*this) + depth * block + 2 * d * (classes + regression_outputs);
+}
+
+std::int64_t ViTConfig::train_flops() const {
+  return 3 * forward_flops() - patch_embed_flops(*this);
+}
+
 ViTConfig vit_config(const std::string& preset, int image_size, int classes) {
   std::string known;
   for (const Preset& p : kPresets) {
