@@ -21,7 +21,9 @@
 // With two threads an operator's self time includes OpenMP's team waiting at its barriers.
 //
 // Run: build/bench/profile_kd [--autocast none|bf16] [--threads 2] [--steps 5] [--warmup 3]
-//        [--top 15] [--gemm 0|1]
+//        [--top 15] [--gemm 0|1] [--teacher-weights cast-once|per-call]
+// --teacher-weights per-call runs a bf16 teacher as teacher_infer did before the weights were
+// cast once at load: float32 weights under autocast, cast on every call (the same outputs).
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
@@ -150,16 +152,30 @@ double linear_gflops(std::int64_t m, std::int64_t k, std::int64_t n, torch::Scal
   return 2.0 * static_cast<double>(m * k * n) / median(ms) / 1e6;
 }
 
+// "AMD EPYC, avx512_bf16" (the CPU model and whether it has the bf16 dot-product instructions).
+std::string cpu() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string model = "unknown CPU", flags;
+  for (std::string line; std::getline(in, line);) {
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (line.rfind("model name", 0) == 0) model = line.substr(colon + 2);
+    if (line.rfind("flags", 0) == 0) flags = line;
+  }
+  return model + (flags.find(" avx512_bf16") != std::string::npos ? ", avx512_bf16"
+                                                                   : ", no avx512_bf16");
+}
+
 int usage() {
   std::cerr << "usage: profile_kd [--autocast none|bf16] [--threads N] [--steps N] [--warmup N] "
-               "[--top N] [--gemm 0|1]\n";
+               "[--top N] [--gemm 0|1] [--teacher-weights cast-once|per-call]\n";
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string autocast = "none";
+  std::string autocast = "none", teacher_weights = "cast-once";
   int threads = 2, steps = 5, warmup = 3, top = 15;
   bool gemm_table = false;
   std::string command = argv[0];
@@ -168,6 +184,8 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i], value = argv[i + 1];
     if (arg == "--autocast" && (value == "none" || value == "bf16")) {
       autocast = value;
+    } else if (arg == "--teacher-weights" && (value == "cast-once" || value == "per-call")) {
+      teacher_weights = value;
     } else if (arg == "--threads") {
       threads = std::max(1, std::atoi(value.c_str()));
     } else if (arg == "--steps") {
@@ -198,10 +216,11 @@ int main(int argc, char** argv) {
       train::ViT model(teacher_config);
       train::save_checkpoint(teacher_path, model, nullptr, {});
     }
-    const std::unique_ptr<train::InferenceModel> teacher =
-        train::InferenceModel::load(
-        teacher_path, bf16 ? train::InferenceModel::Precision::kBFloat16
-                           : train::InferenceModel::Precision::kFloat32);
+    // teacher_infer's way (weights cast once), or casting them on every call as before.
+    const bool cast_per_call = bf16 && teacher_weights == "per-call";
+    const std::unique_ptr<train::InferenceModel> teacher = train::InferenceModel::load(
+        teacher_path, bf16 && !cast_per_call ? train::InferenceModel::Precision::kBFloat16
+                                             : train::InferenceModel::Precision::kFloat32);
     std::filesystem::remove(teacher_path);
     train::Trainer student({.model = student_config, .seed = 1, .bf16 = bf16});
     student.set_total_steps(static_cast<std::uint64_t>(warmup + 2 * steps));
@@ -213,26 +232,13 @@ int main(int argc, char** argv) {
     batch.targets = torch::empty({kBatch, 0});
 
     train::IntraOpThreads intraop(threads);
-    if (gemm_table) {
-      // The ceiling of these shapes: the teacher's and student's Linear products at this batch.
-      std::printf("| product [m, k] x [k, n] | float32 GFLOP/s | bfloat16 GFLOP/s |\n"
-                  "|---|---:|---:|\n");
-      const std::int64_t m = kBatch * (teacher_config.patches() + 1);
-      for (const ViTConfig& c : {teacher_config, student_config}) {
-        const std::int64_t d = c.dim, h = c.mlp_hidden();
-        for (const auto& [k, n] : {std::pair{d, 3 * d}, {d, d}, {d, h}, {h, d}, {1024L, 1024L}}) {
-          std::printf("| [%ld, %ld] x [%ld, %ld] | %.0f | %.0f |\n", m, k, k, n,
-                      linear_gflops(m, k, n, torch::kFloat), linear_gflops(m, k, n, torch::kBFloat16));
-        }
-      }
-      std::printf("\n");
-    }
     std::map<std::string, std::vector<double>> timed;  // part -> ms per step
     const auto step = [&](bool record) {
       Clock::time_point t = Clock::now();
       {
         RECORD_USER_SCOPE(kParts[0]);
-        batch.teacher_logits = teacher->forward(batch.images).logits;
+        train::Autocast per_call(cast_per_call);
+        batch.teacher_logits = teacher->forward(batch.images).logits.to(torch::kFloat);
       }
       if (record) timed[kParts[0]].push_back(ms_since(t));
       t = Clock::now();
@@ -251,14 +257,29 @@ int main(int argc, char** argv) {
     for (int i = 0; i < steps; ++i) step(true);
     const double faults_per_step = (minor_faults() - faults_before) / steps;
 
-    std::printf("# profile_kd\n\n- **Command:** `%s`\n- **LibTorch:** %s; intra-op threads %d; "
-                "autocast %s; batch %d at %d px\n",
-                command.c_str(), TORCH_VERSION, threads, autocast.c_str(), kBatch, kImageSize);
+    std::printf("# profile_kd\n\n- **Command:** `%s`\n- **CPU:** %s\n- **LibTorch:** %s; intra-op threads %d; "
+                "autocast %s (teacher weights %s); batch %d at %d px\n",
+                command.c_str(), cpu().c_str(), TORCH_VERSION, threads, autocast.c_str(),
+                bf16 ? teacher_weights.c_str() : "float32", kBatch, kImageSize);
     const double teacher_flops = static_cast<double>(teacher_config.forward_flops());
     const double student_flops = static_cast<double>(student_config.train_flops());
     std::printf("- **FLOPs per image (from the shapes):** teacher forward %.3f G, student forward "
                 "+ backward %.3f G\n\n",
                 teacher_flops / 1e9, student_flops / 1e9);
+    if (gemm_table) {
+      // The ceiling of these shapes: the teacher's and student's Linear products at this batch.
+      std::printf("| product [m, k] x [k, n] | float32 GFLOP/s | bfloat16 GFLOP/s |\n"
+                  "|---|---:|---:|\n");
+      const std::int64_t m = kBatch * (teacher_config.patches() + 1);
+      for (const ViTConfig& c : {teacher_config, student_config}) {
+        const std::int64_t d = c.dim, h = c.mlp_hidden();
+        for (const auto& [k, n] : {std::pair{d, 3 * d}, {d, d}, {d, h}, {h, d}, {1024L, 1024L}}) {
+          std::printf("| [%ld, %ld] x [%ld, %ld] | %.0f | %.0f |\n", m, k, k, n,
+                      linear_gflops(m, k, n, torch::kFloat), linear_gflops(m, k, n, torch::kBFloat16));
+        }
+      }
+      std::printf("\n");
+    }
     std::printf("Without the profiler, medians of %d steps:\n\n| part | ms per step | GFLOP/s "
                 "|\n|---|---:|---:|\n",
                 steps);

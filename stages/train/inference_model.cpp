@@ -29,8 +29,9 @@ ViTOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward) 
   return out;
 }
 
-// Whether a module is a matrix product autocast runs in bf16 (the built-in ViT's and
-// torch.nn's Linear and ConvNd, by class name, which TorchScript keeps).
+// Whether a module is a matrix product whose weight autocast casts to bf16 (the built-in ViT's
+// and torch.nn's Linear and ConvNd, by class name, which TorchScript keeps). Autocast leaves
+// their biases float32 (the bias is added to the bf16 product in float32), so they stay.
 bool is_product(const std::string& class_name) {
   const std::string name = class_name.substr(class_name.rfind('.') + 1);
   return name == "Linear" || name.rfind("Conv", 0) == 0;
@@ -43,7 +44,8 @@ class CheckpointModel final : public InferenceModel {
     if (!bf16_) return;
     for (const std::shared_ptr<torch::nn::Module>& module : model_->modules()) {
       if (module->as<torch::nn::Linear>() || module->as<torch::nn::Conv2d>()) {
-        module->to(torch::kBFloat16);
+        torch::Tensor weight = module->named_parameters(/*recurse=*/false)["weight"];
+        weight.set_data(weight.to(torch::kBFloat16));
       }
     }
   }
@@ -72,7 +74,7 @@ class TorchScriptModel final : public InferenceModel {
  public:
   TorchScriptModel(const std::string& path, Precision precision)
       : model_(path), bf16_(precision == Precision::kBFloat16) {
-    if (bf16_) model_.cast_submodules(is_product, torch::kBFloat16);
+    if (bf16_) model_.cast_weights(is_product, torch::kBFloat16);
   }
 
   ViTOutput forward(const torch::Tensor& images) override {

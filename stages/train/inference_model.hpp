@@ -24,11 +24,12 @@ class InferenceModel {
   /// What the model computes in.
   enum class Precision {
     kFloat32,
-    /// bf16 autocast, with the matrix products' weights (Linear and convolution layers) cast
-    /// to bfloat16 once at load instead of on every call: the outputs equal, bit for bit, those
-    /// of the float32 weights under autocast, in less time. LayerNorm, the position embedding
-    /// and the class token stay float32, as autocast computes them (LibTorch 1.13's bf16
-    /// LayerNorm is ~9x slower than its float32 one; see docs/benchmarks.md).
+    /// bf16 autocast, with the matrix products' weights (of Linear and convolution layers)
+    /// cast to bfloat16 once at load instead of on every call: the outputs equal, bit for bit,
+    /// those of the float32 weights under autocast, in less time. Biases, LayerNorm, the
+    /// position embedding and the class token stay float32, as autocast uses them (a model
+    /// wholly in bf16 would be slower: LibTorch 1.13's bf16 LayerNorm is ~9x slower than its
+    /// float32 one; see docs/benchmarks.md).
     kBFloat16,
   };
 

@@ -429,10 +429,12 @@ std::optional<int> ScriptedModel::image_size() const {
   return static_cast<int>(value.toInt());
 }
 
-void ScriptedModel::cast_submodules(const std::function<bool(const std::string&)>& select,
-                                    torch::ScalarType dtype) {
-  for (torch::jit::Module module : impl_->module.modules()) {
-    if (select(module.type()->name()->qualifiedName())) module.to(dtype);
+void ScriptedModel::cast_weights(const std::function<bool(const std::string&)>& select,
+                                 torch::ScalarType dtype) {
+  for (const torch::jit::Module& module : impl_->module.modules()) {
+    if (!module.hasattr("weight") || !select(module.type()->name()->qualifiedName())) continue;
+    const c10::IValue weight = module.attr("weight");
+    if (weight.isTensor()) weight.toTensor().set_data(weight.toTensor().to(dtype));
   }
 }
 

@@ -54,10 +54,9 @@ class ScriptedModel {
   ScriptedModel& operator=(ScriptedModel&&) noexcept;
 
   ViTOutput forward(const torch::Tensor& images) const;
-  /// Casts the floating-point parameters and buffers of each submodule whose class name (e.g.
+  /// Casts the `weight` parameter of each submodule whose class name (e.g.
   /// "__torch__.torch.nn.modules.linear.Linear") `select` accepts to `dtype`.
-  void cast_submodules(const std::function<bool(const std::string&)>& select,
-                       torch::ScalarType dtype);
+  void cast_weights(const std::function<bool(const std::string&)>& select, torch::ScalarType dtype);
   ViTOutput operator()(const torch::Tensor& images) const { return forward(images); }
 
   const std::string& path() const;

@@ -33,6 +33,10 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherIsAutocastWithWeightsCastOnce" * doct
   torch::manual_seed(3);
   ViT model(teacher_config());
   model->eval();
+  {  // like a trained model: no zero biases (autocast keeps them float32; so must we)
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : model->parameters()) p.add_(torch::randn_like(p), 0.1);
+  }
   const std::string checkpoint = dir.str("teacher.pt");
   save_checkpoint(checkpoint, model, nullptr, {});
   const std::string scripted = dir.str("teacher-script.pt");
@@ -66,3 +70,4 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherIsAutocastWithWeightsCastOnce" * doct
     CHECK(torch::equal(fp32->forward(images).logits, exact.logits));
   }
 }
+
