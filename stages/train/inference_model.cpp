@@ -29,12 +29,14 @@ ViTOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward) 
   return out;
 }
 
-// Whether a module is a matrix product whose weight autocast casts to bf16 (the built-in ViT's
-// and torch.nn's Linear and ConvNd, by class name, which TorchScript keeps). Autocast leaves
-// their biases float32 (the bias is added to the bf16 product in float32), so they stay.
-bool is_product(const std::string& class_name) {
+// Whether a parameter is one autocast uses in bf16, which a bf16 model holds in bf16: the
+// weight and bias of a Linear layer (the built-in ViT casts linear biases too, see vit.cpp) and
+// the weight of a convolution (autocast leaves its bias float32). By the module's class name,
+// which TorchScript keeps ("__torch__.torch.nn.modules.linear.Linear").
+bool held_in_bf16(const std::string& class_name, const std::string& parameter) {
   const std::string name = class_name.substr(class_name.rfind('.') + 1);
-  return name == "Linear" || name.rfind("Conv", 0) == 0;
+  if (name == "Linear") return parameter == "weight" || parameter == "bias";
+  return name.rfind("Conv", 0) == 0 && parameter == "weight";
 }
 
 class CheckpointModel final : public InferenceModel {
@@ -43,9 +45,12 @@ class CheckpointModel final : public InferenceModel {
       : model_(load_model(checkpoint)), bf16_(precision == Precision::kBFloat16) {
     if (!bf16_) return;
     for (const std::shared_ptr<torch::nn::Module>& module : model_->modules()) {
-      if (module->as<torch::nn::Linear>() || module->as<torch::nn::Conv2d>()) {
-        torch::Tensor weight = module->named_parameters(/*recurse=*/false)["weight"];
-        weight.set_data(weight.to(torch::kBFloat16));
+      const char* class_name = module->as<torch::nn::Linear>()   ? "Linear"
+                               : module->as<torch::nn::Conv2d>() ? "Conv2d"
+                                                                 : "";
+      for (auto& parameter : module->named_parameters(/*recurse=*/false)) {
+        torch::Tensor& p = parameter.value();
+        if (held_in_bf16(class_name, parameter.key())) p.set_data(p.to(torch::kBFloat16));
       }
     }
   }
@@ -74,7 +79,7 @@ class TorchScriptModel final : public InferenceModel {
  public:
   TorchScriptModel(const std::string& path, Precision precision)
       : model_(path), bf16_(precision == Precision::kBFloat16) {
-    if (bf16_) model_.cast_weights(is_product, torch::kBFloat16);
+    if (bf16_) model_.cast_parameters(held_in_bf16, torch::kBFloat16);
   }
 
   ViTOutput forward(const torch::Tensor& images) override {

@@ -429,12 +429,14 @@ std::optional<int> ScriptedModel::image_size() const {
   return static_cast<int>(value.toInt());
 }
 
-void ScriptedModel::cast_weights(const std::function<bool(const std::string&)>& select,
-                                 torch::ScalarType dtype) {
+void ScriptedModel::cast_parameters(
+    const std::function<bool(const std::string&, const std::string&)>& select,
+    torch::ScalarType dtype) {
   for (const torch::jit::Module& module : impl_->module.modules()) {
-    if (!module.hasattr("weight") || !select(module.type()->name()->qualifiedName())) continue;
-    const c10::IValue weight = module.attr("weight");
-    if (weight.isTensor()) weight.toTensor().set_data(weight.toTensor().to(dtype));
+    const std::string class_name = module.type()->name()->qualifiedName();
+    for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+      if (select(class_name, p.name)) p.value.set_data(p.value.to(dtype));
+    }
   }
 }
 

@@ -54,9 +54,10 @@ class ScriptedModel {
   ScriptedModel& operator=(ScriptedModel&&) noexcept;
 
   ViTOutput forward(const torch::Tensor& images) const;
-  /// Casts the `weight` parameter of each submodule whose class name (e.g.
-  /// "__torch__.torch.nn.modules.linear.Linear") `select` accepts to `dtype`.
-  void cast_weights(const std::function<bool(const std::string&)>& select, torch::ScalarType dtype);
+  /// Casts to `dtype` each parameter that `select(class name of its module, parameter name)`
+  /// accepts, e.g. ("__torch__.torch.nn.modules.linear.Linear", "weight").
+  void cast_parameters(const std::function<bool(const std::string&, const std::string&)>& select,
+                       torch::ScalarType dtype);
   ViTOutput operator()(const torch::Tensor& images) const { return forward(images); }
 
   const std::string& path() const;

