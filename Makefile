@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test bench bench-data bench-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test bench bench-data bench-kd profile-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -43,6 +43,10 @@ bench: build bench-data
 # Knowledge-distillation training throughput per core layout (makes its own data; 3-7 min).
 bench-kd: build
 	$(BUILD)/bench/bench_kd --reps 3
+
+# Where one distillation step's time goes, by operator, in bf16 (and the products' ceiling).
+profile-kd: build
+	$(BUILD)/bench/profile_kd --autocast bf16 --gemm 1
 
 # Data-parallel step time: 1 rank vs 2 ranks of one core each (about 2 min).
 bench-dp: build

@@ -271,12 +271,15 @@ int main(int argc, char** argv) {
       std::printf("| product [m, k] x [k, n] | float32 GFLOP/s | bfloat16 GFLOP/s |\n"
                   "|---|---:|---:|\n");
       const std::int64_t m = kBatch * (teacher_config.patches() + 1);
+      std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // (k, n)
       for (const ViTConfig& c : {teacher_config, student_config}) {
         const std::int64_t d = c.dim, h = c.mlp_hidden();
-        for (const auto& [k, n] : {std::pair{d, 3 * d}, {d, d}, {d, h}, {h, d}, {1024L, 1024L}}) {
-          std::printf("| [%ld, %ld] x [%ld, %ld] | %.0f | %.0f |\n", m, k, k, n,
-                      linear_gflops(m, k, n, torch::kFloat), linear_gflops(m, k, n, torch::kBFloat16));
-        }
+        shapes.insert(shapes.end(), {{d, 3 * d}, {d, d}, {d, h}, {h, d}});
+      }
+      shapes.emplace_back(1024, 1024);  // a square reference
+      for (const auto& [k, n] : shapes) {
+        std::printf("| [%ld, %ld] x [%ld, %ld] | %.0f | %.0f |\n", m, k, k, n,
+                    linear_gflops(m, k, n, torch::kFloat), linear_gflops(m, k, n, torch::kBFloat16));
       }
       std::printf("\n");
     }

@@ -1,4 +1,5 @@
 #include "apps/foodtag/html_report.hpp"
+#include "apps/foodtag/profile.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -688,6 +689,9 @@ std::string phase_section(const PhaseProfile& phase, std::size_t index) {
   }
   if (r.stopped) run += "; stopped early on request: the counts are what was completed";
   out += "<p class=\"facts\"><b>run:</b> " + escape(run) + "</p>\n";
+  if (const std::string split = step_split(r); !split.empty()) {
+    out += "<p class=\"facts\">" + escape(split) + "</p>\n";  // "per step: ... GFLOP/s"
+  }
   out += "<div class=\"charts\">\n" + utilisation_chart(r, "utilisation-chart-" + n) +
          queue_chart(r, "queue-chart-" + n) + cpu_chart(r.cpu, "cpu-chart-" + n) + stage_table(r) +
          "</div>\n";

@@ -117,7 +117,7 @@ std::string step_split(const flowtrain::RunReport& report) {
   if (images > 0 && report.wall_s > 0) line += format(", %.1f images/s", images / report.wall_s);
   line += ")";
   if (const std::optional<double> gflops = result(*trainer, "gflops")) {
-    line += format("; student %.0f GFLOP/s", *gflops);
+    line += "; " + trainer->name + format(" %.0f GFLOP/s", *gflops);
   }
   if (teacher && teacher->items_in > 0) {
     line += format("; teacher %.0f ms per batch", teacher->busy_s * 1e3 /

@@ -34,6 +34,7 @@ std::string duration_text(double seconds);
 ///   per step: data wait 35 ms, forward 208 ms, backward 399 ms, sync 0 ms, optimizer 8 ms
 ///   (650 ms, 98.5 images/s); student 61 GFLOP/s; teacher 968 ms per batch on each of 2
 ///   workers, ahead of the student, 74 GFLOP/s
+/// (the GFLOP/s of the training stage, named, and of teacher_infer: their products' rate).
 std::string step_split(const flowtrain::RunReport& report);
 
 }  // namespace foodtag

@@ -24,12 +24,13 @@ class InferenceModel {
   /// What the model computes in.
   enum class Precision {
     kFloat32,
-    /// bf16 autocast, with the matrix products' weights (of Linear and convolution layers)
-    /// cast to bfloat16 once at load instead of on every call: the outputs equal, bit for bit,
-    /// those of the float32 weights under autocast, in less time. Biases, LayerNorm, the
-    /// position embedding and the class token stay float32, as autocast uses them (a model
-    /// wholly in bf16 would be slower: LibTorch 1.13's bf16 LayerNorm is ~9x slower than its
-    /// float32 one; see docs/benchmarks.md).
+    /// bf16 autocast, with the parameters autocast runs in bf16 (Linear weights and biases,
+    /// convolution weights) cast to bfloat16 once at load instead of on every call. For a
+    /// checkpoint the outputs equal, bit for bit, the ViT's own under autocast, in less time;
+    /// for a TorchScript module they stay within bf16 rounding (its linears would add a float32
+    /// bias). LayerNorm, the position embedding and the class token stay float32, as autocast
+    /// computes them: a model wholly in bf16 would be slower (LibTorch 1.13's bf16 LayerNorm is
+    /// ~9x slower than its float32 one; see docs/benchmarks.md).
     kBFloat16,
   };
 

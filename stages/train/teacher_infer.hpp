@@ -15,8 +15,8 @@ namespace flowtrain::train {
 
 /// Runs a frozen teacher on each batch and adds its outputs (Batch::teacher_logits, and
 /// teacher_regression for a model with a regression head). No gradients, eval mode, its own
-/// intra-op thread count, optional bf16 autocast (with the weights of its matrix products cast
-/// once at load; InferenceModel::Precision). The teacher is a flowtrain checkpoint or any
+/// intra-op thread count, optional bf16 autocast (its matrix products' parameters cast once at
+/// load; InferenceModel::Precision). The teacher is a flowtrain checkpoint or any
 /// TorchScript module; with concurrency > 1 several batches run through it at once, ahead of
 /// the student.
 class TeacherInferStage final : public Map<data::Batch, data::Batch> {

@@ -64,6 +64,13 @@ TEST_CASE("Foodtag.Profile.StepSplitFromTheTrainingStage") {
         "per step: data wait 35 ms, forward 208 ms, backward 399 ms, sync 0 ms, optimizer 8 ms "
         "(650 ms, 64.0 images/s); teacher 968 ms per batch on each of 2 workers, ahead of the "
         "student");
+  // With the models' achieved GFLOP/s (teacher_infer and train_step report them).
+  report.stages[1].results = {{"gflops", 73.6}};
+  report.stages[2].results.push_back({"gflops", 61.2});
+  CHECK(foodtag::step_split(report) ==
+        "per step: data wait 35 ms, forward 208 ms, backward 399 ms, sync 0 ms, optimizer 8 ms "
+        "(650 ms, 64.0 images/s); student_step 61 GFLOP/s; teacher 968 ms per batch on each of 2 "
+        "workers, ahead of the student, 74 GFLOP/s");
   report.stages.pop_back();
   CHECK(foodtag::step_split(report).empty());
 }

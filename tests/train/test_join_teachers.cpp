@@ -73,7 +73,15 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
     p.add("batches", std::make_unique<RandomBatches>(6));
     p.add<TeacherInferStage>("teacher", {.model = model});
     p.add("sink", seen->sink());
-    p.run({.threads = 2});
+    const RunReport report = p.run({.threads = 2});
+    // Its results: images, time per batch, and the rate of its products (from the ViT's shape).
+    std::map<std::string, double> results;
+    for (const StageResult& r : report.stages[1].results) results[r.name] = r.value;
+    std::int64_t images = 0;
+    for (const auto& [number, batch] : seen->batches) images += batch.size();
+    CHECK(results["images"] == static_cast<double>(images));
+    CHECK(results["forward_ms"] > 0);
+    CHECK(results["gflops"] > 0);
   }
 
   //              +-> teacher_a -+

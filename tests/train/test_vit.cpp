@@ -68,6 +68,26 @@ TEST_CASE("Train.ViT.PresetParameterCounts") {
   }
 }
 
+TEST_CASE("Train.ViT.FlopsFromTheShape") {
+  // 32 px, patch 8: 16 patches + the class token = 17 tokens; dim 64, MLP 256, 2 blocks.
+  ViTConfig c{.image_size = 32, .patch_size = 8, .dim = 64, .depth = 2, .heads = 4,
+              .classes = 10};
+  const std::int64_t block = 2 * 17 * 64 * 192     // qkv
+                             + 2 * 2 * 17 * 17 * 64  // q k^T, attention x v
+                             + 2 * 17 * 64 * 64      // projection
+                             + 2 * 2 * 17 * 64 * 256;  // MLP
+  const std::int64_t patch_embed = 2 * 16 * (3 * 8 * 8) * 64;
+  CHECK(c.forward_flops() == patch_embed + 2 * block + 2 * 64 * 10);
+  CHECK(c.forward_flops() == 3'884'800);
+  // Backward: both operands' gradients of every product but the images'.
+  CHECK(c.train_flops() == 3 * c.forward_flops() - patch_embed);
+  c.regression_outputs = 1;
+  CHECK(c.forward_flops() == 3'884'800 + 2 * 64);
+  // The bench teacher: about two thirds of a bench-small distillation step (1.11 + 0.58 G).
+  CHECK(vit_config("vit_cpu_teacher", 112, 10).forward_flops() == 1'113'632'256);
+  CHECK(vit_config("vit_cpu_student", 112, 10).train_flops() == 582'794'496);
+}
+
 TEST_CASE("Train.ViT.ForwardShapes") {
   at::set_num_threads(1);
   torch::manual_seed(0);
