@@ -22,12 +22,13 @@
 //
 // Run: build/bench/profile_kd [--autocast none|bf16] [--threads 2] [--steps 5] [--warmup 3]
 //        [--top 15] [--gemm 0|1] [--teacher-weights cast-once|per-call]
-// --teacher-weights per-call runs a bf16 teacher as teacher_infer did before the weights were
-// cast once at load: float32 weights under autocast, cast on every call (the same outputs).
+// --teacher-weights per-call runs a bf16 teacher with float32 parameters under autocast, which
+// casts them on every call, as teacher_infer did before they were cast once at load (the same
+// outputs; the time the casts take).
 #include <ATen/record_function.h>
+#include <sys/resource.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
-#include <sys/resource.h>
 #include <torch/version.h>
 #include <unistd.h>
 
