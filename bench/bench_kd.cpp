@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "stages/data/synthetic.hpp"
@@ -56,6 +57,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using flowtrain::bench::median;
 
 constexpr int kImageSize = 112;
 constexpr int kBatch = 64;
@@ -225,12 +227,6 @@ Sample run_once(const Layout& l,
   return s;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 std::string fixed(double v, int decimals) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -242,17 +238,6 @@ std::string now_utc() {
   char buf[64];
   std::strftime(buf, sizeof buf, "%a %b %d %Y %H:%M:%S UTC", std::gmtime(&t));
   return buf;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const std::size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
 }
 
 std::string load_average() {
@@ -343,7 +328,8 @@ int main(int argc, char** argv) {
     std::printf("- **Command:** `%s`\n", command.c_str());
     std::printf("- **Date:** %s\n", now_utc().c_str());
     std::printf("- **Machine:** %u cores (nproc), %s; LibTorch %s\n",
-                std::thread::hardware_concurrency(), cpu_model().c_str(), TORCH_VERSION);
+                std::thread::hardware_concurrency(), flowtrain::bench::cpu_description().c_str(),
+                TORCH_VERSION);
     std::printf("- **Load average at start:** %s\n", load_average().c_str());
     std::string env;
     for (const char* name : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",

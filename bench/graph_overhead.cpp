@@ -23,10 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 
 namespace {
+
+using flowtrain::bench::median;
 
 constexpr std::size_t kQueueCapacity = 64;
 constexpr std::size_t kThreads = 2;
@@ -121,12 +124,6 @@ double run_once(const Config& config, std::uint64_t items) {
                            std::to_string(items) + " items");
   }
   return seconds;
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
 }
 
 Result measure(const Config& config, std::uint64_t items, int reps) {

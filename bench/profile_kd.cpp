@@ -37,13 +37,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
@@ -57,6 +57,7 @@ namespace prof = torch::autograd::profiler;
 namespace prof_impl = torch::profiler::impl;
 using flowtrain::train::ViTConfig;
 using Clock = std::chrono::steady_clock;
+using flowtrain::bench::median;
 
 constexpr int kImageSize = 112;
 constexpr int kBatch = 64;
@@ -78,23 +79,26 @@ double minor_faults() {
   return static_cast<double>(u.ru_minflt);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 std::string op_class(const std::string& name) {
-  static const std::set<std::string> gemm = {
-      "aten::addmm",          "aten::mm",          "aten::bmm",
-      "aten::baddbmm",        "aten::_convolution", "aten::mkldnn_convolution",
-      "aten::convolution_backward", "aten::mkldnn_linear", "aten::_mkldnn_linear_backward"};
+  static const std::set<std::string> gemm = {"aten::addmm",
+                                             "aten::mm",
+                                             "aten::bmm",
+                                             "aten::baddbmm",
+                                             "aten::_convolution",
+                                             "aten::mkldnn_convolution",
+                                             "aten::convolution_backward",
+                                             "aten::mkldnn_linear",
+                                             "aten::_mkldnn_linear_backward"};
   static const std::set<std::string> cast = {"aten::_to_copy", "aten::copy_", "aten::clone",
                                              "aten::contiguous", "aten::to"};
-  static const std::set<std::string> norm = {
-      "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::_softmax",
-      "aten::_softmax_backward_data", "aten::_log_softmax", "aten::_log_softmax_backward_data",
-      "aten::gelu", "aten::gelu_backward"};
+  static const std::set<std::string> norm = {"aten::native_layer_norm",
+                                             "aten::native_layer_norm_backward",
+                                             "aten::_softmax",
+                                             "aten::_softmax_backward_data",
+                                             "aten::_log_softmax",
+                                             "aten::_log_softmax_backward_data",
+                                             "aten::gelu",
+                                             "aten::gelu_backward"};
   if (gemm.count(name)) return "GEMM";
   if (cast.count(name)) return "cast/copy";
   if (norm.count(name)) return "norm/act";
@@ -151,20 +155,6 @@ double linear_gflops(std::int64_t m, std::int64_t k, std::int64_t n, torch::Scal
     if (i >= 3) ms.push_back(ms_since(t));
   }
   return 2.0 * static_cast<double>(m * k * n) / median(ms) / 1e6;
-}
-
-// "AMD EPYC, avx512_bf16" (the CPU model and whether it has the bf16 dot-product instructions).
-std::string cpu() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string model = "unknown CPU", flags;
-  for (std::string line; std::getline(in, line);) {
-    const std::size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    if (line.rfind("model name", 0) == 0) model = line.substr(colon + 2);
-    if (line.rfind("flags", 0) == 0) flags = line;
-  }
-  return model + (flags.find(" avx512_bf16") != std::string::npos ? ", avx512_bf16"
-                                                                   : ", no avx512_bf16");
 }
 
 int usage() {
@@ -258,19 +248,23 @@ int main(int argc, char** argv) {
     for (int i = 0; i < steps; ++i) step(true);
     const double faults_per_step = (minor_faults() - faults_before) / steps;
 
-    std::printf("# profile_kd\n\n- **Command:** `%s`\n- **CPU:** %s\n- **LibTorch:** %s; intra-op threads %d; "
-                "autocast %s (teacher weights %s); batch %d at %d px\n",
-                command.c_str(), cpu().c_str(), TORCH_VERSION, threads, autocast.c_str(),
-                bf16 ? teacher_weights.c_str() : "float32", kBatch, kImageSize);
+    std::printf(
+        "# profile_kd\n\n- **Command:** `%s`\n- **CPU:** %s\n- **LibTorch:** %s; intra-op threads "
+        "%d; "
+        "autocast %s (teacher weights %s); batch %d at %d px\n",
+        command.c_str(), flowtrain::bench::cpu_description().c_str(), TORCH_VERSION, threads,
+        autocast.c_str(), bf16 ? teacher_weights.c_str() : "float32", kBatch, kImageSize);
     const double teacher_flops = static_cast<double>(teacher_config.forward_flops());
     const double student_flops = static_cast<double>(student_config.train_flops());
-    std::printf("- **FLOPs per image (from the shapes):** teacher forward %.3f G, student forward "
-                "+ backward %.3f G\n\n",
-                teacher_flops / 1e9, student_flops / 1e9);
+    std::printf(
+        "- **FLOPs per image (from the shapes):** teacher forward %.3f G, student forward "
+        "+ backward %.3f G\n\n",
+        teacher_flops / 1e9, student_flops / 1e9);
     if (gemm_table) {
       // The ceiling of these shapes: the teacher's and student's Linear products at this batch.
-      std::printf("| product [m, k] x [k, n] | float32 GFLOP/s | bfloat16 GFLOP/s |\n"
-                  "|---|---:|---:|\n");
+      std::printf(
+          "| product [m, k] x [k, n] | float32 GFLOP/s | bfloat16 GFLOP/s |\n"
+          "|---|---:|---:|\n");
       const std::int64_t m = kBatch * (teacher_config.patches() + 1);
       std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // (k, n)
       for (const ViTConfig& c : {teacher_config, student_config}) {
@@ -280,13 +274,15 @@ int main(int argc, char** argv) {
       shapes.emplace_back(1024, 1024);  // a square reference
       for (const auto& [k, n] : shapes) {
         std::printf("| [%ld, %ld] x [%ld, %ld] | %.0f | %.0f |\n", m, k, k, n,
-                    linear_gflops(m, k, n, torch::kFloat), linear_gflops(m, k, n, torch::kBFloat16));
+                    linear_gflops(m, k, n, torch::kFloat),
+                    linear_gflops(m, k, n, torch::kBFloat16));
       }
       std::printf("\n");
     }
-    std::printf("Without the profiler, medians of %d steps:\n\n| part | ms per step | GFLOP/s "
-                "|\n|---|---:|---:|\n",
-                steps);
+    std::printf(
+        "Without the profiler, medians of %d steps:\n\n| part | ms per step | GFLOP/s "
+        "|\n|---|---:|---:|\n",
+        steps);
     const double t_ms = median(timed[kParts[0]]);
     const double s_ms = median(timed["student forward + backward"]);
     const double o_ms = median(timed[kParts[3]]);
@@ -335,9 +331,10 @@ int main(int argc, char** argv) {
       op.second += 1;
     }
     const char* classes[] = {"GEMM", "cast/copy", "norm/act", "other ops", "between"};
-    std::printf("With the profiler, %d steps, ms per step by operator self time (share of the "
-                "part):\n\n| part | wall |",
-                steps);
+    std::printf(
+        "With the profiler, %d steps, ms per step by operator self time (share of the "
+        "part):\n\n| part | wall |",
+        steps);
     for (const char* c : classes) std::printf(" %s |", c);
     std::printf(" GEMM GFLOP/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     double total_wall = 0;
@@ -364,15 +361,16 @@ int main(int argc, char** argv) {
       std::printf(" %.1f (%.0f%%) |", total_split[c] / 1e3 / steps,
                   total_wall > 0 ? 100 * total_split[c] / total_wall : 0);
     }
-    std::printf(" %.0f |\n\n", (teacher_flops + student_flops) * kBatch * steps /
-                                    total_split["GEMM"] / 1e3);
+    std::printf(" %.0f |\n\n",
+                (teacher_flops + student_flops) * kBatch * steps / total_split["GEMM"] / 1e3);
 
     std::vector<std::pair<std::string, std::pair<double, int>>> sorted(ops.begin(), ops.end());
     std::sort(sorted.begin(), sorted.end(),
               [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-    std::printf("The %d operators with the most self time:\n\n| part: operator | ms per step | "
-                "calls per step | class |\n|---|---:|---:|---|\n",
-                top);
+    std::printf(
+        "The %d operators with the most self time:\n\n| part: operator | ms per step | "
+        "calls per step | class |\n|---|---:|---:|---|\n",
+        top);
     for (int i = 0; i < top && i < static_cast<int>(sorted.size()); ++i) {
       const std::string& key = sorted[i].first;
       std::printf("| %s | %.2f | %d | %s |\n", key.c_str(), sorted[i].second.first / 1e3 / steps,

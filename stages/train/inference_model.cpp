@@ -97,8 +97,7 @@ class TorchScriptModel final : public InferenceModel {
 
 }  // namespace
 
-std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path,
-                                                     Precision precision) {
+std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path, Precision precision) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error(path + ": no such model file (train or export one first)");

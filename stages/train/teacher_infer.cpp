@@ -50,7 +50,8 @@ std::vector<StageResult> TeacherInferStage::results() const {
   std::vector<StageResult> out = {
       {"images", images}, {"forward_ms", forward_s * 1e3 / static_cast<double>(batches_.load())}};
   if (const ViTConfig* config = model_->config()) {
-    out.push_back({"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
+    out.push_back(
+        {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
   }
   return out;
 }

@@ -17,7 +17,12 @@ using Precision = InferenceModel::Precision;
 namespace {
 
 ViTConfig teacher_config() {
-  return {.image_size = 32, .patch_size = 8, .dim = 64, .depth = 2, .heads = 4, .classes = 10,
+  return {.image_size = 32,
+          .patch_size = 8,
+          .dim = 64,
+          .depth = 2,
+          .heads = 4,
+          .classes = 10,
           .regression_outputs = 1};
 }
 
@@ -28,7 +33,8 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" * doctest::timeout(120)) {
+TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" *
+          doctest::timeout(120)) {
   flowtrain::testing::TempDir dir("inference-model");
   torch::manual_seed(3);
   ViT model(teacher_config());
@@ -72,4 +78,3 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" 
     CHECK(torch::equal(fp32->forward(images).logits, exact.logits));
   }
 }
-
