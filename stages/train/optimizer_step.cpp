@@ -58,7 +58,6 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
   s.last_step_end = step.end;
   if (!step.applied) return;
   ++s.steps_this_run;
-  s.images_this_run += step.seen;
   s.forward_s += seconds(step.begin, step.forward_end);
   s.backward_s += seconds(step.forward_end, step.backward_end);
   s.sync_s += seconds(step.backward_end, step.sync_end);

@@ -199,7 +199,7 @@ std::vector<StageResult> TrainStepStage::results() const {
     if (s.forward_s + s.backward_s > 0) {
       // The matrix products' rate in forward and backward: how near the machine's ceiling.
       out.push_back({"gflops", static_cast<double>(s.trainer->model()->config().train_flops()) *
-                                   static_cast<double>(s.images_this_run) /
+                                   static_cast<double>(s.live_images.load()) /
                                    (s.forward_s + s.backward_s) / 1e9});
     }
     if (s.trainer->world_size() > 1) {

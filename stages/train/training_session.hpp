@@ -23,7 +23,7 @@ struct TrainingSession {
   // Written by optimizer_step (serial) after each step, read by train_step's results() after
   // the run. Per-step time split, summed over this run; data_wait is from the end of one step
   // to the start of the next (the input was not ready).
-  std::uint64_t steps_this_run = 0, images_this_run = 0;
+  std::uint64_t steps_this_run = 0;
   double forward_s = 0, backward_s = 0, sync_s = 0, optimizer_s = 0, checkpoint_s = 0;
   double data_wait_s = 0;
   Clock::time_point last_step_end, run_begin;

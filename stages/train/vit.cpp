@@ -57,7 +57,8 @@ torch::nn::LayerNorm layer_norm(std::int64_t dim) {
 // bf16 bias at::linear fuses it into one addmm. Outside autocast this is exactly layer(x).
 torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
   if (!at::autocast::is_cpu_enabled()) return layer->forward(x);
-  return torch::linear(x, layer->weight, layer->bias.to(torch::kBFloat16));
+  const torch::Tensor& bias = layer->bias;
+  return torch::linear(x, layer->weight, bias.defined() ? bias.to(torch::kBFloat16) : bias);
 }
 
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
