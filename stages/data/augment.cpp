@@ -8,6 +8,7 @@
 
 #include "graph/error.hpp"
 #include "stages/data/opencv_threads.hpp"
+#include "stages/data/recipe.hpp"
 #include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
@@ -49,7 +50,7 @@ AugmentParams AugmentPolicy::draw(std::uint64_t index, std::uint32_t epoch, doub
     p.crop_y = (1 - p.crop_h) / 2;
     return p;
   }
-  std::mt19937_64 rng(splitmix64(o_.seed ^ splitmix64(epoch ^ splitmix64(index))));
+  std::mt19937_64 rng(splitmix64(o_.seed ^ splitmix64(view(index, epoch) ^ splitmix64(index))));
   std::uniform_real_distribution<double> unit(0, 1);
   auto uniform = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
 
@@ -85,6 +86,12 @@ AugmentParams AugmentPolicy::draw(std::uint64_t index, std::uint32_t epoch, doub
   p.contrast = jitter(o_.contrast);
   p.saturation = jitter(o_.saturation);
   return p;
+}
+
+std::uint32_t AugmentPolicy::view(std::uint64_t index, std::uint32_t epoch) const {
+  if (o_.views_per_image == 0) return epoch;
+  const std::uint64_t offset = splitmix64(~o_.seed ^ splitmix64(index));
+  return static_cast<std::uint32_t>((epoch + offset % o_.views_per_image) % o_.views_per_image);
 }
 
 PixelRect crop_rect(const AugmentParams& p, int width, int height) {
@@ -145,11 +152,18 @@ AugmentPolicy::Options AugmentOptions::policy() const {
   o.saturation = saturation;
   o.eval_crop = eval_crop;
   o.seed = static_cast<std::uint64_t>(seed);
+  o.views_per_image = static_cast<std::uint32_t>(views_per_image);
   return o;
 }
 
+std::uint64_t AugmentOptions::recipe(std::uint64_t into) const {
+  return mix_recipe(into, "augment", to_params(*this), {"seed", "views_per_image"});
+}
+
 AugmentStage::AugmentStage(const Options& options)
-    : policy_(options.policy()), size_(static_cast<int>(options.size)) {
+    : policy_(options.policy()),
+      size_(static_cast<int>(options.size)),
+      recipe_(options.recipe(0)) {
   keep_opencv_on_caller_thread();
 }
 
@@ -166,6 +180,7 @@ std::optional<Sample> AugmentStage::process(Sample&& sample, ItemContext& /*ctx*
   }
   const double aspect = static_cast<double>(sample.image.width) / sample.image.height;
   sample.augment = policy_.draw(sample.index, sample.epoch, aspect);
+  sample.recipe = recipe_ ^ splitmix64(sample.recipe);
   Image view;
   apply_augment(sample.image, sample.augment, size_, view);
   sample.image = std::move(view);

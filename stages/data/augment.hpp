@@ -23,10 +23,16 @@ class AugmentPolicy {
     double brightness = 0, contrast = 0, saturation = 0;  // jitter strengths (0: off)
     double eval_crop = 0.875;  // eval: centre crop of this share of the short side
     std::uint64_t seed = 0;
+    /// > 0: each image has this many fixed views, and epoch e shows view (e + offset) % K, the
+    /// offset drawn per image: every view once in K epochs, then again (FKD's fixed views).
+    std::uint32_t views_per_image = 0;
   };
   explicit AugmentPolicy(Options options);
 
   AugmentParams draw(std::uint64_t index, std::uint32_t epoch, double aspect) const;
+  /// The view of sample `index` that epoch `epoch` shows: the epoch itself, or with
+  /// views_per_image K, one of 0..K-1.
+  std::uint32_t view(std::uint64_t index, std::uint32_t epoch) const;
 
  private:
   Options o_;
@@ -45,6 +51,7 @@ struct AugmentOptions {
   double saturation = 0;
   double eval_crop = 0.875;
   std::int64_t seed = 0;
+  std::int64_t views_per_image = 0;
   template <class Declare>
   void declare(Declare& d) {
     d(mode, "mode", "train: random views; eval: deterministic centre crop",
@@ -58,10 +65,18 @@ struct AugmentOptions {
     d(saturation, "saturation", "train: saturation jitter strength (0: off)", {.min = 0});
     d(eval_crop, "eval_crop", "eval: centre crop share of the short side", {.min = 0});
     d(seed, "seed", "seed of the per-sample random parameters", {.min = 0});
+    d(views_per_image, "views_per_image",
+      "train: K > 0 gives each image K fixed views, every one shown once in K epochs, then "
+      "again (FKD), so a teacher_cache needs the teacher only for K epochs; 0: a fresh view "
+      "every epoch",
+      {.min = 0, .max = 1 << 20});
   }
 
   /// The policy's options (all but `size`); throws Error for a `mode` other than train or eval.
   AugmentPolicy::Options policy() const;
+  /// mix_recipe of the params that shape a view's pixels (all but seed and views_per_image,
+  /// which only choose the view: the view key holds its parameters).
+  std::uint64_t recipe(std::uint64_t into) const;
 };
 
 /// A rectangle of pixels.
@@ -116,6 +131,7 @@ class AugmentStage final : public Map<Sample, Sample> {
  private:
   AugmentPolicy policy_;
   int size_;
+  std::uint64_t recipe_;
 };
 
 }  // namespace flowtrain::data

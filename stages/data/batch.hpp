@@ -16,6 +16,7 @@ struct ViewKey {
   std::uint64_t index = 0;
   std::uint32_t epoch = 0;
   AugmentParams augment;
+  std::uint64_t recipe = 0;  // Sample::recipe: the params that made its pixels
 
   bool operator==(const ViewKey&) const = default;
 };
@@ -40,6 +41,30 @@ struct BatchRow {
   std::shared_ptr<BatchBuffers> buffers;  // the batch's buffers, shared by its rows
 };
 
+struct Batch;
+
+/// The teacher outputs a cache (the `teacher_cache` stage) could not supply for a batch: the
+/// rows the teacher must run on, and where its outputs go. Carried by the batches a cache sends
+/// to its `miss` output; teacher_infer runs on rows() only and hands the outputs to complete().
+/// Destroyed without complete() (the batch failed or was dropped), it gives the rows up, so a
+/// later batch waiting for them fails instead of hanging.
+class TeacherOutputsPending {
+ public:
+  virtual ~TeacherOutputsPending() = default;
+  /// Rows of the batch the teacher must compute, in order (maybe none: rows an earlier batch
+  /// computes are only waited for).
+  virtual const std::vector<std::int64_t>& rows() const = 0;
+  /// Stores the outputs of rows() (`logits` [rows, classes], `regression` [rows, K] or
+  /// undefined), computed in `forward_s` seconds by the teacher `teacher` (its fingerprint, which
+  /// must be the cache's), and sets the batch's teacher_logits and teacher_regression for all
+  /// its rows, as stored.
+  virtual void complete(Batch& batch,
+                        const at::Tensor& logits,
+                        const at::Tensor& regression,
+                        double forward_s,
+                        std::uint64_t teacher) = 0;
+};
+
 /// A collated batch. `images` lives in a buffer leased from the collate stage's bounded pool;
 /// the lease returns it when the last copy of the batch is destroyed.
 struct Batch {
@@ -52,6 +77,8 @@ struct Batch {
   std::vector<std::string> paths;
   at::Tensor teacher_logits;      // [N, classes], added by a teacher stage; else undefined
   at::Tensor teacher_regression;  // [N, K], with a teacher's regression head; else undefined
+  /// Set by a teacher_cache on the batches it cannot fill alone; teacher_infer completes it.
+  std::shared_ptr<TeacherOutputsPending> teacher_pending;
   std::shared_ptr<void> lease;
 
   std::int64_t size() const { return images.defined() ? images.size(0) : 0; }

@@ -4,6 +4,7 @@
 
 #include "graph/error.hpp"
 #include "stages/data/opencv_threads.hpp"
+#include "stages/data/recipe.hpp"
 
 namespace flowtrain::data {
 
@@ -11,6 +12,7 @@ CollateStage::CollateStage(const Options& options)
     : batch_size_(options.batch_size),
       drop_last_(options.drop_last),
       normalize_(options.normalize),
+      recipe_(mix_recipe(0, "collate", to_params(options.normalize))),
       wait_timeout_s_(options.pool.wait_timeout_s),
       pool_(BatchPool::create(options.pool)) {
   keep_opencv_on_caller_thread();
@@ -51,7 +53,8 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
   buffers.labels.data_ptr<std::int64_t>()[row] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),
             buffers.targets.data_ptr<float>() + row * targets_);
-  batch_.add({sample.index, sample.epoch, sample.augment}, std::move(sample.path));
+  batch_.add({sample.index, sample.epoch, sample.augment, sample.recipe ^ recipe_},
+             std::move(sample.path));
   end_position_ = sample.position + 1;
   if (batch_.rows() == batch_size_) out.emit(batch_.take(end_position_));
 }

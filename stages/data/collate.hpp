@@ -53,6 +53,7 @@ class CollateStage final : public FlatMap<Sample, Batch> {
   std::int64_t batch_size_;
   bool drop_last_;
   Normalizer normalize_;
+  std::uint64_t recipe_;  // mixed into each row's ViewKey::recipe: its normalisation
   double wait_timeout_s_;
   std::shared_ptr<BatchPool> pool_;
 

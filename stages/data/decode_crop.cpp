@@ -7,6 +7,7 @@
 #include "graph/error.hpp"
 #include "stages/data/jpeg_crop.hpp"
 #include "stages/data/opencv_threads.hpp"
+#include "stages/data/recipe.hpp"
 
 namespace flowtrain::data {
 
@@ -41,6 +42,9 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
       size_(static_cast<int>(options.augment.size)),
       roi_(options.roi),
       normalize_(options.normalize),
+      recipe_(mix_recipe(options.augment.recipe(mix_recipe(0, "decode_crop",
+                                                            Params({{"roi", options.roi}}))),
+                         "normalize", to_params(options.normalize))),
       batch_size_(options.batch_size),
       wait_timeout_s_(options.pool.wait_timeout_s),
       pool_(BatchPool::create(options.pool)) {
@@ -97,7 +101,7 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   buffers.labels.data_ptr<std::int64_t>()[row.row] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),
             buffers.targets.data_ptr<float>() + row.row * buffers.targets.size(1));
-  row.view = {sample.index, sample.epoch, sample.augment};
+  row.view = {sample.index, sample.epoch, sample.augment, recipe_};
   row.path = std::move(sample.path);
   return row;
 }

@@ -81,6 +81,7 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   int size_;
   bool roi_;
   Normalizer normalize_;
+  std::uint64_t recipe_;  // ViewKey::recipe of every row: the params that shape its pixels
   std::int64_t batch_size_;
   double wait_timeout_s_;
   std::shared_ptr<BatchPool> pool_;

@@ -22,6 +22,7 @@
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/data/opencv_threads.hpp"
+#include "stages/data/recipe.hpp"
 
 namespace flowtrain::data {
 namespace {
@@ -459,7 +460,8 @@ void release_encoded(Sample& sample) {
 
 JpegDecodeStage::JpegDecodeStage(const Options& options, const BuildContext& context)
     : options_(options.decode.decode_options()),
-      policy_(options.decode.bad_samples, context.find<dist::World>()) {
+      policy_(options.decode.bad_samples, context.find<dist::World>()),
+      recipe_(mix_recipe(0, "jpeg_decode", Params({{"min_side", options.min_side}}))) {
   options_.min_side = static_cast<int>(std::clamp<std::int64_t>(options.min_side, 0, INT_MAX));
   keep_opencv_on_caller_thread();  // other formats decode through OpenCV
 }
@@ -480,6 +482,7 @@ std::optional<Sample> JpegDecodeStage::process(Sample&& sample, ItemContext& ctx
     return error;
   });
   if (!decoded) return std::nullopt;
+  sample.recipe = recipe_;  // decoding starts a sample's pixels
   return std::move(sample);
 }
 

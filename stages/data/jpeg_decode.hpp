@@ -133,6 +133,7 @@ class JpegDecodeStage final : public Map<Sample, Sample> {
  private:
   DecodeOptions options_;
   BadSamplePolicy policy_;
+  std::uint64_t recipe_;  // Sample::recipe of the images it decodes
 };
 
 /// Thread buffers above this size are released after use instead of kept for the next sample.

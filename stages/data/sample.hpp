@@ -102,6 +102,9 @@ struct Sample {
   EncodedBytes encoded;        // the image file's bytes; empty means decode reads `path`
   Image image;                        // decoded pixels, then the augmented view
   AugmentParams augment;              // what augment did (identity until then)
+  /// A hash of the params that made its pixels so far (decode, view rendering, normalisation),
+  /// each stage that shapes them mixing its own in: with `augment`, the exact view.
+  std::uint64_t recipe = 0;
   const SampleOrigin* origin = nullptr;  // the source that made it, which outlives the run
 };
 

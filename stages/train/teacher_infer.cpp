@@ -7,11 +7,14 @@
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
+#include "stages/train/teacher_cache.hpp"
 
 namespace flowtrain::train {
 
 TeacherInferStage::TeacherInferStage(const Options& options)
     : model_(InferenceModel::load_required(options.model, options.precision())),
+      model_path_(options.model),
+      precision_(options.precision()),
       intraop_threads_(options.intraop_threads) {}
 
 TeacherInferStage::~TeacherInferStage() = default;
@@ -24,20 +27,49 @@ StageDoc TeacherInferStage::describe() {
       option_specs<Options>(), "intraop_threads"};
 }
 
-std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemContext&) {
+ViTOutput TeacherInferStage::forward(const at::Tensor& images, double& seconds) {
   IntraOpThreads threads(intraop_threads_);
   const auto begin = std::chrono::steady_clock::now();
-  ViTOutput out = model_->forward(batch.images);
-  forward_ns_ += static_cast<std::uint64_t>(
+  ViTOutput out = model_->forward(images);
+  const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - begin)
-          .count());
-  images_ += static_cast<std::uint64_t>(batch.size());
+          .count();
+  forward_ns_ += static_cast<std::uint64_t>(ns);
+  images_ += static_cast<std::uint64_t>(images.size(0));
   ++batches_;
-  if (out.logits.dim() != 2 || out.logits.size(0) != batch.size()) {
+  if (out.logits.dim() != 2 || out.logits.size(0) != images.size(0)) {
     throw Error("the teacher returned logits of shape " + c10::str(out.logits.sizes()) +
-                " for a batch of " + std::to_string(batch.size()) + "; expected [" +
-                std::to_string(batch.size()) + ", classes]");
+                " for a batch of " + std::to_string(images.size(0)) + "; expected [" +
+                std::to_string(images.size(0)) + ", classes]");
   }
+  seconds = static_cast<double>(ns) / 1e9;
+  return out;
+}
+
+std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemContext&) {
+  if (std::shared_ptr<data::TeacherOutputsPending> pending = std::move(batch.teacher_pending)) {
+    // A teacher_cache sent the batch: compute the rows it lacks, and let it fill the batch.
+    const std::vector<std::int64_t>& rows = pending->rows();
+    ViTOutput out;
+    double seconds = 0;
+    if (!rows.empty()) {
+      const auto n = static_cast<std::int64_t>(rows.size());
+      out = forward(
+          n == batch.size()
+              ? batch.images
+              : batch.images.index_select(
+                    0, torch::from_blob(const_cast<std::int64_t*>(rows.data()), {n}, torch::kLong)),
+          seconds);
+    }
+    std::call_once(fingerprint_once_, [&] {
+      fingerprint_ =
+          teacher_fingerprint(model_path_, precision_ == InferenceModel::Precision::kBFloat16);
+    });
+    pending->complete(batch, out.logits, out.regression, seconds, fingerprint_);
+    return std::move(batch);
+  }
+  double seconds = 0;
+  ViTOutput out = forward(batch.images, seconds);
   batch.teacher_logits = std::move(out.logits);
   batch.teacher_regression = std::move(out.regression);
   return std::move(batch);
@@ -46,9 +78,9 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
 std::vector<StageResult> TeacherInferStage::results() const {
   const double images = static_cast<double>(images_.load());
   const double forward_s = static_cast<double>(forward_ns_.load()) / 1e9;
-  if (batches_ == 0 || forward_s <= 0) return {};
-  std::vector<StageResult> out = {
-      {"images", images}, {"forward_ms", forward_s * 1e3 / static_cast<double>(batches_.load())}};
+  std::vector<StageResult> out = {{"images", images}};
+  if (batches_ == 0 || forward_s <= 0) return out;  // a teacher_cache had every view
+  out.push_back({"forward_ms", forward_s * 1e3 / static_cast<double>(batches_.load())});
   if (const ViTConfig* config = model_->config()) {
     out.push_back(
         {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});

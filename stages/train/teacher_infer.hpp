@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,8 @@ namespace flowtrain::train {
 /// intra-op thread count, optional bf16 autocast (its matrix products' parameters cast once at
 /// load; InferenceModel::Precision). The teacher is a flowtrain checkpoint or any
 /// TorchScript module; with concurrency > 1 several batches run through it at once, ahead of
-/// the student.
+/// the student. Behind a teacher_cache it runs only on the rows the cache lacks
+/// (Batch::teacher_pending) and hands their outputs to it.
 class TeacherInferStage final : public Map<data::Batch, data::Batch> {
  public:
   using Options = InferenceOptions;
@@ -28,7 +30,7 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
-  /// images, forward_ms (per batch), and gflops: the forward's matrix-product FLOPs
+  /// images (the teacher ran on), forward_ms (per batch), and gflops: the forward's matrix-product FLOPs
   /// (ViTConfig::forward_flops) per second of forward, per invocation (its intraop_threads);
   /// gflops is left out for a TorchScript teacher, whose shape is unknown.
   std::vector<StageResult> results() const override;
@@ -37,7 +39,14 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
   std::optional<data::Batch> process(data::Batch&& batch, ItemContext& ctx) override;
 
  private:
+  /// The teacher's outputs for `images`, timed (`seconds`) and counted.
+  ViTOutput forward(const at::Tensor& images, double& seconds);
+
   std::unique_ptr<InferenceModel> model_;
+  std::string model_path_;
+  InferenceModel::Precision precision_;
+  std::once_flag fingerprint_once_;
+  std::uint64_t fingerprint_ = 0;  // teacher_fingerprint, made when a teacher_cache first asks
   int intraop_threads_;
   std::atomic<std::uint64_t> images_{0}, batches_{0}, forward_ns_{0};
 };

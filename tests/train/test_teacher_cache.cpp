@@ -1,0 +1,278 @@
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <numeric>
+
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+#include "stages/data/batch.hpp"
+#include "stages/train/checkpoint.hpp"
+#include "stages/train/teacher_cache.hpp"
+#include "stages/train/teacher_infer.hpp"
+#include "tests/test_stages.hpp"
+#include "tests/train/training_fixture.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::train;
+using namespace flowtrain::testing;
+
+namespace {
+
+// Batches of 8 random 32 px images whose rows are views of images "img_K.jpg"; batch n shows
+// the views of batch `view_of(n)`, so views may repeat within a run.
+class ViewBatches final : public Source<data::Batch> {
+ public:
+  ViewBatches(
+      int count, std::function<int(int)> view_of = [](int n) { return n; })
+      : count_(count), view_of_(std::move(view_of)) {}
+
+ protected:
+  std::optional<data::Batch> next() override {
+    if (number_ == count_) return std::nullopt;
+    const int v = view_of_(number_);
+    torch::manual_seed(100 + v);
+    data::Batch batch;
+    batch.number = static_cast<std::uint64_t>(number_++);
+    batch.images = torch::rand({8, 3, 32, 32});
+    batch.labels = torch::zeros({8}, torch::kLong);
+    for (int r = 0; r < 8; ++r) {
+      data::ViewKey key;
+      key.index = static_cast<std::uint64_t>(r);
+      key.augment.crop_x = 0.01f * static_cast<float>(v);
+      key.augment.flip = r % 2 == 1;
+      key.recipe = 42;
+      batch.views.push_back(key);
+      batch.paths.push_back("img_" + std::to_string(r) + ".jpg");
+    }
+    return batch;
+  }
+
+ private:
+  int count_;
+  std::function<int(int)> view_of_;
+  int number_ = 0;
+};
+
+void write_teacher(const std::string& path, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  ViT teacher(ViTConfig{.image_size = 32,
+                        .patch_size = 8,
+                        .dim = 32,
+                        .depth = 1,
+                        .heads = 2,
+                        .classes = 20,
+                        .regression_outputs = 1});
+  save_checkpoint(path, teacher, nullptr, {});
+}
+
+struct Seen {
+  std::mutex mutex;
+  std::map<std::uint64_t, data::Batch> batches;
+  std::unique_ptr<Stage> sink() {
+    return std::make_unique<ProbeSink<data::Batch>>([this](data::Batch&& b, ItemContext&) {
+      std::lock_guard lock(mutex);
+      batches[b.number] = std::move(b);
+    });
+  }
+};
+
+std::map<std::string, double> results_of(const RunReport& report, const std::string& stage) {
+  std::map<std::string, double> out;
+  for (const StageReport& s : report.stages) {
+    if (s.name != stage) continue;
+    for (const StageResult& r : s.results) out[r.name] = r.value;
+  }
+  return out;
+}
+
+//   batches -> cache --hit--------------------> merge -> sink
+//                    \--miss--> teacher_infer --/
+RunReport run_cached(
+    Seen& seen,
+    const TeacherCacheOptions& cache,
+    const std::string& teacher,
+    int batches,
+    std::function<int(int)> view_of = [](int n) { return n; }) {
+  Pipeline p;
+  p.add("batches", std::make_unique<ViewBatches>(batches, std::move(view_of)));
+  p.add<TeacherCacheStage>("cache", cache);
+  p.add<TeacherInferStage>("teacher", {.model = teacher},
+                           {.concurrency = 2, .queue_capacity = 2, .inputs = {"cache.miss"}});
+  p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"cache.hit", "teacher"}});
+  p.add("sink", seen.sink());
+  return p.run({.threads = 2});
+}
+
+float half(float v) { return static_cast<float>(c10::Half(v)); }
+
+}  // namespace
+
+TEST_CASE("Train.TeacherCache.EntriesRoundTripInFloat16") {
+  const EntryFormat format{20, 0, 1, EntryFormat::Dtype::kFloat16};
+  CHECK(format.payload_bytes() == 42);  // 20 logits and 1 regression output, 2 bytes each
+  std::vector<float> logits(20), back(20);
+  for (int c = 0; c < 20; ++c) logits[c] = 0.37f * static_cast<float>(c) - 3.1f;
+  const float regression = 4.321f;
+  float regression_back = 0;
+  std::vector<std::uint8_t> bytes(format.payload_bytes());
+  encode_outputs(format, logits.data(), &regression, bytes.data());
+  decode_outputs(format, bytes.data(), back.data(), &regression_back);
+  for (int c = 0; c < 20; ++c) CHECK(back[c] == half(logits[c]));
+  CHECK(regression_back == half(regression));
+}
+
+TEST_CASE("Train.TeacherCache.TopKKeepsTheLargestAndTheRestsMass") {
+  // 200 classes, the top 10 kept: they come back as stored, and the other 190 share the
+  // softmax mass they had (at temperature 1), within float16 rounding.
+  const EntryFormat format{200, 10, 0, EntryFormat::Dtype::kFloat16};
+  CHECK(format.payload_bytes() == 10 * 6 + 2);
+  std::vector<float> logits(200), back(200);
+  for (int c = 0; c < 200; ++c) logits[c] = std::sin(0.7f * static_cast<float>(c)) * 4;
+  std::vector<std::uint8_t> bytes(format.payload_bytes());
+  encode_outputs(format, logits.data(), nullptr, bytes.data());
+  decode_outputs(format, bytes.data(), back.data(), nullptr);
+  std::vector<int> order(200);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  double rest = 0, rest_back = 0, top_back = 0;
+  for (int j = 0; j < 200; ++j) {
+    const int c = order[j];
+    if (j < 10) {
+      CHECK(back[c] == half(logits[c]));
+      top_back += std::exp(back[c]);
+    } else {
+      rest += std::exp(logits[c]);
+      rest_back += std::exp(back[c]);
+    }
+  }
+  CHECK(rest_back == doctest::Approx(rest).epsilon(0.002));
+  CHECK(top_back > 0);
+}
+
+TEST_CASE("Train.TeacherCache.SecondRunRunsNoTeacherAndGetsTheSameOutputs" *
+          doctest::timeout(120)) {
+  TempDir dir("cache");
+  write_teacher(dir / "teacher.pt", 1);
+  const TeacherCacheOptions options{.path = dir / "views.ftc", .model = dir / "teacher.pt"};
+
+  Seen first;
+  const RunReport one = run_cached(first, options, dir / "teacher.pt", 6);
+  CHECK(results_of(one, "cache")["misses"] == 48);
+  CHECK(results_of(one, "cache")["hits"] == 0);
+  CHECK(results_of(one, "teacher")["images"] == 48);
+  CHECK(results_of(one, "cache")["entries"] == 48);
+  // 16 bytes of view digest and 42 of outputs per view, plus a record header per batch.
+  CHECK(results_of(one, "cache")["bytes_per_view"] < 70);
+
+  // The stored outputs are the teacher's, rounded to float16, and the first run trains on them.
+  std::unique_ptr<InferenceModel> teacher = InferenceModel::load(dir / "teacher.pt");
+  for (auto& [n, batch] : first.batches) {
+    const ViTOutput out = teacher->forward(batch.images);
+    CHECK(torch::equal(batch.teacher_logits, out.logits.to(torch::kHalf).to(torch::kFloat)));
+    CHECK(
+        torch::equal(batch.teacher_regression, out.regression.to(torch::kHalf).to(torch::kFloat)));
+  }
+
+  Seen second;
+  const RunReport two = run_cached(second, options, dir / "teacher.pt", 6);
+  CHECK(results_of(two, "cache")["hits"] == 48);
+  CHECK(results_of(two, "cache")["misses"] == 0);
+  CHECK(results_of(two, "teacher")["images"] == 0);  // no teacher forward at all
+  CHECK(results_of(two, "cache")["saved_s"] > 0);
+  REQUIRE(second.batches.size() == 6);
+  for (auto& [n, batch] : second.batches) {
+    CHECK(torch::equal(batch.teacher_logits, first.batches[n].teacher_logits));
+    CHECK(torch::equal(batch.teacher_regression, first.batches[n].teacher_regression));
+  }
+}
+
+TEST_CASE("Train.TeacherCache.ViewsRepeatedInARunAreComputedOnce" * doctest::timeout(120)) {
+  // Batches 0-2 show new views; 3-8 repeat them (batch n shows batch n % 3's), some while the
+  // batch that computes them is still in the teacher: they wait for it, in any timing.
+  TempDir dir("cache");
+  write_teacher(dir / "teacher.pt", 1);
+  const TeacherCacheOptions options{.path = dir / "views.ftc", .model = dir / "teacher.pt"};
+  Seen seen;
+  const RunReport report =
+      run_cached(seen, options, dir / "teacher.pt", 9, [](int n) { return n % 3; });
+  CHECK(results_of(report, "cache")["misses"] == 24);
+  CHECK(results_of(report, "cache")["hits"] == 48);
+  CHECK(results_of(report, "teacher")["images"] == 24);
+  REQUIRE(seen.batches.size() == 9);
+  for (std::uint64_t n = 3; n < 9; ++n) {
+    CHECK(torch::equal(seen.batches[n].teacher_logits, seen.batches[n % 3].teacher_logits));
+  }
+}
+
+TEST_CASE("Train.TeacherCache.ATornWriteLosesOnlyItsRecord" * doctest::timeout(120)) {
+  // A run killed while writing leaves a prefix of its last record. Whatever the cut, the next
+  // open keeps the whole records before it, with their exact outputs, and cuts the rest off.
+  TempDir dir("cache");
+  write_teacher(dir / "teacher.pt", 1);
+  const std::string path = dir / "views.ftc";
+  const TeacherCacheOptions options{.path = path, .model = dir / "teacher.pt"};
+  Seen first;
+  run_cached(first, options, dir / "teacher.pt", 3);
+  const auto whole = std::filesystem::file_size(path);
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Each record: 16 bytes of header, 8 x (16 + 42) bytes of entries, 8 bytes of checksum.
+  const std::size_t record_bytes = 16 + 8 * (16 + 42) + 8;
+  for (const std::size_t cut :
+       {std::size_t{1}, std::size_t{16}, record_bytes / 2, record_bytes - 1}) {
+    CAPTURE(cut);
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(whole - cut));
+    Seen again;
+    const RunReport report = run_cached(again, options, dir / "teacher.pt", 3);
+    CHECK(results_of(report, "cache")["torn_bytes_cut"] == record_bytes - cut);
+    CHECK(results_of(report, "cache")["hits"] == 16);
+    CHECK(results_of(report, "cache")["misses"] == 8);
+    for (std::uint64_t n = 0; n < 3; ++n) {
+      CHECK(torch::equal(again.batches[n].teacher_logits, first.batches[n].teacher_logits));
+    }
+  }
+  // A damaged byte inside the last record: its checksum fails, and it is computed again.
+  std::string damaged = bytes;
+  damaged[whole - record_bytes / 2] ^= 0x40;
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(damaged.data(), static_cast<std::streamsize>(damaged.size()));
+  Seen again;
+  const RunReport report = run_cached(again, options, dir / "teacher.pt", 3);
+  CHECK(results_of(report, "cache")["misses"] == 8);
+  CHECK(torch::equal(again.batches[2].teacher_logits, first.batches[2].teacher_logits));
+}
+
+TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::timeout(120)) {
+  TempDir dir("cache");
+  write_teacher(dir / "teacher.pt", 1);
+  write_teacher(dir / "other.pt", 2);
+  TeacherCacheOptions options{.path = dir / "views.ftc", .model = dir / "teacher.pt"};
+  Seen first;
+  run_cached(first, options, dir / "teacher.pt", 2);
+
+  options.model = dir / "other.pt";
+  Seen other;
+  CHECK_THROWS_WITH_AS(run_cached(other, options, dir / "other.pt", 2),
+                       doctest::Contains("views.ftc was filled by another teacher (it holds: "
+                                         "teacher "),
+                       StageError);
+  options.on_mismatch = "replace";
+  const RunReport replaced = run_cached(other, options, dir / "other.pt", 2);
+  CHECK(results_of(replaced, "cache")["misses"] == 16);
+  CHECK_FALSE(torch::equal(other.batches[0].teacher_logits, first.batches[0].teacher_logits));
+
+  // teacher_infer running another model than the one the cache names is refused too.
+  options.path = dir / "crossed.ftc";
+  Seen crossed;
+  CHECK_THROWS_WITH_AS(run_cached(crossed, options, dir / "teacher.pt", 2),
+                       doctest::Contains("teacher_infer runs another teacher than the "
+                                         "teacher_cache before it names"),
+                       StageError);
+}
