@@ -64,6 +64,12 @@ const std::vector<flowtrain::ConfigSection>& sections() {
         flowtrain::float_param("progress_interval_s", 30,
                                "seconds between progress lines when output is not a terminal",
                                0.1)}},
+      {"sweep",
+       "the students `foodtag sweep` trains against one teacher cache",
+       {flowtrain::string_param(
+           "grid", "student.lr=0.002,0.004; student.temperature=2,4",
+           "distill's stage params to vary, `STAGE.PARAM=v1,v2,...` separated by `;`: every "
+           "combination is one student")}},
       {"report",
        "the inference-speed measurement of export, and the HTML report",
        {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1),
@@ -77,7 +83,7 @@ const std::vector<flowtrain::ConfigSection>& sections() {
 const std::map<std::string, std::vector<std::string>>& command_phases() {
   static const std::map<std::string, std::vector<std::string>> kPhases = {
       {"train-teacher", {"teacher"}},
-      {"distill", {"distill"}},
+      {"distill", {"precompute", "distill"}},
       {"eval", {"teacher_eval", "student_eval"}},
   };
   return kPhases;
@@ -92,7 +98,9 @@ struct Context {
   const Params& section(const std::string& key) const { return sections.at(key); }
   fs::path teacher_checkpoint() const { return out_dir / "teacher" / "final.pt"; }
   fs::path student_checkpoint() const { return out_dir / "student" / "final.pt"; }
-  fs::path profile(const std::string& phase) const { return out_dir / "profile" / (phase + ".yaml"); }
+  fs::path profile(const std::string& phase) const {
+    return out_dir / "profile" / (phase + ".yaml");
+  }
 };
 
 Context load_context(Invocation in) {
@@ -115,8 +123,8 @@ void check_output_dir(const Context& ctx) {
   std::error_code ec;
   fs::create_directories(ctx.out_dir / "profile", ec);
   if (ec) {
-    throw Error("cannot create output folder " + ctx.out_dir.string() + " (output.dir): " +
-                ec.message() + hint);
+    throw Error("cannot create output folder " + ctx.out_dir.string() +
+                " (output.dir): " + ec.message() + hint);
   }
   const fs::path probe = ctx.out_dir / ".foodtag-write-test";
   std::ofstream out(probe);
@@ -187,13 +195,13 @@ flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command
     if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
     for (const flowtrain::StageConfig& stage : phase.stages) {
       const auto it = stage.params.values().find("model");
-      const std::string* path = it == stage.params.values().end()
-                                    ? nullptr
-                                    : std::get_if<std::string>(&it->second);
+      const std::string* path =
+          it == stage.params.values().end() ? nullptr : std::get_if<std::string>(&it->second);
       if (!path) continue;
       for (const auto& [model, writer] : {std::pair{ctx.teacher_checkpoint(), "train-teacher"},
                                           std::pair{ctx.student_checkpoint(), "distill"}}) {
-        if (fs::path(*path).lexically_normal() == model.lexically_normal()) check_model(model, writer);
+        if (fs::path(*path).lexically_normal() == model.lexically_normal())
+          check_model(model, writer);
       }
     }
   }
@@ -248,7 +256,8 @@ void validate_snapshots(const Context& ctx,
     const flowtrain::RunReport report = flowtrain::build_pipeline(run)->run(run.run);
     char row[128];
     std::snprintf(row, sizeof row, "%llu,%.6g,%.6g,%.6g\n", static_cast<unsigned long long>(step),
-                  stage_result(report, "top1").value_or(-1), stage_result(report, "top5").value_or(-1),
+                  stage_result(report, "top1").value_or(-1),
+                  stage_result(report, "top5").value_or(-1),
                   stage_result(report, "mae").value_or(-1));
     csv += row;
     std::snprintf(row, sizeof row, " %.2f", stage_result(report, "top1").value_or(-1));
@@ -257,8 +266,54 @@ void validate_snapshots(const Context& ctx,
   write_atomically(dir / "validation.csv", csv);
   std::error_code ec;
   fs::remove_all(dir / "snapshots", ec);
-  std::cout << line << " (steps " << models.front().first << " to " << models.back().first
-            << ", " << eval_phase << "; " << (dir / "validation.csv").string() << ")\n";
+  std::cout << line << " (steps " << models.front().first << " to " << models.back().first << ", "
+            << eval_phase << "; " << (dir / "validation.csv").string() << ")\n";
+}
+
+// The first stage of `type` in `phase`, or nullptr.
+flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::string& type) {
+  for (flowtrain::StageConfig& stage : phase.stages) {
+    if (stage.type == type) return &stage;
+  }
+  return nullptr;
+}
+
+// The precompute phase fills the teacher cache for the views distill will show: its data,
+// cache and teacher params become distill's (but the batch layout: batch_size, pool_size,
+// intraop_threads), its source runs views_per_image epochs. Returns the phases to run: without
+// fixed views (views_per_image 0) there is nothing to precompute.
+std::vector<std::string> align_precompute(flowtrain::RunConfig& config,
+                                          std::vector<std::string> phases) {
+  auto named = [&](const std::string& name) -> flowtrain::PipelineConfig* {
+    for (flowtrain::PipelineConfig& p : config.phases) {
+      if (p.name == name) return &p;
+    }
+    return nullptr;
+  };
+  flowtrain::PipelineConfig* pre = named("precompute");
+  flowtrain::PipelineConfig* distill = named("distill");
+  if (pre == nullptr || distill == nullptr) return phases;
+  flowtrain::StageConfig* views = find_stage(*distill, "decode_crop");
+  const std::int64_t k = views ? views->params.get_int("views_per_image") : 0;
+  if (k == 0) {
+    phases.erase(std::remove(phases.begin(), phases.end(), "precompute"), phases.end());
+    return phases;
+  }
+  for (const char* type : {"decode_crop", "teacher_cache", "teacher_infer"}) {
+    flowtrain::StageConfig* from = find_stage(*distill, type);
+    flowtrain::StageConfig* to = find_stage(*pre, type);
+    if (!from || !to) {
+      throw Error("phase precompute and phase distill must both have a " + std::string(type) +
+                  " stage (views_per_image " + std::to_string(k) + " asks for precompute)");
+    }
+    for (const auto& [key, value] : from->params.values()) {
+      if (key != "batch_size" && key != "pool_size" && key != "intraop_threads") {
+        to->params.set(key, value);
+      }
+    }
+  }
+  pre->stages.front().params.set("epochs", k);
+  return phases;
 }
 
 // Runs the named phases of the config in turn (distributed/run_phases.hpp: a progress line while
@@ -288,14 +343,14 @@ void run_phases(const Context& ctx, const std::string& command) {
     std::cout << std::flush;
     flowtrain::write_report_file(report, ctx.profile(phase.name).string());
   };
-  const flowtrain::dist::PhasesOutcome outcome =
-      flowtrain::dist::run_phases(config,
-                                  {.config_path = ctx.in.config_path,
-                                   .overrides = ctx.in.overrides,
-                                   .timeout_s = ctx.in.timeout_s,
-                                   .progress_interval_s = output.get_float("progress_interval_s"),
-                                   .phases = command_phases().at(command)},
-                                  hooks);
+  const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
+      config,
+      {.config_path = ctx.in.config_path,
+       .overrides = ctx.in.overrides,
+       .timeout_s = ctx.in.timeout_s,
+       .progress_interval_s = output.get_float("progress_interval_s"),
+       .phases = align_precompute(config, command_phases().at(command))},
+      hooks);
   if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
   std::uint64_t trained_steps = 0;  // by the training stage of the phases run
   for (const flowtrain::RunReport& report : outcome.reports) {
@@ -314,8 +369,9 @@ void run_phases(const Context& ctx, const std::string& command) {
 // Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
 void launch_phases(const Context& ctx, const std::string& command) {
   check_phases(ctx, command);  // one line for a problem, not one per rank
-  std::vector<std::string> args = {ctx.in.program, command, "-c", ctx.in.config_path,
-                                   "--timeout", std::to_string(ctx.in.timeout_s)};
+  std::vector<std::string> args = {ctx.in.program, command,
+                                   "-c",           ctx.in.config_path,
+                                   "--timeout",    std::to_string(ctx.in.timeout_s)};
   args.insert(args.end(), ctx.in.overrides.begin(), ctx.in.overrides.end());
   const int code = flowtrain::dist::relaunch_as_ranks(ctx.in.nproc, args);
   if (code != 0) {
@@ -346,11 +402,10 @@ int prepare_command(const Context& ctx) {
     val += g.val;
   }
   std::cout << "prepared " << train + val << " photos (" << train << " train, " << val
-            << " validation, " << result.skipped.size() << " left out) in "
-            << ctx.data_dir.string() << "\n";
+            << " validation, " << result.skipped.size() << " left out) in " << ctx.data_dir.string()
+            << "\n";
   return 0;
 }
-
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -409,9 +464,9 @@ int export_command(const Context& ctx) {
   for (const Exported& m : models) {
     const double ips = static_cast<double>(batch) / median(m.batch_s);
     const double ms = median(m.single_s) * 1e3;
-    yaml << m.name << ": {parameters: " << m.parameters << ", file_mb: "
-         << static_cast<double>(fs::file_size(m.path)) / 1e6 << ", images_per_s: " << ips
-         << ", ms_per_image: " << ms << "}\n";
+    yaml << m.name << ": {parameters: " << m.parameters
+         << ", file_mb: " << static_cast<double>(fs::file_size(m.path)) / 1e6
+         << ", images_per_s: " << ips << ", ms_per_image: " << ms << "}\n";
     char line[160];
     std::snprintf(line, sizeof line, "%s: %.1f images/s at batch %lld, %.1f ms for one image\n",
                   m.name.c_str(), ips, static_cast<long long>(batch), ms);
@@ -419,9 +474,10 @@ int export_command(const Context& ctx) {
   }
   const double speedup = median(models[0].batch_s) / median(models[1].batch_s);
   char line[160];
-  std::snprintf(line, sizeof line,
-                "student: %.1fx the teacher's throughput with %.1fx fewer parameters\n", speedup,
-                static_cast<double>(models[0].parameters) / static_cast<double>(models[1].parameters));
+  std::snprintf(
+      line, sizeof line, "student: %.1fx the teacher's throughput with %.1fx fewer parameters\n",
+      speedup,
+      static_cast<double>(models[0].parameters) / static_cast<double>(models[1].parameters));
   std::cout << line;
   write_atomically(ctx.out_dir / "models.yaml", yaml.str());
   return 0;
@@ -430,7 +486,7 @@ int export_command(const Context& ctx) {
 // The rows of a CSV file with a header, keyed by the number in their first column (the last
 // row of a key counts: a resumed run repeats the steps after its checkpoint).
 std::map<std::uint64_t, std::vector<std::string>> read_rows(const fs::path& path,
-                                                             std::size_t columns) {
+                                                            std::size_t columns) {
   std::map<std::uint64_t, std::vector<std::string>> rows;
   std::ifstream in(path);
   std::string line;
@@ -477,7 +533,6 @@ void read_curves(const std::string& name, const fs::path& dir, ReportData& data)
   if (!validation.x.empty()) data.accuracy.push_back(std::move(validation));
 }
 
-
 std::string machine_text() {
   std::string memory;
   std::ifstream meminfo("/proc/meminfo");
@@ -519,9 +574,15 @@ int report_command(const Context& ctx) {
   data.machine = machine_text();
   read_curves("teacher", ctx.out_dir / "teacher", data);
   read_curves("student", ctx.out_dir / "student", data);
-  for (const char* phase : {"teacher", "distill", "teacher_eval", "student_eval"}) {
+  for (const char* phase : {"teacher", "precompute", "distill", "teacher_eval", "student_eval"}) {
     if (fs::exists(ctx.profile(phase))) {
       data.phases.push_back({phase, flowtrain::read_report_file(ctx.profile(phase).string())});
+    }
+  }
+  if (std::ifstream in(ctx.out_dir / "sweep.csv"); in) {  // foodtag sweep's table
+    for (std::string line; std::getline(in, line);) {
+      std::vector<std::string> fields;
+      if (flowtrain::data::split_csv(line, fields).empty()) data.sweep.push_back(std::move(fields));
     }
   }
   std::map<std::string, std::map<std::string, double>> speeds;
@@ -572,6 +633,107 @@ int report_command(const Context& ctx) {
 }
 
 // Energy and food groups of photos, from the exported student (or --model).
+// The combinations of a sweep grid "student.lr=0.001,0.002; student.temperature=2,4": each a
+// list of (STAGE.PARAM, value), the first key varying slowest.
+std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
+    const std::string& grid) {
+  std::vector<std::vector<std::pair<std::string, std::string>>> points = {{}};
+  std::stringstream axes(grid);
+  for (std::string axis; std::getline(axes, axis, ';');) {
+    axis.erase(0, axis.find_first_not_of(" "));
+    axis.erase(axis.find_last_not_of(" ") + 1);
+    if (axis.empty()) continue;
+    const std::size_t eq = axis.find('=');
+    const std::string key = axis.substr(0, eq);
+    if (eq == std::string::npos || key.find('.') == std::string::npos) {
+      throw Error("sweep.grid: '" + axis + "' is not STAGE.PARAM=v1,v2,...");
+    }
+    std::vector<std::vector<std::pair<std::string, std::string>>> next;
+    for (const auto& point : points) {
+      std::stringstream values(axis.substr(eq + 1));
+      for (std::string v; std::getline(values, v, ',');) {
+        next.push_back(point);
+        next.back().emplace_back(key, v);
+      }
+    }
+    points = std::move(next);
+  }
+  return points;
+}
+
+// Trains one student per point of sweep.grid with distill's config (its checkpoints under
+// OUTPUT/sweep/N/), validates each with student_eval, and prints and saves (OUTPUT/sweep.csv)
+// a table of their validation accuracy and time. With the teacher cache of `distill` filled,
+// no student here runs the teacher.
+int sweep_command(const Context& ctx) {
+  check_phases(ctx, "distill");
+  const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : points.front()) keys.push_back(key);
+  std::string csv = "run";
+  for (const std::string& key : keys) csv += "," + key;
+  csv += ",top1,mae,minutes,teacher_hit_rate\n";
+  std::string table = "  run";
+  for (const std::string& key : keys) table += "  " + key;
+  table += "  val top-1  energy MAE  time  teacher cache hits\n";
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const fs::path dir = ctx.out_dir / "sweep" / std::to_string(i + 1);
+    std::vector<std::string> overrides = ctx.in.overrides;
+    for (const auto& [key, value] : points[i]) {
+      overrides.push_back("phases.distill.stages." + key.substr(0, key.find('.')) + ".params." +
+                          key.substr(key.find('.') + 1) + "=" + value);
+    }
+    overrides.push_back("phases.distill.stages.student.params.checkpoint_dir=" + dir.string());
+    overrides.push_back("phases.distill.stages.student.params.snapshot_every=0");
+    overrides.push_back("phases.student_eval.stages.evaluate.params.model=" +
+                        (dir / "final.pt").string());
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // a fresh student, not a resumed one
+    flowtrain::RunConfig config =
+        flowtrain::load_run_config(ctx.in.config_path, overrides, sections());
+    std::cout << "== foodtag sweep " << (i + 1) << "/" << points.size() << ":";
+    for (const auto& [key, value] : points[i]) std::cout << " " << key << "=" << value;
+    std::cout << "\n" << std::flush;
+    flowtrain::dist::PhaseHooks hooks;
+    hooks.progress = [](const flowtrain::PipelineConfig& phase) {
+      auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
+      return [line](const flowtrain::Progress& p) { return line->next(p); };
+    };
+    const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
+        config,
+        {.config_path = ctx.in.config_path,
+         .overrides = overrides,
+         .progress_interval_s = ctx.section("output").get_float("progress_interval_s"),
+         .phases = align_precompute(config, {"precompute", "distill", "student_eval"})},
+        hooks);
+    if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
+    const flowtrain::RunReport& distill = outcome.reports[outcome.reports.size() - 2];
+    const flowtrain::RunReport& eval = outcome.reports.back();
+    const double hits = stage_result(distill, "hits").value_or(0);
+    const double misses = stage_result(distill, "misses").value_or(0);
+    const double hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0;
+    char row[160];
+    std::snprintf(row, sizeof row, "%.4f,%.2f,%.2f,%.3f", stage_result(eval, "top1").value_or(-1),
+                  stage_result(eval, "mae").value_or(-1), distill.wall_s / 60, hit_rate);
+    csv += std::to_string(i + 1);
+    table += "  " + std::to_string(i + 1);
+    for (const auto& [key, value] : points[i]) {
+      csv += "," + value;
+      table += "  " + std::string(key.size() > value.size() ? key.size() - value.size() : 0, ' ') +
+               value;
+    }
+    csv += std::string(",") + row + "\n";
+    std::snprintf(row, sizeof row, "  %8.1f%%  %10.1f  %4s  %17.0f%%\n",
+                  100 * stage_result(eval, "top1").value_or(-1),
+                  stage_result(eval, "mae").value_or(-1), duration_text(distill.wall_s).c_str(),
+                  100 * hit_rate);
+    table += row;
+  }
+  write_atomically(ctx.out_dir / "sweep.csv", csv);
+  std::cout << "sweep (" << (ctx.out_dir / "sweep.csv").string() << "):\n" << table;
+  return 0;
+}
+
 int predict_command(const Context& ctx) {
   const fs::path model = ctx.in.model.empty() ? ctx.out_dir / "student.pt" : fs::path(ctx.in.model);
   if (ctx.in.model.empty()) check_model(model, "export");
@@ -648,6 +810,7 @@ int run_command(const std::string& command, Invocation in) {
   if (command == "export") return export_command(ctx);
   if (command == "report") return report_command(ctx);
   if (command == "predict") return predict_command(ctx);
+  if (command == "sweep") return sweep_command(ctx);
   if (command_phases().count(command) != 0) {
     run_phases(ctx, command);
     return 0;
@@ -668,8 +831,8 @@ int run_command(const std::string& command, Invocation in) {
     }
     timed("export", [&] { export_command(ctx); });
     timed("report", [&] { report_command(ctx); });
-    std::cout << "done in " << duration_text(std::chrono::duration<double>(Clock::now() - begin).count())
-              << ":";
+    std::cout << "done in "
+              << duration_text(std::chrono::duration<double>(Clock::now() - begin).count()) << ":";
     for (const auto& [step, s] : times) std::cout << " " << step << " " << duration_text(s);
     std::cout << "\n";
     return 0;

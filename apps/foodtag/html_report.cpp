@@ -501,6 +501,18 @@ const ModelFacts* find_model(const std::vector<ModelFacts>& models, const std::s
   return nullptr;
 }
 
+// The students of `foodtag sweep`, as its sweep.csv lists them.
+std::string sweep_section(const std::vector<std::vector<std::string>>& rows) {
+  if (rows.size() < 2) return "";
+  std::string out =
+      "<section id=\"sweep\">\n<h2>Sweep</h2>\n<p>Students trained by <code>foodtag sweep</code> "
+      "against one teacher cache (validation top-1 and energy MAE; minutes of distillation; the "
+      "share of views whose teacher outputs came from the cache).</p>\n<table class=\"models\">\n" +
+      cells(rows.front(), "th");
+  for (std::size_t i = 1; i < rows.size(); ++i) out += cells(rows[i]);
+  return out + "</table>\n</section>\n";
+}
+
 std::string models_section(const std::vector<ModelFacts>& models) {
   std::string out = "<section id=\"models\">\n<h2>Models</h2>\n";
   if (models.empty()) return out + "<p class=\"no-data\">no models measured</p>\n</section>\n";
@@ -734,6 +746,7 @@ std::string render_html(const ReportData& data) {
   html += header_section(data);
   html += models_section(data.models);
   html += training_section(data);
+  html += sweep_section(data.sweep);
   for (std::size_t i = 0; i < data.phases.size(); ++i) html += phase_section(data.phases[i], i);
   html += "<section id=\"config\">\n<h2>Effective config</h2>\n<pre>" +
           escape(data.config_text.empty() ? "(none)" : data.config_text) + "</pre>\n</section>\n";

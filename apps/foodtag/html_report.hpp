@@ -44,6 +44,8 @@ struct ReportData {
   std::vector<ModelFacts> models;
   std::vector<PhaseProfile> phases;
   std::string verdict;        // the profiler's one-line verdict for the distillation phase
+  /// `foodtag sweep`'s table (sweep.csv): a header row, then one row per student; may be empty.
+  std::vector<std::vector<std::string>> sweep;
   std::string config_text;    // the effective config (shown in a <pre>)
 };
 

@@ -2,12 +2,15 @@
 // group and an energy estimate (kcal per 100 g). See README.md; the graph of each phase:
 //
 //   csv_manifest -> decode_crop (x2) -> assemble_batch -> train_step "teacher"
-//   csv_manifest -> decode_crop (x2) -> assemble_batch -> teacher_infer (x2) -> train_step
+//   csv_manifest -> decode_crop (x2) -> assemble_batch -> teacher_cache --hit------------+
+//                                                          `-miss-> teacher_infer (x2) -> merge
+//                                                                        -> train_step "student"
 //   csv_manifest -> jpeg_decode (x2) -> augment (eval) -> collate -> evaluate
 //
 //   foodtag prepare         fetch the photos and tables (npm), stratified train/val manifests
 //   foodtag train-teacher   phase teacher
-//   foodtag distill         phase distill
+//   foodtag distill         phases precompute (with views_per_image > 0) and distill
+//   foodtag sweep           one student per point of sweep.grid, against the teacher cache
 //   foodtag eval            phases teacher_eval, student_eval
 //   foodtag export          TorchScript teacher.pt / student.pt, size and inference speed
 //   foodtag report          report.html from what the run folder holds
@@ -74,6 +77,8 @@ int main(int argc, char** argv) {
   add_job(add_common(app.add_subcommand("eval", "Validation accuracy of teacher and student")));
   add_common(app.add_subcommand("export", "Write both models as TorchScript; measure their speed"));
   add_common(app.add_subcommand("report", "Write the HTML report of the run folder"));
+  add_common(app.add_subcommand(
+      "sweep", "Train a student per point of sweep.grid against the teacher cache; a table"));
   add_job(add_common(
       app.add_subcommand("run", "prepare, train-teacher, distill, eval, export, report")));
   CLI::App* predict = app.add_subcommand("predict", "Tag photos with the student");

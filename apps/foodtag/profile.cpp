@@ -97,11 +97,10 @@ std::string step_split(const flowtrain::RunReport& report) {
     if (result(s, "forward_ms")) trainer = &s;
   }
   if (!trainer || trainer->items_in == 0) return {};
-  // The stage just before the training step computes on whole batches when it is the teacher.
-  for (std::size_t i = 1; i < report.stages.size(); ++i) {
-    if (&report.stages[i] == trainer && report.stages[i - 1].name == "teacher_infer") {
-      teacher = &report.stages[i - 1];
-    }
+  const flowtrain::StageReport* cache = nullptr;
+  for (const flowtrain::StageReport& s : report.stages) {
+    if (s.name == "teacher_infer" && result(s, "forward_ms")) teacher = &s;
+    if (s.name == "teacher_cache") cache = &s;
   }
   const double wait = result(*trainer, "data_wait_ms").value_or(0);
   const double forward = result(*trainer, "forward_ms").value_or(0);
@@ -128,6 +127,11 @@ std::string step_split(const flowtrain::RunReport& report) {
     line += ", ahead of the student";
     if (const std::optional<double> gflops = result(*teacher, "gflops")) {
       line += format(", %.0f GFLOP/s", *gflops);
+    }
+  }
+  if (cache) {
+    if (const std::optional<double> hit_rate = result(*cache, "hit_rate")) {
+      line += format("; teacher cache %.0f%% hits", *hit_rate);
     }
   }
   return line;

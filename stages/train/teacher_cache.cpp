@@ -3,7 +3,9 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <filesystem>
 
+#include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/data/splitmix.hpp"
 
@@ -118,8 +120,16 @@ std::uint64_t teacher_fingerprint(const std::string& model, bool bf16) {
   return data::splitmix64(hash_file(model) ^ (bf16 ? 0xbf16 : 0xf32));
 }
 
-TeacherCacheStage::TeacherCacheStage(const Options& options) : o_(options) {
+TeacherCacheStage::TeacherCacheStage(const Options& options, const BuildContext& context)
+    : o_(options) {
   if (o_.path.empty()) throw Error("param 'path' is required: the cache file");
+  if (const dist::World* world = context.find<dist::World>(); world && world->size() > 1) {
+    std::filesystem::path path(o_.path);
+    const std::string ext = path.extension().string();
+    path.replace_extension(".rank" + std::to_string(world->rank()) + "-of-" +
+                           std::to_string(world->size()) + ext);
+    o_.path = path.string();
+  }
   if (o_.model.empty()) {
     throw Error("param 'model' is required: the teacher file teacher_infer runs");
   }
@@ -206,6 +216,7 @@ std::vector<StageResult> TeacherCacheStage::results() const {
         {"bytes_per_view", static_cast<double>(s.file_bytes) / static_cast<double>(s.entries)});
   }
   out.push_back({"saved_s", hits * s.seconds_per_entry});
+  if (s.replaced) out.push_back({"replaced", 1});  // it was filled for another teacher or data
   if (s.dropped_bytes > 0) out.push_back({"torn_bytes_cut", static_cast<double>(s.dropped_bytes)});
   return out;
 }

@@ -64,7 +64,10 @@ std::uint64_t teacher_fingerprint(const std::string& model, bool bf16);
 class TeacherCacheStage final : public Router<data::Batch, data::Batch> {
  public:
   using Options = TeacherCacheOptions;
-  explicit TeacherCacheStage(const Options& options);
+  /// `context`: the run's services. On a rank of a job of N > 1 ranks (dist::World), which
+  /// sees its own share of the samples, the file is PATH with ".rankR-of-N" before its
+  /// extension.
+  explicit TeacherCacheStage(const Options& options, const BuildContext& context = {});
   ~TeacherCacheStage() override;
   static StageDoc describe();
   static StageShape static_shape() {

@@ -205,6 +205,7 @@ void TeacherOutputCache::open_file() {
   const auto size = static_cast<std::uint64_t>(st.st_size);
 
   auto start_afresh = [&] {
+    stats_.replaced = size > 0;
     if (::ftruncate(fd_, 0) != 0) {
       throw Error(o_.path + ": cannot empty the teacher cache: " + errno_text());
     }
@@ -223,8 +224,10 @@ void TeacherOutputCache::open_file() {
     return start_afresh();
   }
   if (size < sizeof header || size < sizeof header + header.text_bytes) {
-    stats_.dropped_bytes = size;  // a header torn while it was written: there were no entries
-    return start_afresh();
+    start_afresh();  // a header torn while it was written: there were no entries
+    stats_.replaced = false;
+    stats_.dropped_bytes = size;
+    return;
   }
   std::vector<std::uint8_t> text(header.text_bytes);
   if (::pread(fd_, text.data(), text.size(), sizeof header) != static_cast<ssize_t>(text.size()) ||

@@ -95,6 +95,7 @@ class TeacherOutputCache {
     std::uint64_t loaded = 0;  // entries found in the file at open
     std::uint64_t file_bytes = 0;
     std::uint64_t dropped_bytes = 0;  // a torn or damaged tail cut off at open
+    bool replaced = false;  // a mismatched file was started afresh
     double seconds_per_entry = 0;     // the teacher's forward time per view, as recorded
   };
   enum class Lookup { kHit, kCompute, kWait };
