@@ -13,6 +13,11 @@
 //              different batches, one core each.
 //   C "split, teacher x2"  as B, with teacher_infer at concurrency 2: either thread may run a
 //              teacher batch while the student has nothing to do.
+//   D "cached" a teacher_cache before the teacher (misses through it, hits around it, merged
+//              before the student), 1 graph thread, the student on 2 intra-op threads. Its
+//              warm-up is a full run that fills the cache with the views the timed runs show
+//              (the same source, seed and epochs), so every timed run is all hits: the student
+//              against a warm cache. Not in the default list.
 // Each layout has one warm-up run (first touch of memory is slow on these VMs); then the layouts
 // run in turn, A, B, C, A, B, C, ... for --reps rounds, each run a freshly built pipeline of
 // --steps batches. Figures are medians over the rounds; the ratios to the first layout listed
@@ -71,6 +76,7 @@ struct Layout {
   int teacher_intraop;
   int teacher_concurrency;
   int student_intraop;
+  bool cached = false;
 };
 
 const std::vector<Layout>& all_layouts() {
@@ -78,6 +84,7 @@ const std::vector<Layout>& all_layouts() {
       {"A", "turns", 1, 2, 1, 2},
       {"B", "split", 2, 1, 1, 1},
       {"C", "split, teacher x2", 2, 1, 2, 1},
+      {"D", "cached", 1, 2, 1, 2, true},
   };
   return layouts;
 }
@@ -135,6 +142,17 @@ std::string config_yaml(const Layout& l,
                         std::size_t epochs,
                         const std::string& autocast) {
   const auto s = [](auto v) { return std::to_string(v); };
+  const std::string cache =
+      l.cached ? "  - {type: teacher_cache, queue_capacity: 2, params: {path: '" + teacher +
+                     ".ftc', model: '" + teacher + "', autocast: " + autocast + "}}\n"
+               : "";
+  const std::string miss = l.cached ? "inputs: teacher_cache.miss, " : "";
+  const std::string merge =
+      l.cached ? "  - {type: merge, queue_capacity: 2, inputs: [teacher_cache.hit, teacher_infer]}\n"
+               : "";
+  // Batches in flight: 2 queued for each of teacher (cache), teacher_infer, merge, train_step,
+  // 1 stepping, 1 being filled.
+  const std::string pool = l.cached ? "12" : "8";
   return "threads: " + s(l.threads) +
          "\ncores: 2\n"
          "stages:\n"
@@ -147,11 +165,11 @@ std::string config_yaml(const Layout& l,
          ", scale: [0.5, 1.0], seed: 1}}\n"
          "  - {type: collate, params: {batch_size: " +
          s(kBatch) +
-         ", drop_last: true, pool_size: 8}}\n"
-         "  - {type: teacher_infer, concurrency: " +
+         ", drop_last: true, pool_size: " + pool + "}}\n" +
+         cache + "  - {type: teacher_infer, " + miss + "concurrency: " +
          s(l.teacher_concurrency) + ", queue_capacity: 2, params: {model: '" + teacher +
-         "', intraop_threads: " + s(l.teacher_intraop) + ", autocast: " + autocast +
-         "}}\n"
+         "', intraop_threads: " + s(l.teacher_intraop) + ", autocast: " + autocast + "}}\n" +
+         merge +
          "  - {type: train_step, queue_capacity: 2, params: {model: vit_cpu_student, "
          "image_size: " +
          s(kImageSize) + ", classes: " + s(kClasses) +
@@ -291,7 +309,7 @@ int main(int argc, char** argv) {
     const auto it = std::find_if(all_layouts().begin(), all_layouts().end(),
                                  [&](const Layout& l) { return l.key == key; });
     if (it == all_layouts().end()) {
-      std::cerr << "bench_kd: unknown layout '" << key << "' (known: A, B, C)\n";
+      std::cerr << "bench_kd: unknown layout '" << key << "' (known: A, B, C, D)\n";
       return 2;
     }
     layouts.push_back(*it);
@@ -354,8 +372,15 @@ int main(int argc, char** argv) {
         autocast.c_str());
     std::fflush(stdout);
 
-    if (warmup > 0) {
-      for (const Layout& l : layouts) run_once(l, data, images, teacher, warmup, autocast);
+    for (const Layout& l : layouts) {
+      if (l.cached) {
+        // Fills the cache with the views of the timed runs, and says how fast that was.
+        const Sample fill = run_once(l, data, images, teacher, steps, autocast);
+        std::printf("Layout %s filled its teacher cache with %zu views at %.1f images/s.\n\n",
+                    l.key.c_str(), steps * kBatch, fill.images_per_s);
+      } else if (warmup > 0) {
+        run_once(l, data, images, teacher, warmup, autocast);
+      }
     }
 
     // One row per round: each layout's images/s, the others' CPU/wall during that run (how
