@@ -84,6 +84,7 @@ const std::map<std::string, std::vector<std::string>>& command_phases() {
   static const std::map<std::string, std::vector<std::string>> kPhases = {
       {"train-teacher", {"teacher"}},
       {"distill", {"precompute", "distill"}},
+      {"sweep", {"precompute", "distill", "student_eval"}},
       {"eval", {"teacher_eval", "student_eval"}},
   };
   return kPhases;
@@ -181,14 +182,77 @@ std::optional<double> stage_result(const flowtrain::RunReport& report, const std
   return std::nullopt;
 }
 
+// The first stage of `type` in `phase`, or nullptr.
+flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::string& type) {
+  for (flowtrain::StageConfig& stage : phase.stages) {
+    if (stage.type == type) return &stage;
+  }
+  return nullptr;
+}
+
+// What foodtag derives so that one setting is never written twice: a teacher_cache keys its
+// entries by the teacher its phase's teacher_infer runs (its model and autocast); the
+// precompute phase fills the cache for the views distill will show (its data, cache and teacher
+// params become distill's, but the batch layout: batch_size, pool_size, intraop_threads; its
+// source runs views_per_image epochs). Returns which of `phases` run: without fixed views
+// (views_per_image 0) there is nothing to precompute.
+std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
+                                       std::vector<std::string> phases) {
+  for (flowtrain::PipelineConfig& phase : config.phases) {
+    flowtrain::StageConfig* cache = find_stage(phase, "teacher_cache");
+    const flowtrain::StageConfig* teacher = find_stage(phase, "teacher_infer");
+    if (!cache || !teacher) continue;
+    for (const char* key : {"model", "autocast"})
+      cache->params.set(key, teacher->params.values().at(key));
+  }
+  auto named = [&](const std::string& name) -> flowtrain::PipelineConfig* {
+    for (flowtrain::PipelineConfig& p : config.phases) {
+      if (p.name == name) return &p;
+    }
+    return nullptr;
+  };
+  flowtrain::PipelineConfig* pre = named("precompute");
+  flowtrain::PipelineConfig* distill = named("distill");
+  flowtrain::StageConfig* views = distill ? find_stage(*distill, "decode_crop") : nullptr;
+  const std::int64_t k = views ? views->params.get_int("views_per_image") : 0;
+  if (pre == nullptr || k == 0) {
+    phases.erase(std::remove(phases.begin(), phases.end(), "precompute"), phases.end());
+    return phases;
+  }
+  for (const char* type : {"decode_crop", "teacher_cache", "teacher_infer"}) {
+    flowtrain::StageConfig* from = find_stage(*distill, type);
+    flowtrain::StageConfig* to = find_stage(*pre, type);
+    if (!from || !to) {
+      throw Error("phase precompute and phase distill must both have a " + std::string(type) +
+                  " stage (views_per_image " + std::to_string(k) + " asks for precompute)");
+    }
+    for (const auto& [key, value] : from->params.values()) {
+      if (key != "batch_size" && key != "pool_size" && key != "intraop_threads") {
+        to->params.set(key, value);
+      }
+    }
+  }
+  pre->stages.front().params.set("epochs", k);
+  return phases;
+}
+
+// A phase command's config, with what foodtag derives (derive_phases), and the phases to run.
+struct PhasePlan {
+  flowtrain::RunConfig config;
+  std::vector<std::string> phases;
+};
+
 // What a phase command needs before it starts: the models of earlier commands, the data, a
-// writable run folder, a valid config.
-flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command) {
+// writable run folder, a valid config. `overrides`: the command line's, and the caller's own.
+PhasePlan check_phases(const Context& ctx,
+                       const std::string& command,
+                       const std::vector<std::string>& overrides) {
   check_prepared(ctx);
   check_output_dir(ctx);
-  flowtrain::RunConfig config =
-      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
-  const std::vector<std::string>& names = command_phases().at(command);
+  PhasePlan plan{flowtrain::load_run_config(ctx.in.config_path, overrides, sections()), {}};
+  plan.phases = derive_phases(plan.config, command_phases().at(command));
+  const flowtrain::RunConfig& config = plan.config;
+  const std::vector<std::string>& names = plan.phases;
   // A model a phase takes from an earlier command that has not run yet: say which command writes
   // it. A stage pointed at the user's own model (a TorchScript teacher) needs neither.
   for (const flowtrain::PipelineConfig& phase : config.phases) {
@@ -223,7 +287,7 @@ flowtrain::RunConfig check_phases(const Context& ctx, const std::string& command
                   ".params.classes=" + std::to_string(groups));
     }
   }
-  return config;
+  return plan;
 }
 
 // Validation along the training: each snapshot of the model the training wrote
@@ -270,58 +334,13 @@ void validate_snapshots(const Context& ctx,
             << eval_phase << "; " << (dir / "validation.csv").string() << ")\n";
 }
 
-// The first stage of `type` in `phase`, or nullptr.
-flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::string& type) {
-  for (flowtrain::StageConfig& stage : phase.stages) {
-    if (stage.type == type) return &stage;
-  }
-  return nullptr;
-}
-
-// The precompute phase fills the teacher cache for the views distill will show: its data,
-// cache and teacher params become distill's (but the batch layout: batch_size, pool_size,
-// intraop_threads), its source runs views_per_image epochs. Returns the phases to run: without
-// fixed views (views_per_image 0) there is nothing to precompute.
-std::vector<std::string> align_precompute(flowtrain::RunConfig& config,
-                                          std::vector<std::string> phases) {
-  auto named = [&](const std::string& name) -> flowtrain::PipelineConfig* {
-    for (flowtrain::PipelineConfig& p : config.phases) {
-      if (p.name == name) return &p;
-    }
-    return nullptr;
-  };
-  flowtrain::PipelineConfig* pre = named("precompute");
-  flowtrain::PipelineConfig* distill = named("distill");
-  if (pre == nullptr || distill == nullptr) return phases;
-  flowtrain::StageConfig* views = find_stage(*distill, "decode_crop");
-  const std::int64_t k = views ? views->params.get_int("views_per_image") : 0;
-  if (k == 0) {
-    phases.erase(std::remove(phases.begin(), phases.end(), "precompute"), phases.end());
-    return phases;
-  }
-  for (const char* type : {"decode_crop", "teacher_cache", "teacher_infer"}) {
-    flowtrain::StageConfig* from = find_stage(*distill, type);
-    flowtrain::StageConfig* to = find_stage(*pre, type);
-    if (!from || !to) {
-      throw Error("phase precompute and phase distill must both have a " + std::string(type) +
-                  " stage (views_per_image " + std::to_string(k) + " asks for precompute)");
-    }
-    for (const auto& [key, value] : from->params.values()) {
-      if (key != "batch_size" && key != "pool_size" && key != "intraop_threads") {
-        to->params.set(key, value);
-      }
-    }
-  }
-  pre->stages.front().params.set("epochs", k);
-  return phases;
-}
-
 // Runs the named phases of the config in turn (distributed/run_phases.hpp: a progress line while
 // each runs, its profiler report after; as a rank of a job when the launcher's environment says
 // so). foodtag adds its own progress line (epochs), the step split after each report, the
 // report saved under profile/ for `foodtag report`, traces, and the validation of snapshots.
 void run_phases(const Context& ctx, const std::string& command) {
-  flowtrain::RunConfig config = check_phases(ctx, command);
+  PhasePlan plan = check_phases(ctx, command, ctx.in.overrides);
+  flowtrain::RunConfig& config = plan.config;
   const Params& output = ctx.section("output");
   flowtrain::dist::PhaseHooks hooks;
   hooks.joined = [&](bool leader) {
@@ -343,14 +362,14 @@ void run_phases(const Context& ctx, const std::string& command) {
     std::cout << std::flush;
     flowtrain::write_report_file(report, ctx.profile(phase.name).string());
   };
-  const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
-      config,
-      {.config_path = ctx.in.config_path,
-       .overrides = ctx.in.overrides,
-       .timeout_s = ctx.in.timeout_s,
-       .progress_interval_s = output.get_float("progress_interval_s"),
-       .phases = align_precompute(config, command_phases().at(command))},
-      hooks);
+  const flowtrain::dist::PhasesOutcome outcome =
+      flowtrain::dist::run_phases(config,
+                                  {.config_path = ctx.in.config_path,
+                                   .overrides = ctx.in.overrides,
+                                   .timeout_s = ctx.in.timeout_s,
+                                   .progress_interval_s = output.get_float("progress_interval_s"),
+                                   .phases = plan.phases},
+                                  hooks);
   if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
   std::uint64_t trained_steps = 0;  // by the training stage of the phases run
   for (const flowtrain::RunReport& report : outcome.reports) {
@@ -368,7 +387,7 @@ void run_phases(const Context& ctx, const std::string& command) {
 
 // Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
 void launch_phases(const Context& ctx, const std::string& command) {
-  check_phases(ctx, command);  // one line for a problem, not one per rank
+  check_phases(ctx, command, ctx.in.overrides);  // one line for a problem, not one per rank
   std::vector<std::string> args = {ctx.in.program, command,
                                    "-c",           ctx.in.config_path,
                                    "--timeout",    std::to_string(ctx.in.timeout_s)};
@@ -666,7 +685,6 @@ std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
 // a table of their validation accuracy and time. With the teacher cache of `distill` filled,
 // no student here runs the teacher.
 int sweep_command(const Context& ctx) {
-  check_phases(ctx, "distill");
   const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
   std::vector<std::string> keys;
   for (const auto& [key, value] : points.front()) keys.push_back(key);
@@ -689,8 +707,7 @@ int sweep_command(const Context& ctx) {
                         (dir / "final.pt").string());
     std::error_code ec;
     fs::remove_all(dir, ec);  // a fresh student, not a resumed one
-    flowtrain::RunConfig config =
-        flowtrain::load_run_config(ctx.in.config_path, overrides, sections());
+    PhasePlan plan = check_phases(ctx, "sweep", overrides);
     std::cout << "== foodtag sweep " << (i + 1) << "/" << points.size() << ":";
     for (const auto& [key, value] : points[i]) std::cout << " " << key << "=" << value;
     std::cout << "\n" << std::flush;
@@ -700,11 +717,11 @@ int sweep_command(const Context& ctx) {
       return [line](const flowtrain::Progress& p) { return line->next(p); };
     };
     const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
-        config,
+        plan.config,
         {.config_path = ctx.in.config_path,
          .overrides = overrides,
          .progress_interval_s = ctx.section("output").get_float("progress_interval_s"),
-         .phases = align_precompute(config, {"precompute", "distill", "student_eval"})},
+         .phases = plan.phases},
         hooks);
     if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
     const flowtrain::RunReport& distill = outcome.reports[outcome.reports.size() - 2];
@@ -777,7 +794,7 @@ int predict_command(const Context& ctx) {
 
 void check_command(const std::string& command, const Invocation& in) {
   const Context ctx = load_context(in);
-  if (command_phases().count(command) != 0) check_phases(ctx, command);
+  if (command_phases().count(command) != 0) check_phases(ctx, command, ctx.in.overrides);
 }
 
 std::string keys_text(bool markdown) {

@@ -99,7 +99,7 @@ std::string step_split(const flowtrain::RunReport& report) {
   if (!trainer || trainer->items_in == 0) return {};
   const flowtrain::StageReport* cache = nullptr;
   for (const flowtrain::StageReport& s : report.stages) {
-    if (s.name == "teacher_infer" && result(s, "forward_ms")) teacher = &s;
+    if (s.name == "teacher_infer") teacher = &s;
     if (s.name == "teacher_cache") cache = &s;
   }
   const double wait = result(*trainer, "data_wait_ms").value_or(0);

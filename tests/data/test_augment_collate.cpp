@@ -1,6 +1,7 @@
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -113,6 +114,42 @@ TEST_CASE("Data.Augment.ParamsDependOnlyOnSeedEpochIndex") {
     REQUIRE(p.brightness >= 0.7f - 1e-6f);
     REQUIRE(p.brightness <= 1.3f + 1e-6f);
   }
+}
+
+TEST_CASE("Data.Augment.FixedViewsEachOnceInKEpochsThenAgain") {
+  AugmentPolicy::Options o;
+  o.seed = 3;
+  const AugmentPolicy fresh(o);
+  o.views_per_image = 3;
+  const AugmentPolicy fixed(o);
+  for (std::uint64_t index = 0; index < 50; ++index) {
+    CAPTURE(index);
+    std::vector<std::uint32_t> views;
+    for (std::uint32_t epoch = 0; epoch < 3; ++epoch) views.push_back(fixed.view(index, epoch));
+    std::sort(views.begin(), views.end());
+    CHECK(views == std::vector<std::uint32_t>{0, 1, 2});  // every view once in K epochs
+    for (std::uint32_t epoch = 3; epoch < 9; ++epoch) {
+      CHECK(fixed.draw(index, epoch, 1.5) == fixed.draw(index, epoch - 3, 1.5));  // then again
+    }
+    // A view is the one `fresh` draws for that view's number as the epoch.
+    CHECK(fixed.draw(index, 0, 1.5) == fresh.draw(index, fixed.view(index, 0), 1.5));
+    CHECK(fresh.view(index, 7) == 7);  // without fixed views, every epoch is its own
+  }
+}
+
+TEST_CASE("Data.Augment.RecipeNamesThePixelParamsNotTheViewChoice") {
+  AugmentOptions a;
+  const std::uint64_t recipe = a.recipe(0);
+  AugmentOptions b = a;
+  b.seed = 9;
+  b.views_per_image = 10;
+  CHECK(b.recipe(0) == recipe);  // they choose views; a view's key holds its parameters
+  b.scale = {0.5, 1.0};
+  CHECK(b.recipe(0) != recipe);
+  b = a;
+  b.size = 96;
+  CHECK(b.recipe(0) != recipe);
+  CHECK(a.recipe(1) != recipe);  // mixed into what came before
 }
 
 TEST_CASE("Data.Augment.EvalIsTheCentreCrop") {
