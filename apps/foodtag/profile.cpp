@@ -94,7 +94,7 @@ std::string step_split(const flowtrain::RunReport& report) {
   const flowtrain::StageReport* trainer = nullptr;
   const flowtrain::StageReport* teacher = nullptr;
   for (const flowtrain::StageReport& s : report.stages) {
-    if (result(s, "forward_ms")) trainer = &s;
+    if (result(s, "backward_ms")) trainer = &s;  // a training stage
   }
   if (!trainer || trainer->items_in == 0) return {};
   const flowtrain::StageReport* cache = nullptr;
