@@ -84,6 +84,12 @@ std::string ProgressLine::next(const flowtrain::Progress& p) {
       line += format("  loss %.3f", *loss);
     }
   }
+  for (const flowtrain::StageProgress& s : p.stages) {  // a teacher_cache's hits so far
+    const std::optional<double> hits = live(s, "hits"), misses = live(s, "misses");
+    if (hits && misses && *hits + *misses > 0) {
+      line += format("  cache %.0f%% hits", 100 * *hits / (*hits + *misses));
+    }
+  }
   if (busiest && busiest->busy_fraction > 0) {
     line += "  " + busiest->name + format(" busy %.0f%%", busiest->busy_fraction * 100);
   }

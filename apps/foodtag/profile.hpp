@@ -13,7 +13,8 @@ namespace foodtag {
 
 /// Turns progress snapshots into lines such as
 ///   distill  epoch 3/40  step 120/280  63.1 img/s  ETA 3m12s  loss 0.842  teacher_infer busy 97%
-/// Images/s is measured since the previous line; the ETA from the rate since the start.
+/// Images/s is measured since the previous line; the ETA from the rate since the start. With a
+/// teacher_cache, "cache 75% hits" (its views found so far) comes before the busiest stage.
 class ProgressLine {
  public:
   /// `epochs`: passes the phase's source makes (0: unknown, then no "/N").

@@ -5,6 +5,7 @@
 #include "graph/error.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
+#include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
 
@@ -53,7 +54,7 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
   buffers.labels.data_ptr<std::int64_t>()[row] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),
             buffers.targets.data_ptr<float>() + row * targets_);
-  batch_.add({sample.index, sample.epoch, sample.augment, sample.recipe ^ recipe_},
+  batch_.add({sample.index, sample.epoch, sample.augment, recipe_ ^ splitmix64(sample.recipe)},
              std::move(sample.path));
   end_position_ = sample.position + 1;
   if (batch_.rows() == batch_size_) out.emit(batch_.take(end_position_));

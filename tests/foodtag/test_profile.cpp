@@ -29,6 +29,14 @@ TEST_CASE("Foodtag.Progress.LineShowsEpochStepRateEtaLossAndBottleneck") {
         "distill  epoch 3/40  step 30/100  64.0 img/s  ETA 47s  loss 0.842  teacher_infer busy 97%");
 }
 
+TEST_CASE("Foodtag.Progress.LineShowsTheTeacherCacheHitRate") {
+  flowtrain::Progress p = training_progress(10, 20, 1280);
+  p.stages.insert(p.stages.begin() + 2, {"teacher_cache", 0.02, {{"hits", 960}, {"misses", 320}}});
+  foodtag::ProgressLine line("distill", 40);
+  CHECK(line.next(p) == "distill  epoch 3/40  step 20/100  128.0 img/s  ETA 40s  loss 0.842  "
+                        "cache 75% hits  teacher_infer busy 97%");
+}
+
 TEST_CASE("Foodtag.Progress.LineWithoutTrainingStageCountsBatches") {
   flowtrain::Progress p;
   p.elapsed_s = 4;
