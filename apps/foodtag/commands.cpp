@@ -202,8 +202,9 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
     flowtrain::StageConfig* cache = find_stage(phase, "teacher_cache");
     const flowtrain::StageConfig* teacher = find_stage(phase, "teacher_infer");
     if (!cache || !teacher) continue;
-    for (const char* key : {"model", "autocast"})
+    for (const char* key : {"model", "autocast"}) {
       cache->params.set(key, teacher->params.values().at(key));
+    }
   }
   auto named = [&](const std::string& name) -> flowtrain::PipelineConfig* {
     for (flowtrain::PipelineConfig& p : config.phases) {
