@@ -360,6 +360,7 @@ void run_phases(const Context& ctx, const std::string& command) {
                        bool leader) {
     if (!leader) return;
     if (const std::string split = step_split(report); !split.empty()) std::cout << split << "\n";
+    if (const std::string cache = cache_summary(report); !cache.empty()) std::cout << cache << "\n";
     std::cout << std::flush;
     flowtrain::write_report_file(report, ctx.profile(phase.name).string());
   };

@@ -704,6 +704,9 @@ std::string phase_section(const PhaseProfile& phase, std::size_t index) {
   if (const std::string split = step_split(r); !split.empty()) {
     out += "<p class=\"facts\">" + escape(split) + "</p>\n";  // "per step: ... GFLOP/s"
   }
+  if (const std::string cache = cache_summary(r); !cache.empty()) {
+    out += "<p class=\"facts\">" + escape(cache) + "</p>\n";
+  }
   out += "<div class=\"charts\">\n" + utilisation_chart(r, "utilisation-chart-" + n) +
          queue_chart(r, "queue-chart-" + n) + cpu_chart(r.cpu, "cpu-chart-" + n) + stage_table(r) +
          "</div>\n";

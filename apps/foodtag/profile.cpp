@@ -125,11 +125,11 @@ std::string step_split(const flowtrain::RunReport& report) {
     line += "; " + trainer->name + format(" %.0f GFLOP/s", *gflops);
   }
   if (teacher && teacher->items_in > 0) {
-    line += format("; teacher %.0f ms per batch", teacher->busy_s * 1e3 /
-                                                       static_cast<double>(teacher->items_in));
-    line += teacher->workers == 1 ? " on 1 worker"
-                                  : format(" on each of %.0f workers",
-                                           static_cast<double>(teacher->workers));
+    line += format("; teacher %.0f ms per batch",
+                   teacher->busy_s * 1e3 / static_cast<double>(teacher->items_in));
+    line += teacher->workers == 1
+                ? " on 1 worker"
+                : format(" on each of %.0f workers", static_cast<double>(teacher->workers));
     line += ", ahead of the student";
     if (const std::optional<double> gflops = result(*teacher, "gflops")) {
       line += format(", %.0f GFLOP/s", *gflops);
@@ -141,6 +141,27 @@ std::string step_split(const flowtrain::RunReport& report) {
     }
   }
   return line;
+}
+
+std::string cache_summary(const flowtrain::RunReport& report) {
+  for (const flowtrain::StageReport& s : report.stages) {
+    if (s.name != "teacher_cache") continue;
+    const double hits = result(s, "hits").value_or(0);
+    const double misses = result(s, "misses").value_or(0);
+    std::string line = format("teacher cache: %.0f hits, %.0f misses", hits, misses);
+    if (hits + misses > 0) line += format(" (%.0f%% hits)", 100 * hits / (hits + misses));
+    if (const std::optional<double> entries = result(s, "entries")) {
+      line += format("; %.0f views stored, %.2f MB", *entries, result(s, "disk_mb").value_or(0));
+    }
+    if (const std::optional<double> bytes = result(s, "bytes_per_view")) {
+      line += format(" (%.1f bytes a view)", *bytes);
+    }
+    if (const std::optional<double> saved = result(s, "saved_s"); saved && *saved > 0) {
+      line += "; teacher time saved " + duration_text(*saved);
+    }
+    return line;
+  }
+  return {};
 }
 
 }  // namespace foodtag

@@ -38,4 +38,9 @@ std::string duration_text(double seconds);
 /// (the GFLOP/s of the training stage, named, and of teacher_infer: their products' rate).
 std::string step_split(const flowtrain::RunReport& report);
 
+/// What the phase's teacher_cache did, from its results (empty without one):
+///   teacher cache: 43000 hits, 0 misses (100% hits); 43000 views stored, 2.51 MB (58.4 bytes a
+///   view); teacher time saved 3m02s
+std::string cache_summary(const flowtrain::RunReport& report);
+
 }  // namespace foodtag
