@@ -11,6 +11,7 @@
 #include "stages/train/join_teachers.hpp"
 #include "stages/train/teacher_infer.hpp"
 #include "tests/test_stages.hpp"
+#include "tests/train/seen_batches.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
@@ -42,22 +43,10 @@ class RandomBatches final : public Source<data::Batch> {
 
 void write_teacher(const std::string& path, std::uint64_t seed, int dim) {
   torch::manual_seed(seed);
-  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = dim, .depth = 1, .heads = 2,
-                        .classes = 4});
+  ViT teacher(ViTConfig{
+      .image_size = 32, .patch_size = 8, .dim = dim, .depth = 1, .heads = 2, .classes = 4});
   save_checkpoint(path, teacher, nullptr, {});
 }
-
-// What reaches the sink, by batch number.
-struct Seen {
-  std::mutex mutex;
-  std::map<std::uint64_t, data::Batch> batches;
-  std::unique_ptr<Stage> sink() {
-    return std::make_unique<ProbeSink<data::Batch>>([this](data::Batch&& b, ItemContext&) {
-      std::lock_guard lock(mutex);
-      batches[b.number] = std::move(b);
-    });
-  }
-};
 
 }  // namespace
 
@@ -67,8 +56,9 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
   write_teacher(dir / "b.pt", 2, 48);
 
   // Each teacher alone, for reference.
-  Seen alone_a, alone_b;
-  for (auto [model, seen] : {std::pair{dir / "a.pt", &alone_a}, std::pair{dir / "b.pt", &alone_b}}) {
+  SeenBatches alone_a, alone_b;
+  for (auto [model, seen] :
+       {std::pair{dir / "a.pt", &alone_a}, std::pair{dir / "b.pt", &alone_b}}) {
     Pipeline p;
     p.add("batches", std::make_unique<RandomBatches>(6));
     p.add<TeacherInferStage>("teacher", {.model = model});
@@ -87,7 +77,7 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
   //              +-> teacher_a -+
   //   batches ---+              +-> join -> sink
   //              +-> teacher_b -+
-  Seen joined;
+  SeenBatches joined;
   Pipeline p;
   p.add("batches", std::make_unique<RandomBatches>(6));
   p.add<TeacherInferStage>("teacher_a", {.model = dir / "a.pt"}, {.queue_capacity = 2});

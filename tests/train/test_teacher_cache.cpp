@@ -16,6 +16,7 @@
 #include "stages/train/teacher_cache.hpp"
 #include "stages/train/teacher_infer.hpp"
 #include "tests/test_stages.hpp"
+#include "tests/train/seen_batches.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
@@ -71,17 +72,6 @@ void write_teacher(const std::string& path, std::uint64_t seed) {
   save_checkpoint(path, teacher, nullptr, {});
 }
 
-struct Seen {
-  std::mutex mutex;
-  std::map<std::uint64_t, data::Batch> batches;
-  std::unique_ptr<Stage> sink() {
-    return std::make_unique<ProbeSink<data::Batch>>([this](data::Batch&& b, ItemContext&) {
-      std::lock_guard lock(mutex);
-      batches[b.number] = std::move(b);
-    });
-  }
-};
-
 std::map<std::string, double> results_of(const RunReport& report, const std::string& stage) {
   std::map<std::string, double> out;
   for (const StageReport& s : report.stages) {
@@ -94,7 +84,7 @@ std::map<std::string, double> results_of(const RunReport& report, const std::str
 //   batches -> cache --hit--------------------> merge -> sink
 //                    \--miss--> teacher_infer --/
 RunReport run_cached(
-    Seen& seen,
+    SeenBatches& seen,
     const TeacherCacheOptions& cache,
     const std::string& teacher,
     int batches,
@@ -161,7 +151,7 @@ TEST_CASE("Train.TeacherCache.SecondRunRunsNoTeacherAndGetsTheSameOutputs" *
   write_teacher(dir / "teacher.pt", 1);
   const TeacherCacheOptions options{.path = dir / "views.ftc", .model = dir / "teacher.pt"};
 
-  Seen first;
+  SeenBatches first;
   const RunReport one = run_cached(first, options, dir / "teacher.pt", 6);
   CHECK(results_of(one, "cache")["misses"] == 48);
   CHECK(results_of(one, "cache")["hits"] == 0);
@@ -179,7 +169,7 @@ TEST_CASE("Train.TeacherCache.SecondRunRunsNoTeacherAndGetsTheSameOutputs" *
         torch::equal(batch.teacher_regression, out.regression.to(torch::kHalf).to(torch::kFloat)));
   }
 
-  Seen second;
+  SeenBatches second;
   const RunReport two = run_cached(second, options, dir / "teacher.pt", 6);
   CHECK(results_of(two, "cache")["hits"] == 48);
   CHECK(results_of(two, "cache")["misses"] == 0);
@@ -198,7 +188,7 @@ TEST_CASE("Train.TeacherCache.ViewsRepeatedInARunAreComputedOnce" * doctest::tim
   TempDir dir("cache");
   write_teacher(dir / "teacher.pt", 1);
   const TeacherCacheOptions options{.path = dir / "views.ftc", .model = dir / "teacher.pt"};
-  Seen seen;
+  SeenBatches seen;
   const RunReport report =
       run_cached(seen, options, dir / "teacher.pt", 9, [](int n) { return n % 3; });
   CHECK(results_of(report, "cache")["misses"] == 24);
@@ -217,7 +207,7 @@ TEST_CASE("Train.TeacherCache.ATornWriteLosesOnlyItsRecord" * doctest::timeout(1
   write_teacher(dir / "teacher.pt", 1);
   const std::string path = dir / "views.ftc";
   const TeacherCacheOptions options{.path = path, .model = dir / "teacher.pt"};
-  Seen first;
+  SeenBatches first;
   run_cached(first, options, dir / "teacher.pt", 3);
   const auto whole = std::filesystem::file_size(path);
   std::ifstream in(path, std::ios::binary);
@@ -229,7 +219,7 @@ TEST_CASE("Train.TeacherCache.ATornWriteLosesOnlyItsRecord" * doctest::timeout(1
     CAPTURE(cut);
     std::ofstream(path, std::ios::binary | std::ios::trunc)
         .write(bytes.data(), static_cast<std::streamsize>(whole - cut));
-    Seen again;
+    SeenBatches again;
     const RunReport report = run_cached(again, options, dir / "teacher.pt", 3);
     CHECK(results_of(report, "cache")["torn_bytes_cut"] == record_bytes - cut);
     CHECK(results_of(report, "cache")["hits"] == 16);
@@ -243,7 +233,7 @@ TEST_CASE("Train.TeacherCache.ATornWriteLosesOnlyItsRecord" * doctest::timeout(1
   damaged[whole - record_bytes / 2] ^= 0x40;
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(damaged.data(), static_cast<std::streamsize>(damaged.size()));
-  Seen again;
+  SeenBatches again;
   const RunReport report = run_cached(again, options, dir / "teacher.pt", 3);
   CHECK(results_of(report, "cache")["misses"] == 8);
   CHECK(torch::equal(again.batches[2].teacher_logits, first.batches[2].teacher_logits));
@@ -254,11 +244,11 @@ TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::
   write_teacher(dir / "teacher.pt", 1);
   write_teacher(dir / "other.pt", 2);
   TeacherCacheOptions options{.path = dir / "views.ftc", .model = dir / "teacher.pt"};
-  Seen first;
+  SeenBatches first;
   run_cached(first, options, dir / "teacher.pt", 2);
 
   options.model = dir / "other.pt";
-  Seen other;
+  SeenBatches other;
   CHECK_THROWS_WITH_AS(run_cached(other, options, dir / "other.pt", 2),
                        doctest::Contains("views.ftc was filled by another teacher (it holds: "
                                          "teacher "),
@@ -270,7 +260,7 @@ TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::
 
   // teacher_infer running another model than the one the cache names is refused too.
   options.path = dir / "crossed.ftc";
-  Seen crossed;
+  SeenBatches crossed;
   CHECK_THROWS_WITH_AS(run_cached(crossed, options, dir / "teacher.pt", 2),
                        doctest::Contains("teacher_infer runs another teacher than the "
                                          "teacher_cache before it names"),
