@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstring>
 #include <filesystem>
 
@@ -16,19 +17,19 @@ namespace {
 // The digest of one row's exact view: its image, every augmentation parameter, and the recipe
 // of the stages that made its pixels.
 ViewDigest view_digest(const std::string& path, const data::ViewKey& view) {
-  std::vector<std::uint8_t> bytes(path.begin(), path.end());
-  auto put = [&](const auto& v) {
-    const auto* raw = reinterpret_cast<const std::uint8_t*>(&v);
-    bytes.insert(bytes.end(), raw, raw + sizeof v);
-  };
+  std::array<std::uint8_t, 7 * sizeof(float) + 1 + sizeof view.recipe> params;
+  std::uint8_t* at = params.data();
   const data::AugmentParams& a = view.augment;
   for (float v : {a.crop_x, a.crop_y, a.crop_w, a.crop_h, a.brightness, a.contrast, a.saturation}) {
-    put(v);
+    std::memcpy(at, &v, sizeof v);
+    at += sizeof v;
   }
-  put(static_cast<std::uint8_t>(a.flip));
-  put(view.recipe);
-  return {data::hash_bytes(bytes, 0x7465616368657221ULL),
-          data::hash_bytes(bytes, 0x63616368652d6b31ULL)};
+  *at++ = static_cast<std::uint8_t>(a.flip);
+  std::memcpy(at, &view.recipe, sizeof view.recipe);
+  const std::span<const std::uint8_t> name(reinterpret_cast<const std::uint8_t*>(path.data()),
+                                           path.size());
+  return {data::hash_bytes(params, data::hash_bytes(name, 0x7465616368657221ULL)),
+          data::hash_bytes(params, data::hash_bytes(name, 0x63616368652d6b31ULL))};
 }
 
 // Sets the batch's teacher outputs to the stored entries of `keys` (waiting for those an

@@ -104,10 +104,14 @@ void write_all(int fd,
 }  // namespace
 
 std::uint64_t hash_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(path + ": cannot read the teacher file to fingerprint it");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return hash_bytes({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(in.tellg()));
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()))) {
+    throw Error(path + ": cannot read the teacher file to fingerprint it");
+  }
+  return hash_bytes(bytes);
 }
 
 std::size_t EntryFormat::payload_bytes() const {
@@ -157,24 +161,20 @@ void decode_outputs(const EntryFormat& format,
                     float* logits,
                     float* regression) {
   if (format.top_k == 0) {
-    for (std::uint32_t c = 0; c < format.classes; ++c)
+    for (std::uint32_t c = 0; c < format.classes; ++c) {
       logits[c] = from_bits(get16(in), format.dtype);
+    }
   } else {
     const std::uint8_t* indices = in + 2 * std::size_t{format.top_k};
-    const float rest = from_bits(
-        [&] {
-          std::uint16_t bits;
-          std::memcpy(&bits, indices + 4 * std::size_t{format.top_k}, 2);
-          return bits;
-        }(),
-        format.dtype);
+    const std::uint8_t* rest_at = indices + 4 * std::size_t{format.top_k};
+    const float rest = from_bits(get16(rest_at), format.dtype);
     std::fill(logits, logits + format.classes, rest);
     for (std::uint32_t j = 0; j < format.top_k; ++j) {
       std::uint32_t c;
       std::memcpy(&c, indices + 4 * std::size_t{j}, 4);
       logits[c] = from_bits(get16(in), format.dtype);
     }
-    in = indices + 4 * std::size_t{format.top_k} + 2;
+    in = rest_at;  // get16 stepped past the rest value
   }
   for (std::uint32_t r = 0; r < format.regression; ++r) {
     regression[r] = from_bits(get16(in), format.dtype);
@@ -204,8 +204,8 @@ void TeacherOutputCache::open_file() {
   ::fstat(fd_, &st);
   const auto size = static_cast<std::uint64_t>(st.st_size);
 
-  auto start_afresh = [&] {
-    stats_.replaced = size > 0;
+  auto start_afresh = [&](bool replaced) {
+    stats_.replaced = replaced;
     if (::ftruncate(fd_, 0) != 0) {
       throw Error(o_.path + ": cannot empty the teacher cache: " + errno_text());
     }
@@ -221,13 +221,11 @@ void TeacherOutputCache::open_file() {
                   " is not a flowtrain teacher cache; point `path` at another file, or "
                   "set on_mismatch: replace to overwrite it");
     }
-    return start_afresh();
+    return start_afresh(true);
   }
   if (size < sizeof header || size < sizeof header + header.text_bytes) {
-    start_afresh();  // a header torn while it was written: there were no entries
-    stats_.replaced = false;
-    stats_.dropped_bytes = size;
-    return;
+    stats_.dropped_bytes = size;  // a header torn while it was written: there were no entries
+    return start_afresh(false);
   }
   std::vector<std::uint8_t> text(header.text_bytes);
   if (::pread(fd_, text.data(), text.size(), sizeof header) != static_cast<ssize_t>(text.size()) ||
@@ -237,7 +235,7 @@ void TeacherOutputCache::open_file() {
                   ": the teacher cache's header is damaged (checksum); delete the file "
                   "or set on_mismatch: replace");
     }
-    return start_afresh();
+    return start_afresh(true);
   }
   const EntryFormat format{header.classes, header.top_k, header.regression,
                            static_cast<EntryFormat::Dtype>(header.dtype)};
@@ -251,6 +249,8 @@ void TeacherOutputCache::open_file() {
     problem = "stores another dtype";
   } else if (format.top_k != (format.classes <= o_.top_k ? 0 : o_.top_k)) {
     problem = "stores another top_k";
+  } else if (header.payload_bytes != format.payload_bytes()) {
+    problem = "has entries of another layout";
   }
   if (!problem.empty()) {
     if (!o_.replace_on_mismatch) {
@@ -259,7 +259,7 @@ void TeacherOutputCache::open_file() {
                   "); point `path` at another file, delete it, or set "
                   "on_mismatch: replace to start it afresh");
     }
-    return start_afresh();
+    return start_afresh(true);
   }
   format_ = format;
   map_bytes_ = size;
@@ -273,7 +273,6 @@ void TeacherOutputCache::open_file() {
       throw Error(o_.path + ": cannot cut the torn end off the teacher cache: " + errno_text());
     }
   }
-  stats_.loaded = index_.size();
 }
 
 void TeacherOutputCache::load_records(std::uint64_t from) {

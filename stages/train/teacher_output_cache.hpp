@@ -92,7 +92,6 @@ class TeacherOutputCache {
   };
   struct Stats {
     std::uint64_t entries = 0;
-    std::uint64_t loaded = 0;  // entries found in the file at open
     std::uint64_t file_bytes = 0;
     std::uint64_t dropped_bytes = 0;  // a torn or damaged tail cut off at open
     bool replaced = false;  // a mismatched file was started afresh
