@@ -3,10 +3,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,9 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "graph/child_process.hpp"
 #include "graph/error.hpp"
-
-extern char** environ;
 
 namespace flowtrain::dist {
 
@@ -33,55 +30,24 @@ std::atomic<int> g_signal{0};  // the last SIGINT/SIGTERM the launcher received,
 
 extern "C" void remember_signal(int signal) { g_signal.store(signal); }
 
-// This process's environment with `overrides` ("NAME=value") replacing variables of that name.
-std::vector<std::string> environment_with(const std::vector<std::string>& overrides) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    const std::string entry = *e;
-    const std::string name = entry.substr(0, entry.find('=') + 1);
-    bool replaced = false;
-    for (const std::string& o : overrides) replaced = replaced || o.rfind(name, 0) == 0;
-    if (!replaced) env.push_back(entry);
-  }
-  env.insert(env.end(), overrides.begin(), overrides.end());
-  return env;
-}
-
-std::vector<char*> pointers(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (std::string& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-pid_t spawn_rank(const LaunchOptions& options, int rank, int port) {
-  std::vector<std::string> env = environment_with({
-      "RANK=" + std::to_string(rank),
-      "WORLD_SIZE=" + std::to_string(options.nproc),
-      "LOCAL_RANK=" + std::to_string(rank),
-      "LOCAL_WORLD_SIZE=" + std::to_string(options.nproc),
-      "MASTER_ADDR=127.0.0.1",
-      "MASTER_PORT=" + std::to_string(port),
-      std::string(kLauncherPidVariable) + "=" + std::to_string(getpid()),
-  });
-  std::vector<std::string> args = options.args;
-  std::vector<char*> argv = pointers(args);
-  std::vector<char*> envp = pointers(env);
-  // Each rank in its own process group: a terminal's Ctrl-C reaches the launcher only, which
-  // forwards it once (a second SIGINT would end a rank without its report).
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  pid_t pid = 0;
-  const int rc =
-      posix_spawn(&pid, options.program.c_str(), nullptr, &attr, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
+Child spawn_rank(const LaunchOptions& options, int rank, int port) {
+  ChildOptions child{.program = options.program,
+                     .env = {"RANK=" + std::to_string(rank),
+                             "WORLD_SIZE=" + std::to_string(options.nproc),
+                             "LOCAL_RANK=" + std::to_string(rank),
+                             "LOCAL_WORLD_SIZE=" + std::to_string(options.nproc),
+                             "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                             std::string(kLauncherPidVariable) + "=" + std::to_string(getpid())},
+                     // Each rank in its own process group: a terminal's Ctrl-C reaches the
+                     // launcher only, which forwards it once (a second SIGINT would end a rank
+                     // without its report).
+                     .own_group = true};
+  try {
+    return start_child(options.args, child);
+  } catch (const SpawnError& e) {
     throw Error("cannot start rank " + std::to_string(rank) + " (" + options.program +
-                "): " + std::strerror(rc));
+                "): " + std::strerror(e.error));
   }
-  return pid;
 }
 
 }  // namespace
@@ -99,9 +65,9 @@ int launch_local(const LaunchOptions& options, std::ostream& err) {
   sigaction(SIGTERM, &action, &previous_term);
   g_signal.store(0);
 
-  std::vector<pid_t> running;
+  std::vector<Child> running;
   auto stop_all = [&](int signal) {
-    for (pid_t pid : running) kill(-pid, signal);
+    for (const Child& child : running) kill(-child.pid, signal);
   };
   std::vector<int> rank_of_pid_index;  // running[i] is rank ranks[i]
   try {
@@ -111,7 +77,7 @@ int launch_local(const LaunchOptions& options, std::ostream& err) {
     }
   } catch (...) {
     stop_all(SIGKILL);
-    for (pid_t pid : running) waitpid(pid, nullptr, 0);
+    for (const Child& child : running) wait_child(child);
     sigaction(SIGINT, &previous_int, nullptr);
     sigaction(SIGTERM, &previous_term, nullptr);
     throw;
@@ -126,23 +92,22 @@ int launch_local(const LaunchOptions& options, std::ostream& err) {
       forwarded = true;
     }
     for (std::size_t i = 0; i < running.size();) {
-      int status = 0;
-      if (waitpid(running[i], &status, WNOHANG) != running[i]) {
+      const std::optional<ChildExit> exit = poll_child(running[i]);
+      if (!exit) {
         ++i;
         continue;
       }
       const int rank = rank_of_pid_index[i];
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
       rank_of_pid_index.erase(rank_of_pid_index.begin() + static_cast<std::ptrdiff_t>(i));
-      const bool killed = WIFSIGNALED(status);
-      const int code = killed ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+      const int code = exit->status();
       if (code == 0 || result != 0) continue;
       result = code;
       if (!forwarded) {
         err << "flowtrain: rank " << rank
-            << (killed ? " was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-                             strsignal(WTERMSIG(status)) + ")"
-                       : " exited with code " + std::to_string(code))
+            << (exit->signal != 0 ? " was killed by signal " + std::to_string(exit->signal) +
+                                        " (" + strsignal(exit->signal) + ")"
+                                  : " exited with code " + std::to_string(code))
             << (running.empty() ? "" : "; stopping the other ranks") << std::endl;
       }
       stop_all(SIGTERM);

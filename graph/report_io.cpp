@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain {
@@ -350,23 +351,7 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
 }
 
 void write_report_file(const RunReport& report, const std::string& path) {
-  const std::string text = report_to_yaml(report);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write run report '" + path + "': cannot create " + tmp);
-    out << text;
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      throw Error("cannot write run report '" + path + "': writing " + tmp + " failed");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error("cannot write run report '" + path + "': " + ec.message());
-  }
+  write_file_atomically(path, report_to_yaml(report));
 }
 
 RunReport read_report_file(const std::string& path) {

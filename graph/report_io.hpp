@@ -20,8 +20,8 @@ std::string report_to_yaml(const RunReport& report);
 ///   RunReport again = report_from_yaml(text, "distill.report.yaml");
 RunReport report_from_yaml(const std::string& text, const std::string& origin);
 
-/// Writes report_to_yaml(report) to `path` atomically (`path.tmp`, then renamed over `path`).
-/// Throws Error naming the path if it cannot.
+/// Writes report_to_yaml(report) to `path` with write_file_atomically. Throws Error naming the
+/// path if it cannot.
 ///   write_report_file(report, "runs/7/distill.report.yaml");
 void write_report_file(const RunReport& report, const std::string& path);
 

@@ -1,9 +1,9 @@
 #include "graph/trace.hpp"
 
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 
-#include "graph/error.hpp"
+#include "graph/atomic_file.hpp"
 
 namespace flowtrain::detail {
 
@@ -37,8 +37,7 @@ std::string json_escape(const std::string& s) {
 }  // namespace
 
 void TraceRecorder::write(const std::string& path, const RunReport& report) const {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write trace file '" + path + "'");
+  std::ostringstream out;
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   const char* sep = "";
   int tid = 0;
@@ -64,7 +63,7 @@ void TraceRecorder::write(const std::string& path, const RunReport& report) cons
     }
   }
   out << "\n]}\n";
-  if (!out.flush()) throw Error("cannot write trace file '" + path + "'");
+  write_file_atomically(path, out.str());
 }
 
 }  // namespace flowtrain::detail

@@ -150,7 +150,8 @@ TEST_CASE("ReportIo.File.WriteAtomicallyAndReadBack" * doctest::timeout(60)) {
   CHECK(format_report(again) == format_report(original));
 
   const std::string unwritable = (dir / "no/such/r.yaml").string();
-  const std::string unwritable_error = "cannot write run report '" + unwritable + "'";
+  const std::string unwritable_error = "cannot write " + unwritable + ": cannot create " +
+                                       unwritable + ".tmp (No such file or directory)";
   CHECK_THROWS_WITH_AS(write_report_file(original, unwritable),
                        doctest::Contains(unwritable_error.c_str()), Error);
   CHECK_THROWS_WITH_AS(

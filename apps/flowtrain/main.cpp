@@ -18,7 +18,9 @@
 #include "distributed/launch.hpp"
 #include "distributed/run_phases.hpp"
 #include "distributed/world.hpp"
+#include "graph/atomic_file.hpp"
 #include "graph/config.hpp"
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
@@ -62,15 +64,14 @@ int gen_images(const flowtrain::data::SyntheticOptions& options) {
   const flowtrain::data::GeneratedDataset set = flowtrain::data::generate_jpeg_dataset(options);
   // A manifest beside the class folders, so the same files also read as a csv_manifest.
   const std::string manifest = options.root + "/manifest.csv";
-  std::ofstream out(manifest);
-  out << "path,label\n";
+  std::string text = "path,label\n";
   const std::string prefix = options.root + "/";
   for (const auto& f : set.files) {
     const std::string relative =
         f.path.rfind(prefix, 0) == 0 ? f.path.substr(prefix.size()) : f.path;
-    out << relative << "," << f.label << "\n";
+    text += flowtrain::csv_line({relative, std::to_string(f.label)});
   }
-  if (!out.flush()) throw flowtrain::Error("cannot write " + manifest);
+  flowtrain::write_file_atomically(manifest, text);
   std::cout << "wrote " << set.files.size() << " images (" << set.broken_count()
             << " deliberately broken) in " << options.classes << " classes to " << options.root
             << " and " << manifest << "\n";

@@ -18,7 +18,9 @@
 #include "apps/foodtag/profile.hpp"
 #include "distributed/run_phases.hpp"
 #include "graph/config.hpp"
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
+#include "graph/atomic_file.hpp"
 #include "graph/report_io.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -111,11 +113,6 @@ Context load_context(Invocation in) {
   ctx.out_dir = ctx.section("output").get_string("dir");
   ctx.in = std::move(in);
   return ctx;
-}
-
-// Writes `text` to `path` through a temporary file, fsynced and renamed over it.
-void write_atomically(const fs::path& path, const std::string& text) {
-  flowtrain::train::write_file_atomically(path.string(), text);
 }
 
 // Creates the run folder and proves it writable, before any work that would be lost.
@@ -328,7 +325,7 @@ void validate_snapshots(const Context& ctx,
     std::snprintf(row, sizeof row, " %.2f", stage_result(report, "top1").value_or(-1));
     line += row;
   }
-  write_atomically(dir / "validation.csv", csv);
+  flowtrain::write_file_atomically((dir / "validation.csv").string(), csv);
   std::error_code ec;
   fs::remove_all(dir / "snapshots", ec);
   std::cout << line << " (steps " << models.front().first << " to " << models.back().first << ", "
@@ -345,7 +342,7 @@ void run_phases(const Context& ctx, const std::string& command) {
   const Params& output = ctx.section("output");
   flowtrain::dist::PhaseHooks hooks;
   hooks.joined = [&](bool leader) {
-    if (leader) write_atomically(ctx.out_dir / "config.yaml", config.effective_text);
+    if (leader) flowtrain::write_file_atomically((ctx.out_dir / "config.yaml").string(), config.effective_text);
   };
   hooks.progress = [](const flowtrain::PipelineConfig& phase) {
     auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
@@ -500,7 +497,7 @@ int export_command(const Context& ctx) {
       speedup,
       static_cast<double>(models[0].parameters) / static_cast<double>(models[1].parameters));
   std::cout << line;
-  write_atomically(ctx.out_dir / "models.yaml", yaml.str());
+  flowtrain::write_file_atomically((ctx.out_dir / "models.yaml").string(), yaml.str());
   return 0;
 }
 
@@ -509,14 +506,10 @@ int export_command(const Context& ctx) {
 std::map<std::uint64_t, std::vector<std::string>> read_rows(const fs::path& path,
                                                             std::size_t columns) {
   std::map<std::uint64_t, std::vector<std::string>> rows;
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);  // header
-  std::vector<std::string> f;
-  while (std::getline(in, line)) {
-    if (flowtrain::data::split_csv(line, f).empty() && f.size() >= columns) {
-      rows[std::stoull(f[0])] = f;
-    }
+  if (!fs::exists(path)) return rows;
+  std::vector<flowtrain::CsvRow> csv = flowtrain::read_csv_file(path.string());
+  for (std::size_t r = 1; r < csv.size(); ++r) {  // after the header
+    if (csv[r].fields.size() >= columns) rows[std::stoull(csv[r].fields[0])] = csv[r].fields;
   }
   return rows;
 }
@@ -600,10 +593,9 @@ int report_command(const Context& ctx) {
       data.phases.push_back({phase, flowtrain::read_report_file(ctx.profile(phase).string())});
     }
   }
-  if (std::ifstream in(ctx.out_dir / "sweep.csv"); in) {  // foodtag sweep's table
-    for (std::string line; std::getline(in, line);) {
-      std::vector<std::string> fields;
-      if (flowtrain::data::split_csv(line, fields).empty()) data.sweep.push_back(std::move(fields));
+  if (fs::exists(ctx.out_dir / "sweep.csv")) {  // foodtag sweep's table
+    for (flowtrain::CsvRow& row : flowtrain::read_csv_file((ctx.out_dir / "sweep.csv").string())) {
+      data.sweep.push_back(std::move(row.fields));
     }
   }
   std::map<std::string, std::map<std::string, double>> speeds;
@@ -690,9 +682,10 @@ int sweep_command(const Context& ctx) {
   const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
   std::vector<std::string> keys;
   for (const auto& [key, value] : points.front()) keys.push_back(key);
-  std::string csv = "run";
-  for (const std::string& key : keys) csv += "," + key;
-  csv += ",top1,mae,minutes,teacher_hit_rate\n";
+  std::vector<std::string> header = {"run"};
+  header.insert(header.end(), keys.begin(), keys.end());
+  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate"}) header.push_back(column);
+  std::string csv = flowtrain::csv_line(header);
   std::string table = "  run";
   for (const std::string& key : keys) table += "  " + key;
   table += "  val top-1  energy MAE  time  teacher cache hits\n";
@@ -731,24 +724,30 @@ int sweep_command(const Context& ctx) {
     const double hits = stage_result(distill, "hits").value_or(0);
     const double misses = stage_result(distill, "misses").value_or(0);
     const double hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0;
-    char row[160];
-    std::snprintf(row, sizeof row, "%.4f,%.2f,%.2f,%.3f", stage_result(eval, "top1").value_or(-1),
-                  stage_result(eval, "mae").value_or(-1), distill.wall_s / 60, hit_rate);
-    csv += std::to_string(i + 1);
+    std::vector<std::string> fields = {std::to_string(i + 1)};
     table += "  " + std::to_string(i + 1);
     for (const auto& [key, value] : points[i]) {
-      csv += "," + value;
+      fields.push_back(value);
       table += "  " + std::string(key.size() > value.size() ? key.size() - value.size() : 0, ' ') +
                value;
     }
-    csv += std::string(",") + row + "\n";
+    char row[160];
+    const auto number = [&row](const char* format, double value) {
+      std::snprintf(row, sizeof row, format, value);
+      return std::string(row);
+    };
+    fields.push_back(number("%.4f", stage_result(eval, "top1").value_or(-1)));
+    fields.push_back(number("%.2f", stage_result(eval, "mae").value_or(-1)));
+    fields.push_back(number("%.2f", distill.wall_s / 60));
+    fields.push_back(number("%.3f", hit_rate));
+    csv += flowtrain::csv_line(fields);
     std::snprintf(row, sizeof row, "  %8.1f%%  %10.1f  %4s  %17.0f%%\n",
                   100 * stage_result(eval, "top1").value_or(-1),
                   stage_result(eval, "mae").value_or(-1), duration_text(distill.wall_s).c_str(),
                   100 * hit_rate);
     table += row;
   }
-  write_atomically(ctx.out_dir / "sweep.csv", csv);
+  flowtrain::write_file_atomically((ctx.out_dir / "sweep.csv").string(), csv);
   std::cout << "sweep (" << (ctx.out_dir / "sweep.csv").string() << "):\n" << table;
   return 0;
 }

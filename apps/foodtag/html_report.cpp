@@ -2,7 +2,6 @@
 #include "apps/foodtag/profile.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 
 namespace foodtag {
@@ -757,18 +757,7 @@ std::string render_html(const ReportData& data) {
 }
 
 void write_html_report(const ReportData& data, const std::string& path) {
-  const std::string html = render_html(data);
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](int error) {
-    std::remove(tmp.c_str());
-    throw flowtrain::Error("cannot write report " + path + ": " + std::strerror(error));
-  };
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail(errno);
-  const bool written = std::fwrite(html.data(), 1, html.size(), f) == html.size();
-  const int write_error = errno;
-  if (std::fclose(f) != 0 || !written) fail(written ? errno : write_error);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
+  flowtrain::write_file_atomically(path, render_html(data));
 }
 
 }  // namespace foodtag

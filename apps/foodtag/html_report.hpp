@@ -52,7 +52,7 @@ struct ReportData {
 /// The whole report as one HTML document (charts as inline SVG; text escaped).
 std::string render_html(const ReportData& data);
 
-/// Writes render_html(data) to `path` atomically (a temporary file renamed over it).
+/// Writes render_html(data) to `path` with write_file_atomically.
 /// Throws flowtrain::Error naming the path if it cannot.
 void write_html_report(const ReportData& data, const std::string& path);
 

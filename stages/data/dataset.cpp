@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "distributed/job.hpp"
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/data/splitmix.hpp"
 
@@ -100,108 +101,46 @@ ImageFolder scan_image_folder(const std::string& root, const std::vector<std::st
   return folder;
 }
 
-namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-}  // namespace
-
-std::string split_csv(std::string_view line, std::vector<std::string>& fields) {
-  fields.clear();
-  std::size_t i = 0;
-  while (true) {
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-    std::string field;
-    if (i < line.size() && line[i] == '"') {
-      ++i;
-      while (true) {
-        if (i >= line.size()) {
-          return "column " + std::to_string(fields.size() + 1) +
-                 ": unterminated quote (a field cannot span lines)";
-        }
-        if (line[i] == '"') {
-          if (i + 1 < line.size() && line[i + 1] == '"') {
-            field += '"';
-            i += 2;
-            continue;
-          }
-          ++i;
-          break;
-        }
-        field += line[i++];
-      }
-      while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-      if (i < line.size() && line[i] != ',') {
-        return "column " + std::to_string(fields.size() + 1) + ": text after a closing quote";
-      }
-    } else {
-      const std::size_t end = std::min(line.find(',', i), line.size());
-      field = std::string(trim(line.substr(i, end - i)));
-      i = end;
-    }
-    fields.push_back(std::move(field));
-    if (i >= line.size()) return {};
-    ++i;  // the comma
-  }
-}
-
 CsvManifest read_csv_manifest(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  if (!std::ifstream(path, std::ios::binary)) {
     std::error_code ec;
     throw Error(path + ": cannot open (" +
                 (fs::exists(path, ec) ? "permission denied" : "no such file") + ")");
   }
   const fs::path base = fs::path(path).parent_path();
-  auto fail = [&](std::size_t line_no, const std::string& what) -> Error {
-    return Error(path + ":" + std::to_string(line_no) + ": " + what);
-  };
-
+  const std::vector<CsvRow> rows = read_csv_file(path);
   CsvManifest manifest;
-  std::vector<std::string> fields;
-  std::string line;
-  std::size_t line_no = 0;
-  bool have_header = false;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line_no == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
-    if (trim(line).empty()) continue;
-    if (const std::string problem = split_csv(line, fields); !problem.empty()) {
-      throw fail(line_no, problem);
-    }
-
-    if (!have_header) {
+  for (const CsvRow& row : rows) {
+    const std::vector<std::string>& fields = row.fields;
+    auto fail = [&](const std::string& what) -> Error {
+      return Error(path + ":" + std::to_string(row.line) + ": " + what);
+    };
+    if (&row == &rows.front()) {
       if (fields.size() < 2 || fields[0] != "path" || fields[1] != "label") {
-        throw fail(line_no, "header must start with 'path,label', got '" + line + "'");
+        std::string header = csv_line(fields);
+        header.pop_back();
+        throw fail("header must start with 'path,label', got '" + header + "'");
       }
       std::set<std::string> seen;
       for (std::size_t c = 2; c < fields.size(); ++c) {
-        if (fields[c].empty()) {
-          throw fail(line_no, "header column " + std::to_string(c + 1) + " has no name");
-        }
+        if (fields[c].empty()) throw fail("header column " + std::to_string(c + 1) + " has no name");
         if (!seen.insert(fields[c]).second || fields[c] == "path" || fields[c] == "label") {
-          throw fail(line_no, "header column '" + fields[c] + "' appears twice");
+          throw fail("header column '" + fields[c] + "' appears twice");
         }
         manifest.target_names.push_back(fields[c]);
       }
-      have_header = true;
       continue;
     }
 
     const std::size_t columns = 2 + manifest.target_names.size();
     if (fields.size() != columns) {
-      throw fail(line_no, std::to_string(fields.size()) + " columns, expected " +
+      throw fail(std::to_string(fields.size()) + " columns, expected " +
                               std::to_string(columns) + " (path,label" +
                               (manifest.target_names.empty() ? "" : ",") +
                               join(manifest.target_names, ",") + ")");
     }
     DatasetEntry entry;
-    if (fields[0].empty()) throw fail(line_no, "column 'path': empty");
+    if (fields[0].empty()) throw fail("column 'path': empty");
     const fs::path p(fields[0]);
     entry.path = p.is_absolute() ? fields[0] : (base / p).lexically_normal().string();
 
@@ -210,7 +149,7 @@ CsvManifest read_csv_manifest(const std::string& path) {
       const char* end = label.data() + label.size();
       const auto [ptr, ec] = std::from_chars(label.data(), end, entry.label);
       if (ec != std::errc() || ptr != end || entry.label < -1) {
-        throw fail(line_no, "column 'label': '" + label +
+        throw fail("column 'label': '" + label +
                                 "' is not a class id (an integer >= 0; -1 or empty for none)");
       }
     }
@@ -221,17 +160,14 @@ CsvManifest read_csv_manifest(const std::string& path) {
       float value = 0;
       const auto [ptr, ec] = std::from_chars(text.data(), end, value);
       if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value)) {
-        throw fail(line_no, "column '" + manifest.target_names[t] + "': '" + text +
+        throw fail("column '" + manifest.target_names[t] + "': '" + text +
                                 "' is not a finite number");
       }
       entry.targets.push_back(value);
     }
     manifest.entries.push_back(std::move(entry));
   }
-  if (in.bad()) throw Error(path + ": read failed");
-  if (!have_header) {
-    throw Error(path + ": empty; expected a header row 'path,label[,target...]'");
-  }
+  if (rows.empty()) throw Error(path + ": empty; expected a header row 'path,label[,target...]'");
   if (manifest.entries.empty()) throw Error(path + ": no rows after the header");
   return manifest;
 }

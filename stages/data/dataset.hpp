@@ -42,11 +42,6 @@ struct CsvManifest {
   std::vector<std::string> target_names;  // header columns after path,label
 };
 
-/// Splits one CSV line into `fields`: quoted fields kept verbatim ("" is a quote), unquoted ones
-/// trimmed. Returns an empty string, or what is wrong with the line ("column 3: unterminated
-/// quote (a field cannot span lines)").
-std::string split_csv(std::string_view line, std::vector<std::string>& fields);
-
 /// Fisher-Yates shuffle of `items` with an unbiased bounded draw by rejection, so that a seed
 /// gives the same order with every standard library (std::shuffle and
 /// std::uniform_int_distribution differ between them).

@@ -39,45 +39,29 @@ T load(const std::uint8_t* p) {
 
 // ---------------------------------------------------------------------------------- ShardWriter
 
-ShardWriter::ShardWriter(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
-  file_ = std::fopen(tmp_path_.c_str(), "wb");
-  if (file_ == nullptr) throw Error(tmp_path_ + ": cannot create (" + errno_text() + ")");
+ShardWriter::ShardWriter(std::string path) : file_(std::move(path)) {
   const std::uint32_t version = kShardVersion;
   const std::uint64_t reserved = 0;
-  write(kShardMagic, sizeof kShardMagic);
-  write(&version, sizeof version);
-  write(&reserved, sizeof reserved);
-}
-
-ShardWriter::~ShardWriter() {
-  if (file_ != nullptr) {
-    std::fclose(file_);
-    std::remove(tmp_path_.c_str());
-  }
-}
-
-void ShardWriter::write(const void* data, std::size_t size) {
-  if (size > 0 && std::fwrite(data, 1, size, file_) != size) {
-    throw Error(tmp_path_ + ": write failed (" + errno_text() + ")");
-  }
-  offset_ += size;
+  file_.write(kShardMagic, sizeof kShardMagic);
+  file_.write(&version, sizeof version);
+  file_.write(&reserved, sizeof reserved);
 }
 
 void ShardWriter::add(std::span<const std::uint8_t> bytes,
                       std::int64_t label,
                       std::span<const float> targets,
                       std::string_view source_path) {
-  if (file_ == nullptr) throw Error(path_ + ": add after finish");
+  if (finished_) throw Error(path() + ": add after finish");
   if (labels_.empty()) {
     target_count_ = targets.size();
   } else if (targets.size() != target_count_) {
-    throw Error(path_ + ": record " + std::to_string(labels_.size()) + " (" +
+    throw Error(path() + ": record " + std::to_string(labels_.size()) + " (" +
                 std::string(source_path) + ") has " + std::to_string(targets.size()) +
                 " targets, the first record had " + std::to_string(target_count_));
   }
-  offsets_.push_back(offset_);
+  offsets_.push_back(file_.size());
   sizes_.push_back(bytes.size());
-  write(bytes.data(), bytes.size());
+  file_.write(bytes.data(), bytes.size());
   labels_.push_back(label);
   targets_.insert(targets_.end(), targets.begin(), targets.end());
   paths_.append(source_path);
@@ -85,51 +69,38 @@ void ShardWriter::add(std::span<const std::uint8_t> bytes,
 }
 
 void ShardWriter::finish() {
-  if (file_ == nullptr) throw Error(path_ + ": finish called twice");
+  if (finished_) throw Error(path() + ": finish called twice");
+  finished_ = true;
   // The index starts 8-aligned so its tables are aligned in the mapping.
   static constexpr std::uint8_t kZeros[8] = {};
-  write(kZeros, (8 - offset_ % 8) % 8);
-  const std::uint64_t index_offset = offset_;
+  file_.write(kZeros, (8 - file_.size() % 8) % 8);
+  const std::uint64_t index_offset = file_.size();
 
   const std::uint64_t count = labels_.size();
   const std::uint32_t target_count = static_cast<std::uint32_t>(target_count_);
   const std::uint32_t reserved = 0;
-  write(&count, sizeof count);
-  write(&target_count, sizeof target_count);
-  write(&reserved, sizeof reserved);
+  file_.write(&count, sizeof count);
+  file_.write(&target_count, sizeof target_count);
+  file_.write(&reserved, sizeof reserved);
   std::uint64_t path_begin = 0;
   for (std::size_t i = 0; i < labels_.size(); ++i) {
     const std::uint64_t entry[5] = {offsets_[i], sizes_[i], static_cast<std::uint64_t>(labels_[i]),
                                     path_begin, path_ends_[i] - path_begin};
     static_assert(sizeof entry == kShardRecordEntrySize);
-    write(entry, sizeof entry);
+    file_.write(entry, sizeof entry);
     path_begin = path_ends_[i];
   }
-  write(targets_.data(), targets_.size() * sizeof(float));
-  write(paths_.data(), paths_.size());
+  file_.write(targets_.data(), targets_.size() * sizeof(float));
+  file_.write(paths_.data(), paths_.size());
 
-  const std::uint64_t index_size = offset_ - index_offset;
+  const std::uint64_t index_size = file_.size() - index_offset;
   const std::uint32_t version = kShardVersion;
-  write(&index_offset, sizeof index_offset);
-  write(&index_size, sizeof index_size);
-  write(&version, sizeof version);
-  write(kShardMagic, sizeof kShardMagic);
+  file_.write(&index_offset, sizeof index_offset);
+  file_.write(&index_size, sizeof index_size);
+  file_.write(&version, sizeof version);
+  file_.write(kShardMagic, sizeof kShardMagic);
 
-  const bool flushed = std::fflush(file_) == 0;
-  const int flush_errno = errno;
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (!flushed || !closed) {
-    if (!flushed) errno = flush_errno;
-    const std::string reason = errno_text();
-    std::remove(tmp_path_.c_str());
-    throw Error(tmp_path_ + ": write failed (" + reason + ")");
-  }
-  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    const std::string reason = errno_text();
-    std::remove(tmp_path_.c_str());
-    throw Error(path_ + ": cannot move " + tmp_path_ + " into place (" + reason + ")");
-  }
+  file_.commit();
 }
 
 // ---------------------------------------------------------------------------------- ShardReader
@@ -231,7 +202,7 @@ void ShardReader::fail(const std::string& what) const {
 
 ShardReader::Record ShardReader::record(std::size_t i) const {
   if (i >= count_) {
-    throw Error(path_ + ": record " + std::to_string(i) + " out of range (" +
+    throw Error(path() + ": record " + std::to_string(i) + " out of range (" +
                 std::to_string(count_) + " records)");
   }
   const std::uint8_t* e = entries_ + i * kShardRecordEntrySize;

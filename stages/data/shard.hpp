@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "graph/atomic_file.hpp"
 #include "stages/data/dataset.hpp"
 
 namespace flowtrain::data {
@@ -36,9 +37,6 @@ class ShardWriter {
  public:
   /// Throws Error if the file cannot be created.
   explicit ShardWriter(std::string path);
-  ~ShardWriter();
-  ShardWriter(const ShardWriter&) = delete;
-  ShardWriter& operator=(const ShardWriter&) = delete;
 
   /// Appends a record. Every record has the same number of targets (that of the first); throws
   /// Error otherwise, or on a write failure.
@@ -51,15 +49,11 @@ class ShardWriter {
   void finish();
 
   std::size_t size() const { return labels_.size(); }
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
 
  private:
-  void write(const void* data, std::size_t size);
-
-  std::string path_;
-  std::string tmp_path_;
-  std::FILE* file_ = nullptr;
-  std::uint64_t offset_ = 0;  // bytes written so far
+  AtomicFile file_;  // path.tmp until finish()
+  bool finished_ = false;
   std::size_t target_count_ = 0;
   std::vector<std::uint64_t> offsets_;
   std::vector<std::uint64_t> sizes_;

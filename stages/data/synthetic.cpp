@@ -13,6 +13,7 @@
 #include <opencv2/imgproc.hpp>
 #include <system_error>
 
+#include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "stages/data/jpeg_decode.hpp"
 
@@ -283,20 +284,8 @@ std::vector<std::uint8_t> encode_cmyk_jpeg(const Image& rgb, int quality) {
 }
 
 void write_file(const std::string& path, std::span<const std::uint8_t> bytes) {
-  std::error_code ec;
-  fs::remove(path, ec);  // a link at `path` is replaced, not written through
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) {
-    throw Error(path +
-                ": cannot write: " + std::error_code(errno, std::generic_category()).message());
-  }
-  const bool written =
-      bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
-  const int write_errno = errno;
-  if (std::fclose(file) != 0 || !written) {
-    throw Error(path + ": cannot write: " +
-                std::error_code(written ? errno : write_errno, std::generic_category()).message());
-  }
+  write_file_atomically(path,
+                        {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
 }
 
 GeneratedDataset generate_jpeg_dataset(const SyntheticOptions& options) {

@@ -52,20 +52,6 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
 };
 
 // The reason of the last failed system call, for an error naming `path`.
-Error write_error(const std::string& path, const std::string& what) {
-  return Error("cannot write " + path + ": " + what + " (" + std::strerror(errno) + ")");
-}
-
-void fsync_path(const std::string& path, int flags, const std::string& target) {
-  const int fd = ::open(path.c_str(), flags);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const Error error = write_error(target, "fsync of " + path + " failed");
-    if (fd >= 0) ::close(fd);
-    throw error;
-  }
-  ::close(fd);
-}
-
 std::int64_t read_int(torch::serialize::InputArchive& archive,
                       const std::string& key,
                       const std::string& path) {
@@ -115,37 +101,6 @@ std::string checkpoint_bytes(const ViT& model,
     return size;
   });
   return bytes;
-}
-
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tmp";
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw write_error(path, "cannot create " + temporary);
-  std::size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = ENOSPC;
-      const Error error = write_error(path, "writing " + temporary + " failed");
-      ::close(fd);
-      std::remove(temporary.c_str());
-      throw error;
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const Error error = write_error(path, "flushing " + temporary + " failed");
-    std::remove(temporary.c_str());
-    throw error;
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const Error error = write_error(path, "rename failed");
-    std::remove(temporary.c_str());
-    throw error;
-  }
-  const fs::path folder = fs::path(path).parent_path();
-  fsync_path(folder.empty() ? "." : folder.string(), O_RDONLY | O_DIRECTORY, path);
 }
 
 void save_checkpoint(const std::string& path,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/atomic_file.hpp"
 #include "stages/train/vit.hpp"
 
 namespace flowtrain::train {
@@ -39,12 +40,6 @@ struct Checkpoint {
 std::string checkpoint_bytes(const ViT& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state);
-
-/// Writes `bytes` to `path` atomically: to `path`.tmp, fsync, rename over `path`, fsync the
-/// folder, so a crash at any moment leaves either the old file or the new one, never a torn one.
-/// On failure (a full disk, a missing folder) removes the temporary file and throws Error
-/// naming `path` and the reason.
-void write_file_atomically(const std::string& path, const std::string& bytes);
 
 /// checkpoint_bytes written with write_file_atomically:
 ///

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
 
@@ -298,40 +299,14 @@ torch::jit::Module build_vit(ViT& model) {
 
 std::string errno_text(int error) { return std::strerror(error); }
 
-// fsync of a file or folder by path; returns errno, or 0.
-int sync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return errno;
-  const int result = ::fsync(fd) == 0 ? 0 : errno;
-  ::close(fd);
-  return result;
-}
-
 void write_atomically(const torch::jit::Module& module, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  // Create the file ourselves first: an unwritable folder then fails with errno's words rather
-  // than a LibTorch stream message.
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path + ": cannot write (" + errno_text(errno) + ")");
-  ::close(fd);
+  std::ostringstream bytes;
   try {
-    module.save(tmp);
+    module.save(bytes);
   } catch (const std::exception& e) {
-    std::remove(tmp.c_str());
     throw Error(path + ": cannot write (" + first_line(message_of(e)) + ")");
   }
-  if (const int error = sync_path(tmp, O_RDONLY); error != 0) {
-    std::remove(tmp.c_str());
-    throw Error(path + ": cannot write (fsync: " + errno_text(error) + ")");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(tmp.c_str());
-    throw Error(path + ": cannot rename " + tmp + " into place (" + errno_text(error) + ")");
-  }
-  // Make the rename itself durable. Best effort: some file systems refuse fsync on a folder.
-  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  sync_path(folder.empty() ? "." : folder.string(), O_RDONLY | O_DIRECTORY);
+  write_file_atomically(path, bytes.view());
 }
 
 // "Tensor[2, 5]", "Tuple[Tensor[2, 5], int]", "Dict(str, Tensor)"...: what a forward returned.
