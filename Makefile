@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test bench bench-data bench-kd profile-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test fuzz bench bench-data bench-kd profile-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -35,6 +35,18 @@ graph-demo: build
 
 test: build
 	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
+
+# libFuzzer on the readers of outside input (config, image decode, shards, checkpoints, CSV
+# manifests): a clang build with ASan+UBSan in build-fuzz/, then FUZZ_SECONDS per target.
+# `make test` runs a short smoke of each target (Fuzz.Smoke.*) without clang.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := fuzz_config fuzz_image fuzz_shard fuzz_checkpoint fuzz_manifest
+fuzz:
+	@scripts/install-deps clang
+	@cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DFLOWTRAIN_FUZZ=ON -DFLOWTRAIN_BUILD_BENCHMARKS=OFF > /dev/null
+	@cmake --build build-fuzz -j$(JOBS) --target $(FUZZ_TARGETS)
+	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
 
 bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead
@@ -109,4 +121,4 @@ sanitize-thread:
 	cd build-tsan && TSAN_OPTIONS="$(TSAN_OPTIONS)" ctest -j1 --output-on-failure -E '$(TSAN_TIMING_TESTS)'
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

@@ -13,6 +13,7 @@ endif()
 # libopencv-dev (~60 more packages); the three modules we use are found directly instead.
 find_package(libjpeg-turbo REQUIRED)
 find_package(Torch REQUIRED)
+find_package(ZLIB REQUIRED)  # CRC-32 of LibTorch archives (stages/train/zip_check)
 find_package(OpenMP REQUIRED)  # per-thread intra-op counts (omp_set_num_threads)
 # c10d's Gloo process group (distributed/): LibTorch's headers declare it, libgloo implements the
 # transport (Debian's libgloo-dev).

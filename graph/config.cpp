@@ -17,7 +17,7 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "stages", "phases"};
 const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "stages"};
-const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace"};
+const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace", "drops"};
 const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
                                              "queue_capacity", "ordered", "inputs",
                                              "token_from"};
@@ -350,6 +350,10 @@ void read_run_options(const YAML::Node& map,
     if (const YAML::Node trace = metrics["trace"]) {
       if (!trace.IsScalar()) loc.fail(trace, ctx + "metrics.trace must be a file path");
       run.trace_path = trace.Scalar();
+    }
+    if (const YAML::Node drops = metrics["drops"]) {
+      if (!drops.IsScalar()) loc.fail(drops, ctx + "metrics.drops must be a file path");
+      run.drops_path = drops.Scalar();
     }
   }
 }

@@ -1,12 +1,52 @@
 #include "graph/metrics.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "graph/cpu_usage.hpp"
+#include "graph/csv.hpp"
+#include "graph/error.hpp"
 
 namespace flowtrain::detail {
 
+DropLog::DropLog(std::string path) : path_(std::move(path)) {
+  file_ = std::fopen(path_.c_str(), "w");
+  if (file_ == nullptr) {
+    throw Error("cannot write the list of dropped items " + path_ + ": " + std::strerror(errno));
+  }
+  failed_ = std::fputs("stage,item,reason\n", file_) < 0;
+}
+
+DropLog::~DropLog() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void DropLog::write(const std::string& stage, std::uint64_t seq, const std::string& reason) {
+  const std::string line = csv_line({stage, std::to_string(seq), reason});
+  std::lock_guard lock(mutex_);
+  ++lines_;
+  failed_ = failed_ || std::fputs(line.c_str(), file_) < 0;
+}
+
+std::string DropLog::close() {
+  std::lock_guard lock(mutex_);
+  if (file_ == nullptr) return lines_ > 0 ? path_ : "";
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (failed_ || !closed) {
+    throw Error("cannot write the list of dropped items " + path_ + ": " + std::strerror(errno));
+  }
+  if (lines_ == 0) {
+    std::remove(path_.c_str());
+    return "";
+  }
+  return path_;
+}
+
 void StageCounters::record_drop(std::uint64_t seq, std::string reason) {
+  if (drop_log != nullptr) drop_log->write(name, seq, reason);
   std::lock_guard lock(drops_mutex);
   ++dropped;
   if (drops.size() < StageReport::kMaxDropRecords) drops.push_back({seq, std::move(reason)});

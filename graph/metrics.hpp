@@ -20,6 +20,30 @@ namespace flowtrain::detail {
 
 using Clock = std::chrono::steady_clock;
 
+/// Every drop of a run as CSV lines (stage,item,reason) in a file: created when the run starts
+/// (so a path that cannot be written fails before any work), removed at the end if nothing
+/// was dropped.
+class DropLog {
+ public:
+  /// Throws Error naming the path if the file cannot be created.
+  explicit DropLog(std::string path);
+  ~DropLog();
+  DropLog(const DropLog&) = delete;
+  DropLog& operator=(const DropLog&) = delete;
+
+  void write(const std::string& stage, std::uint64_t seq, const std::string& reason);
+  /// Closes the file (removed if empty); returns its path if it lists any drop, else "".
+  /// Throws Error naming the path if a write failed.
+  std::string close();
+
+ private:
+  std::mutex mutex_;
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::uint64_t lines_ = 0;
+  bool failed_ = false;
+};
+
 /// Counters one stage updates on its hot path: a few relaxed atomic adds per item.
 struct alignas(64) StageCounters {
   std::atomic<std::uint64_t> started{0};  // items taken from the input queue (with tombstones)
@@ -33,6 +57,8 @@ struct alignas(64) StageCounters {
   std::mutex drops_mutex;  // drops are rare: a lock is fine
   std::uint64_t dropped = 0;
   std::vector<DropRecord> drops;
+  DropLog* drop_log = nullptr;  // every drop, when the run lists them in a file
+  std::string name;             // the stage's, for the drop log
 
   void enter() {
     const std::uint32_t now = active.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -64,12 +90,12 @@ class SeriesBuilder {
 
 /// Where a stage sits, as the sampler needs it.
 struct StageGeometry {
-  std::size_t workers = 1;       // concurrency the stage can reach
-  std::size_t out_capacity = 0;  // its output slots (0: it is a sink)
+  std::size_t workers = 1;             // concurrency the stage can reach
+  std::size_t out_capacity = 0;        // its output slots (0: it is a sink)
   std::vector<std::size_t> inputs;     // the stages it takes items from (none: the source)
   std::vector<std::size_t> consumers;  // the stages taking its output
-  std::string name;              // for progress snapshots
-  const Stage* stage = nullptr;  // asked for live_results() in progress snapshots
+  std::string name;                    // for progress snapshots
+  const Stage* stage = nullptr;        // asked for live_results() in progress snapshots
 };
 
 class CpuRecorder;

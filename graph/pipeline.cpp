@@ -224,9 +224,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     return "the first stage '" + next.name + "' must be a source, not a " +
            to_string(next.shape.kind);
   }
-  const std::vector<std::string> names =
-      next.options.inputs.empty() ? std::vector<std::string>{earlier.back().name}
-                                  : next.options.inputs;
+  const std::vector<std::string> names = next.options.inputs.empty()
+                                             ? std::vector<std::string>{earlier.back().name}
+                                             : next.options.inputs;
   if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
     return label + " is a " + to_string(next.shape.kind) + " and takes " +
            (next.shape.min_inputs() > 1 ? "two or more inputs" : "one input") + ", not " +
@@ -261,9 +261,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     }
     if (prev.options.concurrency != kUnlimited &&
         prev.options.concurrency > next.options.queue_capacity) {
-      return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" +
-             next.name + "' is below the concurrency " + std::to_string(prev.options.concurrency) +
-             " of '" + prev.name + "': each worker of '" + prev.name +
+      return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" + next.name +
+             "' is below the concurrency " + std::to_string(prev.options.concurrency) + " of '" +
+             prev.name + "': each worker of '" + prev.name +
              "' needs an output slot; raise queue_capacity or lower concurrency";
     }
     // A shared output is copied for each consumer but the last: all of them must allow it.
@@ -274,8 +274,7 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     for (const StageDecl* c : consumers) {
       if (!c->shape.copyable_input) {
         return "'" + c->name + "' cannot share the output of '" + prev.name +
-               "' with other stages: its input type " + c->shape.input.name() +
-               " cannot be copied";
+               "' with other stages: its input type " + c->shape.input.name() + " cannot be copied";
       }
     }
     inputs.push_back(link);
@@ -296,10 +295,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
       const std::size_t other = numbered_by(earlier, inputs[k].stage);
       if (other != first) {
         return std::string(to_string(next.shape.kind)) + " '" + next.name +
-               "' pairs items by sequence number, but its inputs '" +
-               names[0] + "' and '" + names[k] + "' are numbered by different stages ('" +
-               earlier[first].name + "' and '" + earlier[other].name +
-               "'); join branches of one source or flat map";
+               "' pairs items by sequence number, but its inputs '" + names[0] + "' and '" +
+               names[k] + "' are numbered by different stages ('" + earlier[first].name +
+               "' and '" + earlier[other].name + "'); join branches of one source or flat map";
       }
     }
   }
@@ -326,8 +324,8 @@ bool reaches(const std::vector<StageDecl>& stages, std::size_t from, std::size_t
 // A problem with the token edge of stages[i] (StageOptions::token_from), else an empty string.
 std::string token_problem(const std::vector<StageDecl>& stages, std::size_t i) {
   const StageDecl& stage = stages[i];
-  const std::string label = "stage '" + stage.name + "' takes tokens from '" +
-                            stage.options.token_from + "'";
+  const std::string label =
+      "stage '" + stage.name + "' takes tokens from '" + stage.options.token_from + "'";
   const std::optional<std::size_t> sender =
       index_of(stages, stage.options.token_from, stages.size());
   if (!sender) return label + ", which is not a stage of this pipeline";
@@ -375,7 +373,9 @@ std::string graph_problem(const std::vector<StageDecl>& stages) {
 
 namespace {
 
-std::size_t hardware_threads() { return static_cast<std::size_t>(tbb::info::default_concurrency()); }
+std::size_t hardware_threads() {
+  return static_cast<std::size_t>(tbb::info::default_concurrency());
+}
 
 // Graph threads and cores of a run: the options', or one per hardware thread (cores: at least
 // the threads).
@@ -444,7 +444,8 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
     std::string kind = to_string(s.shape.kind);
     line += kind + std::string(10 - std::min<std::size_t>(9, kind.size()), ' ');
     std::string from;
-    for (const std::string& name : input_names(stages, i)) from += (from.empty() ? "" : ", ") + name;
+    for (const std::string& name : input_names(stages, i))
+      from += (from.empty() ? "" : ", ") + name;
     line += from.empty() ? "" : "<- " + from + "  ";
     line += "concurrency " + concurrency_text(s.options.concurrency);
     if (!pulled(s.shape.kind)) line += ", queue " + std::to_string(s.options.queue_capacity);
@@ -574,7 +575,8 @@ class Pipeline::Runtime {
       }
     }
     // The same slots the thread budget and the checks count with.
-    for (std::size_t i = 0; i < nodes_.size(); ++i) out_capacity_.push_back(out_capacity(decls_, i));
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      out_capacity_.push_back(out_capacity(decls_, i));
     if (std::string problem = thread_budget_problem(decls_, options); !problem.empty()) {
       throw Error(problem);
     }
@@ -585,8 +587,11 @@ class Pipeline::Runtime {
         mix_alive_.assign(nodes_[i].inputs.size(), true);
       }
     }
+    if (!options.drops_path.empty()) drop_log_.emplace(options.drops_path);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       counters_.push_back(std::make_unique<detail::StageCounters>());
+      counters_.back()->name = nodes_[i].name;
+      if (drop_log_) counters_.back()->drop_log = &*drop_log_;
       if (nodes_[i].options.token_from.empty()) continue;
       tokens_[i] = std::make_unique<TokenState>();
       for (std::size_t s = 0; s < nodes_.size(); ++s) {
@@ -598,7 +603,7 @@ class Pipeline::Runtime {
                      options.progress_interval_s, pipeline.expected_);
   }
 
-  RunReport run(const std::string& trace_path) {
+  RunReport run(const RunOptions& options) {
     std::exception_ptr error;
     // TBB sizes its worker pool to the hardware; the control lets `threads` above that (or
     // below it) take effect for the arena of this run.
@@ -628,9 +633,10 @@ class Pipeline::Runtime {
     if (error) std::rethrow_exception(error);
     RunReport report = make_report();
     if (trace_) {
-      trace_->write(trace_path, report);
-      report.trace_path = trace_path;
+      trace_->write(options.trace_path, report);
+      report.trace_path = options.trace_path;
     }
+    if (drop_log_) report.drops_path = drop_log_->close();
     return report;
   }
 
@@ -671,7 +677,7 @@ class Pipeline::Runtime {
     std::vector<std::unique_ptr<Gate>> gates;      // [i]: stage i's output slots; none for sinks
     std::vector<std::unique_ptr<Buffer>> buffers;  // [i]: input of stage i; none for sources
     std::vector<std::unique_ptr<Worker>> workers;  // [i]: body of stage i; none for sources
-    std::vector<std::vector<std::unique_ptr<Sequencer>>> ports;  // [join][port]
+    std::vector<std::vector<std::unique_ptr<Sequencer>>> ports;    // [join][port]
     std::vector<std::vector<std::unique_ptr<Worker>>> collectors;  // [join][port]
     std::vector<std::unique_ptr<JoinState>> joins;                 // [join]
 
@@ -721,8 +727,8 @@ class Pipeline::Runtime {
           buffers[i] = std::make_unique<Buffer>(g);
         }
         // TBB passes messages by const reference; the stored copy is ours to move from.
-        workers[i] = std::make_unique<Worker>(
-            g, nodes[i].options.concurrency, [&rt, i](const Message& m) {
+        workers[i] =
+            std::make_unique<Worker>(g, nodes[i].options.concurrency, [&rt, i](const Message& m) {
               rt.handle(i, const_cast<Message&>(m));
               return tbb::flow::continue_msg();
             });
@@ -788,7 +794,8 @@ class Pipeline::Runtime {
     const std::vector<Consumer>& to = consumers_[i];
     m.from = static_cast<std::uint32_t>(i);
     if (to.size() > 1) {
-      m.sharers = std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
+      m.sharers =
+          std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
     }
     auto takes = [&](const Consumer& c) {
       return c.output == kAllOutputs || output == kAllOutputs || c.output == output;
@@ -1021,9 +1028,8 @@ class Pipeline::Runtime {
         break;
       case Kind::kRoute: {
         std::size_t output = 0;
-        std::shared_ptr<void> out = invoke(i, in.seq, [&] {
-          return detail::StageAccess::route(stage, in.value, ctx, output);
-        });
+        std::shared_ptr<void> out = invoke(
+            i, in.seq, [&] { return detail::StageAccess::route(stage, in.value, ctx, output); });
         in.value.reset();
         if (out && output >= nodes_[i].shape.outputs.size()) {
           throw StageError(nodes_[i].name, in.seq,
@@ -1130,14 +1136,15 @@ class Pipeline::Runtime {
   std::vector<std::unique_ptr<TokenState>> tokens_ =
       std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
   std::vector<std::vector<std::size_t>> token_receivers_ =
-      std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
+      std::vector<std::vector<std::size_t>>(nodes_.size());  // [sender]: who waits on it
   std::vector<std::unique_ptr<detail::StageCounters>> counters_;
   // Next sequence number a source, mix or FlatMap assigns (all are serial).
   std::vector<std::uint64_t> next_seq_ = std::vector<std::uint64_t>(nodes_.size(), 0);
-  std::size_t source_ = 0;            // the stage the graph pulls: the source, or the mix
-  const MixStage* mix_ = nullptr;     // that mix, if any
-  std::vector<bool> mix_alive_;       // [port]: that input of the mix is not exhausted yet
+  std::size_t source_ = 0;         // the stage the graph pulls: the source, or the mix
+  const MixStage* mix_ = nullptr;  // that mix, if any
+  std::vector<bool> mix_alive_;    // [port]: that input of the mix is not exhausted yet
   std::optional<detail::TraceRecorder> trace_;
+  std::optional<detail::DropLog> drop_log_;  // the stages' counters point to it
   std::optional<detail::Sampler> sampler_;
   Graph* graph_ = nullptr;
 };
@@ -1149,7 +1156,7 @@ RunReport Pipeline::run(const RunOptions& options) {
   ran_ = true;
   prepare();
   Runtime runtime(*this, options);
-  return runtime.run(options.trace_path);
+  return runtime.run(options);
 }
 
 void Pipeline::prepare() {

@@ -47,6 +47,9 @@ struct RunOptions {
   std::size_t cores = 0;
   double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
   std::string trace_path;         // write a Chrome trace-event JSON here when not empty
+  /// List every dropped item here (CSV: stage,item,reason) when not empty; the report lists the
+  /// first StageReport::kMaxDropRecords of each stage. No file is left when nothing is dropped.
+  std::string drops_path;
   /// Called every `progress_interval_s` from a background thread while the run lasts.
   std::function<void(const Progress&)> on_progress;
   double progress_interval_s = 1;

@@ -145,7 +145,10 @@ std::string format_report(const RunReport& r) {
       out += "  item " + std::to_string(d.seq) + ": " + d.reason + "\n";
     }
     if (s.dropped > s.drops.size()) {
-      out += "  ... and " + std::to_string(s.dropped - s.drops.size()) + " more\n";
+      out += "  ... and " + std::to_string(s.dropped - s.drops.size()) + " more " +
+             (r.drops_path.empty() ? "(metrics.drops: FILE lists them all)"
+                                   : "(all in " + r.drops_path + ")") +
+             "\n";
     }
   }
   for (const StageReport& s : r.stages) {

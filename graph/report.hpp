@@ -88,6 +88,7 @@ struct RunReport {
   bool stopped = false;     // stopped early by request_stop() (SIGINT)
   std::vector<StageReport> stages;
   std::string trace_path;  // Chrome trace written, if asked for
+  std::string drops_path;  // every dropped item listed there, if asked for and any was dropped
   CpuReport cpu;
   /// Prefix of config keys in the verdict ("phases.distill." for a phase of a multi-phase config).
   std::string key_prefix;

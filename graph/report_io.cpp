@@ -290,6 +290,7 @@ std::string report_to_yaml(const RunReport& r) {
   key("peak_threads") << r.peak_threads;
   key("stopped") << r.stopped;
   key("trace_path") << r.trace_path;
+  key("drops_path") << r.drops_path;
   key("key_prefix") << r.key_prefix;
   key("stages");
   if (r.stages.empty()) out << YAML::Flow;
@@ -340,6 +341,7 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
   in.field(root, "peak_threads", r.peak_threads, "");
   in.field(root, "stopped", r.stopped, "");
   in.field(root, "trace_path", r.trace_path, "");
+  in.field(root, "drops_path", r.drops_path, "");
   in.field(root, "key_prefix", r.key_prefix, "");
   const YAML::Node stages = in.list(root, "stages", "");
   for (std::size_t i = 0; i < stages.size(); ++i) {

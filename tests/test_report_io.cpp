@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "graph/report_io.hpp"
@@ -11,6 +13,7 @@
 
 using namespace flowtrain;
 using namespace flowtrain::testing;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -44,6 +47,7 @@ RunReport full_report() {
   p.add("sink", std::make_unique<ResultSink>());
   RunReport r = p.run({.threads = 2, .key_prefix = "phases.distill."});
   r.trace_path = "runs/1/trace.json";
+  r.drops_path = "runs/1/drops.csv";
   r.stopped = true;
   r.stages[0].busy_fraction = std::numeric_limits<double>::infinity();  // survives as .inf
   r.stages[1].kind = StageShape::Kind::kJoin;  // a graph's kinds read back, not only a chain's
@@ -60,6 +64,7 @@ void check_same(const RunReport& a, const RunReport& b) {
   CHECK(a.peak_threads == b.peak_threads);
   CHECK(a.stopped == b.stopped);
   CHECK(a.trace_path == b.trace_path);
+  CHECK(a.drops_path == b.drops_path);
   CHECK(a.key_prefix == b.key_prefix);
   CHECK(a.cpu.interval_s == b.cpu.interval_s);
   CHECK(a.cpu.times_s == b.cpu.times_s);
@@ -182,4 +187,53 @@ TEST_CASE("ReportIo.Errors.NameTheOriginLineAndField") {
         "r.yaml:2: 'cpu.cores[0][1]' must be a number");
   CHECK(error_of("flowtrain_report: 1\nthreads: -2\n") ==
         "r.yaml:2: 'threads' must be a whole number >= 0, got '-2'");
+}
+
+// The report lists the first 100 drops of a stage; metrics.drops (RunOptions::drops_path) lists
+// every one, and the report says where.
+TEST_CASE("ReportIo.Drops.EveryDroppedItemListedInTheFile" * doctest::timeout(60)) {
+  const fs::path dir = fs::temp_directory_path() / "flowtrain_drops_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto run = [&](std::uint64_t count, const std::string& path) {
+    Pipeline p;
+    p.add("source", std::make_unique<CountSource<>>(count));
+    p.add("filter, odd",
+          std::make_unique<ProbeMap<>>(
+              [](std::uint64_t&& v, ItemContext& ctx) -> std::optional<std::uint64_t> {
+                if (v % 2) return ctx.drop("odd, \"value\" " + std::to_string(v));
+                return v;
+              }),
+          {.concurrency = 2});
+    p.add("sink", std::make_unique<ResultSink>());
+    return p.run({.threads = 2, .drops_path = path});
+  };
+  const std::string path = (dir / "drops.csv").string();
+  const RunReport r = run(300, path);
+  CHECK(r.drops_path == path);
+  CHECK(r.stages[1].dropped == 150);
+  CHECK(r.stages[1].drops.size() == StageReport::kMaxDropRecords);
+  CHECK(format_report(r).find("  ... and 50 more (all in " + path + ")") != std::string::npos);
+  const std::vector<CsvRow> rows = read_csv_file(path);
+  REQUIRE(rows.size() == 151);
+  CHECK(rows[0].fields == std::vector<std::string>{"stage", "item", "reason"});
+  std::set<std::uint64_t> items;
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    REQUIRE(rows[i].fields.size() == 3);
+    CHECK(rows[i].fields[0] == "filter, odd");
+    CHECK(rows[i].fields[2] == "odd, \"value\" " + rows[i].fields[1]);
+    items.insert(std::stoull(rows[i].fields[1]));
+  }
+  CHECK(items.size() == 150);
+  CHECK(*items.begin() == 1);
+  CHECK(*items.rbegin() == 299);
+
+  // Nothing dropped: no file, no path in the report.
+  const RunReport none = run(1, path);
+  CHECK(none.drops_path.empty());
+  CHECK_FALSE(fs::exists(path));
+  // A path that cannot be written fails before the run.
+  CHECK_THROWS_WITH_AS(run(10, (dir / "no/such/drops.csv").string()),
+                       doctest::Contains("cannot write the list of dropped items"), Error);
+  fs::remove_all(dir);
 }

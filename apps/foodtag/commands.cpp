@@ -17,10 +17,11 @@
 #include "apps/foodtag/prepare.hpp"
 #include "apps/foodtag/profile.hpp"
 #include "distributed/run_phases.hpp"
+#include "distributed/world.hpp"
+#include "graph/atomic_file.hpp"
 #include "graph/config.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
-#include "graph/atomic_file.hpp"
 #include "graph/report_io.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -342,7 +343,9 @@ void run_phases(const Context& ctx, const std::string& command) {
   const Params& output = ctx.section("output");
   flowtrain::dist::PhaseHooks hooks;
   hooks.joined = [&](bool leader) {
-    if (leader) flowtrain::write_file_atomically((ctx.out_dir / "config.yaml").string(), config.effective_text);
+    if (leader)
+      flowtrain::write_file_atomically((ctx.out_dir / "config.yaml").string(),
+                                       config.effective_text);
   };
   hooks.progress = [](const flowtrain::PipelineConfig& phase) {
     auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
@@ -352,6 +355,10 @@ void run_phases(const Context& ctx, const std::string& command) {
     if (leader && output.get_bool("trace")) {
       phase.run.trace_path = (ctx.out_dir / ("trace-" + phase.name + ".json")).string();
     }
+    // Every photo a rank dropped, beyond the report's first 100 a stage.
+    const flowtrain::dist::World* world = flowtrain::dist::World::current();
+    const std::string rank = leader || !world ? "" : ".rank" + std::to_string(world->rank());
+    phase.run.drops_path = (ctx.out_dir / ("drops-" + phase.name + rank + ".csv")).string();
   };
   hooks.finished = [&](const flowtrain::PipelineConfig& phase, const flowtrain::RunReport& report,
                        bool leader) {
@@ -684,7 +691,8 @@ int sweep_command(const Context& ctx) {
   for (const auto& [key, value] : points.front()) keys.push_back(key);
   std::vector<std::string> header = {"run"};
   header.insert(header.end(), keys.begin(), keys.end());
-  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate"}) header.push_back(column);
+  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate"})
+    header.push_back(column);
   std::string csv = flowtrain::csv_line(header);
   std::string table = "  run";
   for (const std::string& key : keys) table += "  " + key;

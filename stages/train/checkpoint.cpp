@@ -1,20 +1,20 @@
 #include "stages/train/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <mutex>
 
 #include "graph/error.hpp"
+#include "stages/train/zip_check.hpp"
 
 namespace flowtrain::train {
 
@@ -28,14 +28,10 @@ constexpr std::int64_t kFormatVersion = 1;
 // The ViTConfig fields as (key, int member) and (key, double member) pairs: one list for both
 // writing and reading, so they cannot drift apart.
 constexpr std::pair<const char*, int ViTConfig::*> kIntFields[] = {
-    {"image_size", &ViTConfig::image_size},
-    {"patch_size", &ViTConfig::patch_size},
-    {"channels", &ViTConfig::channels},
-    {"dim", &ViTConfig::dim},
-    {"depth", &ViTConfig::depth},
-    {"heads", &ViTConfig::heads},
-    {"classes", &ViTConfig::classes},
-    {"regression_outputs", &ViTConfig::regression_outputs},
+    {"image_size", &ViTConfig::image_size}, {"patch_size", &ViTConfig::patch_size},
+    {"channels", &ViTConfig::channels},     {"dim", &ViTConfig::dim},
+    {"depth", &ViTConfig::depth},           {"heads", &ViTConfig::heads},
+    {"classes", &ViTConfig::classes},       {"regression_outputs", &ViTConfig::regression_outputs},
 };
 constexpr std::pair<const char*, double ViTConfig::*> kDoubleFields[] = {
     {"mlp_ratio", &ViTConfig::mlp_ratio},
@@ -51,7 +47,25 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"zero_shards", &TrainState::zero_shards},
 };
 
-// The reason of the last failed system call, for an error naming `path`.
+std::string first_line(std::string_view text) {
+  return std::string(text.substr(0, text.find('\n')));
+}
+
+// LibTorch's readers throw c10::Error, or std::runtime_error from its TorchScript parser, on a
+// damaged file (found by fuzzing): one line naming the file instead, as for every bad input.
+template <class F>
+auto damaged_is_an_error(const std::string& path, F&& read) {
+  try {
+    return read();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw Error(path + ": damaged checkpoint (" + first_line(e.what_without_backtrace()) + ")");
+  } catch (const std::exception& e) {
+    throw Error(path + ": damaged checkpoint (" + first_line(e.what()) + ")");
+  }
+}
+
 std::int64_t read_int(torch::serialize::InputArchive& archive,
                       const std::string& key,
                       const std::string& path) {
@@ -116,7 +130,8 @@ bool is_checkpoint(const std::string& path) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  if (std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) return std::move(*checkpoint);
+  if (std::optional<Checkpoint> checkpoint = try_read_checkpoint(path))
+    return std::move(*checkpoint);
   throw Error(path + ": not a flowtrain checkpoint (a TorchScript model, or not a LibTorch file)");
 }
 
@@ -125,45 +140,57 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
   if (!fs::is_regular_file(path, ec)) throw Error(path + ": no such checkpoint file");
   Checkpoint checkpoint;
   checkpoint.path = path;
+  std::vector<std::uint8_t> buffer;
+  std::span<const std::uint8_t> bytes;
+  read_checked_archive(path, "checkpoint", buffer, bytes);
   try {
-    checkpoint.archive.load_from(path);
+    checkpoint.archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   } catch (const c10::Error&) {
-    return std::nullopt;
+    return std::nullopt;  // not a LibTorch archive at all
+  } catch (const std::exception& e) {
+    throw Error(path + ": damaged checkpoint (" + first_line(e.what()) + ")");
   }
-  c10::IValue format;
-  if (!checkpoint.archive.try_read(kFormatKey, format)) return std::nullopt;
-  if (!format.isInt() || format.toInt() != kFormatVersion) {
-    throw Error(path + ": checkpoint format " + format.toStringRef() + " is not supported");
-  }
-  for (const auto& [key, field] : kIntFields) {
-    checkpoint.config.*field =
-        static_cast<int>(read_int(checkpoint.archive, std::string("config.") + key, path));
-  }
-  for (const auto& [key, field] : kDoubleFields) {
-    c10::IValue value;
-    if (!checkpoint.archive.try_read(std::string("config.") + key, value) || !value.isDouble()) {
-      throw Error(path + ": checkpoint has no 'config." + key + "'");
+  return damaged_is_an_error(path, [&]() -> std::optional<Checkpoint> {
+    c10::IValue format;
+    if (!checkpoint.archive.try_read(kFormatKey, format)) return std::nullopt;
+    if (!format.isInt() || format.toInt() != kFormatVersion) {
+      throw Error(path + ": checkpoint format " + format.toStringRef() + " is not supported");
     }
-    checkpoint.config.*field = value.toDouble();
-  }
-  for (const auto& [key, field] : kStateFields) {
-    checkpoint.state.*field =
-        static_cast<std::uint64_t>(read_int(checkpoint.archive, std::string("state.") + key, path));
-  }
-  checkpoint.state.epoch =
-      static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
-  return checkpoint;
+    for (const auto& [key, field] : kIntFields) {
+      checkpoint.config.*field =
+          static_cast<int>(read_int(checkpoint.archive, std::string("config.") + key, path));
+    }
+    for (const auto& [key, field] : kDoubleFields) {
+      c10::IValue value;
+      if (!checkpoint.archive.try_read(std::string("config.") + key, value) || !value.isDouble()) {
+        throw Error(path + ": checkpoint has no 'config." + key + "'");
+      }
+      checkpoint.config.*field = value.toDouble();
+    }
+    for (const auto& [key, field] : kStateFields) {
+      checkpoint.state.*field = static_cast<std::uint64_t>(
+          read_int(checkpoint.archive, std::string("state.") + key, path));
+    }
+    checkpoint.state.epoch =
+        static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
+    return std::move(checkpoint);
+  });
 }
 
 namespace {
 void load_weights(const Checkpoint& checkpoint, ViT& model) {
-  torch::serialize::InputArchive weights;
-  if (!checkpoint.archive.try_read("model", weights)) throw Error(checkpoint.path + ": checkpoint has no model");
-  try {
-    model->load(weights);
-  } catch (const c10::Error& e) {
-    throw Error(checkpoint.path + ": cannot load the model weights: " + e.what_without_backtrace());
-  }
+  damaged_is_an_error(checkpoint.path, [&] {
+    torch::serialize::InputArchive weights;
+    if (!checkpoint.archive.try_read("model", weights)) {
+      throw Error(checkpoint.path + ": checkpoint has no model");
+    }
+    try {
+      model->load(weights);
+    } catch (const c10::Error& e) {
+      throw Error(checkpoint.path +
+                  ": cannot load the model weights: " + e.what_without_backtrace());
+    }
+  });
 }
 }  // namespace
 
@@ -174,23 +201,27 @@ ViT load_model(const Checkpoint& checkpoint) {
   return model;
 }
 
-void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer) {
+void restore_training(const Checkpoint& checkpoint,
+                      ViT& model,
+                      torch::optim::Optimizer& optimizer) {
   if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
     throw Error(checkpoint.path + ": the checkpoint's model differs from the configured one (" +
                 diff + ")");
   }
   load_weights(checkpoint, model);
-  torch::serialize::InputArchive optimizer_state;
-  if (!checkpoint.archive.try_read("optimizer", optimizer_state)) {
-    throw Error(checkpoint.path + ": checkpoint has no optimizer state (a model-only file)");
-  }
-  optimizer.load(optimizer_state);
-  torch::Tensor rng;
-  if (checkpoint.archive.try_read("rng", rng)) {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng);
-  }
+  damaged_is_an_error(checkpoint.path, [&] {
+    torch::serialize::InputArchive optimizer_state;
+    if (!checkpoint.archive.try_read("optimizer", optimizer_state)) {
+      throw Error(checkpoint.path + ": checkpoint has no optimizer state (a model-only file)");
+    }
+    optimizer.load(optimizer_state);
+    torch::Tensor rng;
+    if (checkpoint.archive.try_read("rng", rng)) {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng);
+    }
+  });
 }
 
 std::vector<std::string> step_checkpoints(const std::string& dir, int rank) {

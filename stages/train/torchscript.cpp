@@ -19,6 +19,7 @@
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/zip_check.hpp"
 
 namespace flowtrain::train {
 
@@ -297,8 +298,6 @@ torch::jit::Module build_vit(ViT& model) {
   return vit;
 }
 
-std::string errno_text(int error) { return std::strerror(error); }
-
 void write_atomically(const torch::jit::Module& module, const std::string& path) {
   std::ostringstream bytes;
   try {
@@ -368,15 +367,17 @@ ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
   if (std::filesystem::is_directory(status)) {
     throw Error(path + ": is a folder, not a TorchScript model");
   }
-  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd < 0) {
-    throw Error(path + ": cannot read (" + errno_text(errno) + ")");
-  } else {
-    ::close(fd);
+  {
+    std::vector<std::uint8_t> buffer;
+    std::span<const std::uint8_t> bytes;
+    read_checked_archive(path, "model file", buffer, bytes);
   }
   // A checkpoint is a LibTorch archive too: it loads, but has no forward.
   const auto checkpoint_hint = [&path] {
-    return Error(path + ": a flowtrain checkpoint, not a TorchScript model: make one with "
-                 "`flowtrain export " + path + " --out MODEL.pt`");
+    return Error(path +
+                 ": a flowtrain checkpoint, not a TorchScript model: make one with "
+                 "`flowtrain export " +
+                 path + " --out MODEL.pt`");
   };
   try {
     impl_->module = torch::jit::load(path, device);

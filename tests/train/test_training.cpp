@@ -123,6 +123,30 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   CHECK_THROWS_WITH_AS(read_checkpoint(dir / "none.pt"), doctest::Contains("no such"), Error);
 }
 
+TEST_CASE("Train.Checkpoint.DamagedFileIsOneLineNamingTheEntry") {
+  // A byte flipped inside a tensor's data would load silently as a wrong weight in LibTorch
+  // 1.13, and damage in its code entries can crash its parser: the zip CRCs are checked first.
+  TempDir dir;
+  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+                      .classes = 3});
+  const std::string path = dir / "final.pt";
+  save_checkpoint(path, model, nullptr, {});
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK(read_checkpoint(path).config.dim == 16);
+  // The first weight's bytes: the local header of the archive's "data/0" entry, then its data.
+  const std::size_t header = bytes.find("data/0");
+  REQUIRE(header != std::string::npos);
+  bytes[header + 200] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  CHECK_THROWS_WITH_AS(read_checkpoint(path),
+                       doctest::Contains("final.pt: damaged checkpoint (entry '"), Error);
+  CHECK_THROWS_WITH_AS(read_checkpoint(path), doctest::Contains("' fails its CRC check)"), Error);
+}
+
 TEST_CASE("Train.Checkpoint.UnwritableFolderNamesPath") {
   ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3});

@@ -1,0 +1,88 @@
+#include "stages/train/zip_check.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+#include "graph/error.hpp"
+#include "stages/data/jpeg_decode.hpp"
+
+namespace flowtrain::train {
+
+namespace {
+
+std::uint32_t u16(const std::uint8_t* p) { return p[0] | (p[1] << 8); }
+std::uint32_t u32(const std::uint8_t* p) {
+  return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+}
+
+constexpr std::uint32_t kEndOfDirectory = 0x06054b50;
+constexpr std::uint32_t kDirectoryEntry = 0x02014b50;
+constexpr std::uint32_t kLocalHeader = 0x04034b50;
+constexpr std::uint32_t kZip64 = 0xffffffff;
+
+}  // namespace
+
+std::string zip_problem(std::span<const std::uint8_t> bytes) {
+  const std::size_t size = bytes.size();
+  const std::uint8_t* data = bytes.data();
+  // The end-of-directory record: 22 bytes and a comment of up to 65535, at the end.
+  if (size < 22) return "too short for a zip archive";
+  std::size_t end = size - 22;
+  const std::size_t lowest = size - std::min<std::size_t>(size, 22 + 0xffff);
+  while (u32(data + end) != kEndOfDirectory) {
+    if (end == lowest) return "no zip directory";
+    --end;
+  }
+  const std::uint32_t count = u16(data + end + 10);
+  const std::uint32_t directory_size = u32(data + end + 12);
+  const std::uint32_t directory = u32(data + end + 16);
+  if (count == 0xffff || directory_size == kZip64 || directory == kZip64) return {};  // ZIP64
+  if (std::size_t{directory} + directory_size > end) return "zip directory outside the file";
+
+  std::size_t at = directory;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (at + 46 > end || u32(data + at) != kDirectoryEntry) return "damaged zip directory";
+    const std::uint32_t method = u16(data + at + 10);
+    const std::uint32_t crc = u32(data + at + 16);
+    const std::uint32_t stored = u32(data + at + 20);
+    const std::uint32_t name_size = u16(data + at + 28);
+    const std::size_t next = at + 46 + name_size + u16(data + at + 30) + u16(data + at + 32);
+    const std::uint32_t local = u32(data + at + 42);
+    if (next > end) return "damaged zip directory";
+    const std::string name(reinterpret_cast<const char*>(data + at + 46), name_size);
+    if (stored == kZip64 || local == kZip64) return {};  // ZIP64
+    if (std::size_t{local} + 30 > size || u32(data + local) != kLocalHeader) {
+      return "entry '" + name + "' has no header";
+    }
+    const std::size_t begin =
+        std::size_t{local} + 30 + u16(data + local + 26) + u16(data + local + 28);
+    if (begin + stored > size) return "entry '" + name + "' runs past the end of the file";
+    if (method == 0) {
+      const uLong actual = ::crc32_z(0, data + begin, stored);
+      if (actual != crc) return "entry '" + name + "' fails its CRC check";
+    }
+    at = next;
+  }
+  return {};
+}
+
+void read_checked_archive(const std::string& path,
+                          const std::string& kind,
+                          std::vector<std::uint8_t>& buffer,
+                          std::span<const std::uint8_t>& bytes) {
+  if (const std::string problem =
+          data::read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
+      !problem.empty()) {
+    throw Error(path + ": cannot read (" + problem + ")");
+  }
+  if (bytes.size() < 4 || u32(bytes.data()) != kLocalHeader) return;  // not a zip archive
+  if (const std::string problem = zip_problem(bytes); !problem.empty()) {
+    throw Error(path + ": damaged " + kind + " (" + problem + ")");
+  }
+}
+
+}  // namespace flowtrain::train
