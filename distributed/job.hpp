@@ -14,6 +14,9 @@ struct JobPlacement {
   std::string master_addr;  // rendezvous host (rank 0's)
   int master_port = 0;      // rendezvous port (0: not given)
   std::string launcher;     // "torchrun", "slurm", or "" for a single process
+  /// torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT
+  /// (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it instead of hosting one.
+  bool agent_store = false;
 
   bool distributed() const { return world_size > 1; }
 };

@@ -116,6 +116,7 @@ struct World::Impl {
   int size = 1;
   std::string host;
   int port = kDefaultPort;
+  bool agent_store = false;  // torchrun's agent hosts the store: every rank is a client
   std::string backend;
   milliseconds timeout{300000};
   c10::intrusive_ptr<c10d::TCPStore> store;
@@ -147,7 +148,7 @@ struct World::Impl {
   void connect() {
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(port);
-    options.isServer = rank == 0;
+    options.isServer = rank == 0 && !agent_store;
     options.numWorkers = size;
     // The rendezvous below counts arrivals itself, to name the ranks that are late.
     options.waitWorkers = false;
@@ -166,7 +167,7 @@ struct World::Impl {
       options.numWorkers = c10::nullopt;
       monitor = c10::make_intrusive<c10d::TCPStore>(host, options);
     } catch (const std::exception& e) {
-      if (rank == 0 && !store) {
+      if (options.isServer && !store) {
         throw WorldError("rank 0 cannot host the rendezvous store on port " + std::to_string(port) +
                          " (" + one_line(e) +
                          "): is another job using it? choose another MASTER_PORT");
@@ -364,6 +365,7 @@ World* World::init(const JobPlacement& placement, const WorldOptions& options) {
   impl->size = placement.world_size;
   impl->host = placement.master_addr.empty() ? "127.0.0.1" : placement.master_addr;
   impl->port = placement.master_port > 0 ? placement.master_port : kDefaultPort;
+  impl->agent_store = placement.agent_store;
   impl->timeout = options.timeout;
   impl->backend = resolve_backend(options.backend, placement.rank);
   impl->connect();
@@ -459,7 +461,7 @@ void World::report_failure(const std::string& message) noexcept {
 }
 
 std::string config_file_fingerprint(const std::string& path,
-                                     const std::vector<std::string>& overrides) {
+                                    const std::vector<std::string>& overrides) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();

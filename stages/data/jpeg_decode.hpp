@@ -104,7 +104,7 @@ struct JpegDecodeOptions {
   void declare(Declare& d) {
     d(min_side, "min_side",
       "decode JPEGs at the smallest DCT scale (1/8, 1/4, 1/2) that keeps the shorter side >= "
-      "this; 0: full size",
+      "this (before an eval crop: ceil(size / eval_crop), or the crop is upscaled); 0: full size",
       {.min = 0});
     decode.declare(d);
   }

@@ -83,7 +83,20 @@ class TorchScriptModel final : public InferenceModel {
   }
 
   ViTOutput forward(const torch::Tensor& images) override {
-    return run_frozen(images, bf16_, [this](const torch::Tensor& x) { return model_.forward(x); });
+    try {
+      return run_frozen(images, bf16_,
+                        [this](const torch::Tensor& x) { return model_.forward(x); });
+    } catch (const Error& e) {
+      // PyTorch 1.13's fused ops (nn.MultiheadAttention's fast path among them) take no mix of
+      // bf16 inputs and float32 weights, and autocast does not cover them.
+      const std::string what = e.what();
+      const std::size_t dtype = what.find("expected scalar type");
+      if (!bf16_ || dtype == std::string::npos) throw;
+      throw Error(model_.path() + ": fails under autocast: bf16 (" +
+                  what.substr(dtype, what.find_first_of(")\n", dtype) - dtype) +
+                  ": an op PyTorch 1.13 runs fused, such as nn.MultiheadAttention's fast path, "
+                  "takes no bf16 here); set autocast: none for this stage");
+    }
   }
 
   std::string description() const override {

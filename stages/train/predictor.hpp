@@ -13,7 +13,9 @@ namespace flowtrain::train {
 /// How a Predictor preprocesses images.
 struct PredictorOptions {
   int size = 0;       // input side (0: the model's image_size attribute, else 224)
-  int min_side = -1;  // shorter side a JPEG keeps when DCT-scaled (-1: size; 0: full size)
+  /// Shorter side a JPEG keeps when DCT-scaled (-1: ceil(size / eval_crop), what the eval view
+  /// needs to be a downscale; 0: full size).
+  int min_side = -1;
   std::vector<double> mean, std;  // per channel of pixel / 255 (empty: collate's defaults)
 };
 

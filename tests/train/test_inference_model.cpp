@@ -1,10 +1,12 @@
 #include <doctest/doctest.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <memory>
 #include <string>
 
 #include "../temp_dir.hpp"
+#include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
@@ -77,4 +79,38 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" 
     // Its input and the float32 model are left as they were.
     CHECK(torch::equal(fp32->forward(images).logits, exact.logits));
   }
+}
+
+// A TorchScript teacher whose attention is PyTorch 1.13's fused native op (what
+// nn.MultiheadAttention runs in eval mode) fails under autocast: bf16, its inputs bf16 and its
+// weights float32. The error says what to do instead of a dtype message from inside the op.
+TEST_CASE("Train.InferenceModel.Bf16FailureOfAFusedOpSaysToTurnAutocastOff") {
+  flowtrain::testing::TempDir dir("mha");
+  constexpr int kDim = 16;
+  torch::jit::Module m("__torch__.FusedAttentionTeacher");
+  m.register_parameter("embed_w", torch::randn({kDim, 3 * 8 * 8}) * 0.05, false);
+  m.register_parameter("qkv_w", torch::randn({3 * kDim, kDim}) * 0.1, false);
+  m.register_parameter("qkv_b", torch::zeros({3 * kDim}), false);
+  m.register_parameter("proj_w", torch::randn({kDim, kDim}) * 0.1, false);
+  m.register_parameter("proj_b", torch::zeros({kDim}), false);
+  m.register_parameter("head_w", torch::randn({10, kDim}) * 0.1, false);
+  m.define(R"(
+    def forward(self, x):
+        b = x.size(0)
+        patches = x.unfold(2, 8, 8).unfold(3, 8, 8).permute(0, 2, 3, 1, 4, 5).reshape(b, -1, 192)
+        t = torch.matmul(patches, self.embed_w.t())
+        a = torch._native_multi_head_attention(t, t, t, 16, 2, self.qkv_w, self.qkv_b,
+                                               self.proj_w, self.proj_b)[0]
+        return torch.matmul(a.mean(1), self.head_w.t())
+  )");
+  const std::string path = dir.str("teacher.pt");
+  m.save(path);
+  const torch::Tensor images = torch::randn({2, 3, 32, 32});
+  CHECK(InferenceModel::load(path, Precision::kFloat32)->forward(images).logits.size(1) == 10);
+  const std::unique_ptr<InferenceModel> bf16 = InferenceModel::load(path, Precision::kBFloat16);
+  CHECK_THROWS_WITH_AS(bf16->forward(images),
+                       doctest::Contains("fails under autocast: bf16 (expected scalar type"),
+                       flowtrain::Error);
+  CHECK_THROWS_WITH_AS(bf16->forward(images),
+                       doctest::Contains("set autocast: none for this stage"), flowtrain::Error);
 }
