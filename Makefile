@@ -36,17 +36,13 @@ graph-demo: build
 test: build
 	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
 
-# libFuzzer on the readers of outside input (config, image decode, shards, checkpoints, CSV
-# manifests): a clang build with ASan+UBSan in build-fuzz/, then FUZZ_SECONDS per target.
-# `make test` runs a short smoke of each target (Fuzz.Smoke.*) without clang.
+# The fuzz targets of the readers of outside input (config, image decode, shards, checkpoints,
+# CSV manifests), FUZZ_SECONDS each from their seed corpus; `make test` runs a short smoke of each
+# (Fuzz.Smoke.*). `make fuzz BUILD=build-asan` runs them under ASan+UBSan (after
+# `make sanitize-address`).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_config fuzz_image fuzz_shard fuzz_checkpoint fuzz_manifest
-fuzz:
-	@scripts/install-deps clang
-	@cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-	  -DFLOWTRAIN_FUZZ=ON -DFLOWTRAIN_BUILD_BENCHMARKS=OFF > /dev/null
-	@cmake --build build-fuzz -j$(JOBS) --target $(FUZZ_TARGETS)
-	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
+fuzz: build
+	scripts/fuzz $(BUILD) $(FUZZ_SECONDS)
 
 bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead
@@ -121,4 +117,4 @@ sanitize-thread:
 	cd build-tsan && TSAN_OPTIONS="$(TSAN_OPTIONS)" ctest -j1 --output-on-failure -E '$(TSAN_TIMING_TESTS)'
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan

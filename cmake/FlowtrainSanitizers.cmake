@@ -19,15 +19,6 @@ elseif(FLOWTRAIN_SANITIZE STREQUAL "thread")
 elseif(NOT FLOWTRAIN_SANITIZE STREQUAL "")
   message(FATAL_ERROR "FLOWTRAIN_SANITIZE must be empty, 'address' or 'thread', not '${FLOWTRAIN_SANITIZE}'")
 endif()
-# FLOWTRAIN_FUZZ: everything instrumented for libFuzzer's coverage and checked by ASan+UBSan;
-# tests/fuzz links its targets with -fsanitize=fuzzer (libFuzzer's main).
-if(FLOWTRAIN_FUZZ)
-  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-    message(FATAL_ERROR "FLOWTRAIN_FUZZ needs clang (libFuzzer): -DCMAKE_CXX_COMPILER=clang++, or `make fuzz`")
-  endif()
-  list(APPEND _flowtrain_san -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize=vptr
-       -fno-omit-frame-pointer -fno-sanitize-recover=all)
-endif()
 if(_flowtrain_san)
   add_compile_options(${_flowtrain_san})
   add_link_options(${_flowtrain_san})

@@ -101,8 +101,10 @@ std::vector<CsvRow> read_csv_file(const std::string& path) {
 }
 
 std::string csv_field(std::string_view field) {
+  // A leading byte-order mark is quoted too: unquoted at the start of a file, a reader drops it.
   const bool quote = field.find_first_of(",\"\r\n") != std::string_view::npos ||
-                     (!field.empty() && (is_blank(field.front()) || is_blank(field.back())));
+                     (!field.empty() && (is_blank(field.front()) || is_blank(field.back()))) ||
+                     field.starts_with("\xEF\xBB\xBF");
   if (!quote) return std::string(field);
   std::string out = "\"";
   for (const char c : field) {

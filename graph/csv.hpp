@@ -29,7 +29,7 @@ std::vector<CsvRow> parse_csv(std::string_view text, const std::string& origin);
 std::vector<CsvRow> read_csv_file(const std::string& path);
 
 /// `field` as written in CSV: quoted (quotes doubled) when it holds a comma, a quote, a line
-/// break or a space or tab at either end; as is otherwise.
+/// break, a space or tab at either end, or starts with a UTF-8 byte-order mark; as is otherwise.
 std::string csv_field(std::string_view field);
 
 /// The fields through csv_field, joined by commas, ending in a newline.

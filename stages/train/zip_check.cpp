@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 #include "graph/error.hpp"
 #include "stages/data/jpeg_decode.hpp"
@@ -23,6 +25,31 @@ constexpr std::uint32_t kEndOfDirectory = 0x06054b50;
 constexpr std::uint32_t kDirectoryEntry = 0x02014b50;
 constexpr std::uint32_t kLocalHeader = 0x04034b50;
 constexpr std::uint32_t kZip64 = 0xffffffff;
+
+// The CRC-32 of a raw deflate stream's output, and its size; nullopt if it does not inflate.
+std::optional<std::pair<uLong, std::uint64_t>> inflated_crc(const std::uint8_t* data,
+                                                            std::size_t size) {
+  z_stream z{};
+  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return std::nullopt;
+  z.next_in = const_cast<Bytef*>(data);
+  z.avail_in = static_cast<uInt>(size);
+  Bytef out[16384];
+  uLong crc = ::crc32_z(0, nullptr, 0);
+  std::uint64_t total = 0;
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    z.next_out = out;
+    z.avail_out = sizeof out;
+    rc = inflate(&z, Z_NO_FLUSH);
+    const std::size_t produced = sizeof out - z.avail_out;
+    crc = ::crc32_z(crc, out, produced);
+    total += produced;
+    if (rc == Z_OK && produced == 0 && z.avail_in == 0) rc = Z_DATA_ERROR;  // truncated
+  }
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END) return std::nullopt;
+  return std::pair{crc, total};
+}
 
 }  // namespace
 
@@ -61,9 +88,19 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
     const std::size_t begin =
         std::size_t{local} + 30 + u16(data + local + 26) + u16(data + local + 28);
     if (begin + stored > size) return "entry '" + name + "' runs past the end of the file";
+    const std::uint32_t size = u32(data + at + 24);  // uncompressed
     if (method == 0) {
-      const uLong actual = ::crc32_z(0, data + begin, stored);
-      if (actual != crc) return "entry '" + name + "' fails its CRC check";
+      if (stored != size || ::crc32_z(0, data + begin, stored) != crc) {
+        return "entry '" + name + "' fails its CRC check";
+      }
+    } else if (method == 8) {  // deflate: LibTorch's code entries
+      const auto inflated = inflated_crc(data + begin, stored);
+      if (!inflated) return "entry '" + name + "' does not inflate";
+      if (inflated->first != crc || inflated->second != size) {
+        return "entry '" + name + "' fails its CRC check";
+      }
+    } else {
+      return "entry '" + name + "' is stored by an unknown method " + std::to_string(method);
     }
     at = next;
   }

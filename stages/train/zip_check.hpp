@@ -1,7 +1,7 @@
 #pragma once
 
-// LibTorch's files (checkpoints, TorchScript models) are zip archives whose entries are stored
-// uncompressed, each with a CRC-32 that LibTorch 1.13 does not check: a damaged entry reaches
+// LibTorch's files (checkpoints, TorchScript models) are zip archives (tensors stored, code
+// deflated), each entry with a CRC-32 that LibTorch 1.13 does not check: a damaged entry reaches
 // its unpickler or TorchScript parser, which may throw anything or crash (found by fuzzing the
 // checkpoint reader). Checking the CRCs first turns damage into one clear line.
 
@@ -12,9 +12,9 @@
 
 namespace flowtrain::train {
 
-/// Empty if `bytes` is a zip archive whose stored entries all match their CRC-32; else what is
-/// wrong ("entry 'x/data/3' fails its CRC check", "no zip directory"). Compressed entries and
-/// ZIP64 archives (over 4 GiB) are left to LibTorch.
+/// Empty if `bytes` is a zip archive whose entries (stored, or deflated as LibTorch's code
+/// entries are) all match their CRC-32 and size; else what is wrong ("entry 'x/data/3' fails its
+/// CRC check", "no zip directory"). ZIP64 archives (over 4 GiB) are left to LibTorch.
 std::string zip_problem(std::span<const std::uint8_t> bytes);
 
 /// Reads `path` whole into `buffer` (bytes views it) and checks it as zip_problem does, if it is
