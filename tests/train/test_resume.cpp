@@ -157,9 +157,9 @@ TEST_CASE("Train.Resume.KilledAtRandomPointsOfTwoPhasesThenResumedIsBitExact" *
     const Process p = run("killed", dir / ("killed" + std::to_string(attempt) + ".log"));
     draw = data::splitmix64(draw);
     const auto start = std::chrono::steady_clock::now();
-    // Between 10% and 40% of a whole run's time: a resumed run has less left to do.
+    // Between 5% and 30% of a whole run's time: a resumed run has less left to do.
     const auto delay =
-        std::chrono::duration<double>(whole.seconds * (0.1 + 0.3 * (draw % 1000) / 1000.0));
+        std::chrono::duration<double>(whole.seconds * (0.05 + 0.25 * (draw % 1000) / 1000.0));
     bool in_write = false;
     // The second kill waits for a checkpoint write (up to a whole run's time) instead.
     const auto wait = kills == 1 ? std::chrono::duration<double>(whole.seconds) : delay;
