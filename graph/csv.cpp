@@ -21,6 +21,8 @@ std::string trimmed(std::string_view s) {
 
 template <class Fields>
 std::string join_line(const Fields& fields) {
+  // One empty field alone would be a blank line, which reads as no record.
+  if (std::size(fields) == 1 && std::begin(fields)->empty()) return "\"\"\n";
   std::string line;
   const char* separator = "";
   for (const std::string_view field : fields) {

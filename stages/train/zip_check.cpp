@@ -51,19 +51,25 @@ std::optional<std::pair<uLong, std::uint64_t>> inflated_crc(const std::uint8_t* 
   return std::pair{crc, total};
 }
 
+// Where the end-of-directory record is: 22 bytes and a comment of up to 65535, at the end (where
+// zip readers, LibTorch's among them, look for it); nullopt if there is none.
+std::optional<std::size_t> end_of_directory(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() < 22) return std::nullopt;
+  const std::size_t lowest = bytes.size() - std::min<std::size_t>(bytes.size(), 22 + 0xffff);
+  for (std::size_t end = bytes.size() - 22;; --end) {
+    if (u32(bytes.data() + end) == kEndOfDirectory) return end;
+    if (end == lowest) return std::nullopt;
+  }
+}
+
 }  // namespace
 
 std::string zip_problem(std::span<const std::uint8_t> bytes) {
   const std::size_t size = bytes.size();
   const std::uint8_t* data = bytes.data();
-  // The end-of-directory record: 22 bytes and a comment of up to 65535, at the end.
-  if (size < 22) return "too short for a zip archive";
-  std::size_t end = size - 22;
-  const std::size_t lowest = size - std::min<std::size_t>(size, 22 + 0xffff);
-  while (u32(data + end) != kEndOfDirectory) {
-    if (end == lowest) return "no zip directory";
-    --end;
-  }
+  const std::optional<std::size_t> found = end_of_directory(bytes);
+  if (!found) return "no zip directory";
+  const std::size_t end = *found;
   const std::uint32_t count = u16(data + end + 10);
   const std::uint32_t directory_size = u32(data + end + 12);
   const std::uint32_t directory = u32(data + end + 16);
@@ -116,7 +122,9 @@ void read_checked_archive(const std::string& path,
       !problem.empty()) {
     throw Error(path + ": cannot read (" + problem + ")");
   }
-  if (bytes.size() < 4 || u32(bytes.data()) != kLocalHeader) return;  // not a zip archive
+  // Not a zip archive at all: LibTorch says what it is not. Anything a zip reader would open
+  // (it looks for the directory at the end, whatever the first bytes) is checked.
+  if (!end_of_directory(bytes)) return;
   if (const std::string problem = zip_problem(bytes); !problem.empty()) {
     throw Error(path + ": damaged " + kind + " (" + problem + ")");
   }
