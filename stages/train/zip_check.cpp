@@ -94,15 +94,15 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
     const std::size_t begin =
         std::size_t{local} + 30 + u16(data + local + 26) + u16(data + local + 28);
     if (begin + stored > size) return "entry '" + name + "' runs past the end of the file";
-    const std::uint32_t size = u32(data + at + 24);  // uncompressed
+    const std::uint32_t unpacked = u32(data + at + 24);
     if (method == 0) {
-      if (stored != size || ::crc32_z(0, data + begin, stored) != crc) {
+      if (stored != unpacked || ::crc32_z(0, data + begin, stored) != crc) {
         return "entry '" + name + "' fails its CRC check";
       }
     } else if (method == 8) {  // deflate: LibTorch's code entries
       const auto inflated = inflated_crc(data + begin, stored);
       if (!inflated) return "entry '" + name + "' does not inflate";
-      if (inflated->first != crc || inflated->second != size) {
+      if (inflated->first != crc || inflated->second != unpacked) {
         return "entry '" + name + "' fails its CRC check";
       }
     } else {
