@@ -63,22 +63,20 @@ JobPlacement job_placement_from_env() {
     p.master_port = env_int("MASTER_PORT", 0, 0);
     p.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
     if (p.rank >= p.world_size) {
-      throw Error("RANK=" + std::to_string(p.rank) +
-                  " must be below WORLD_SIZE=" + std::to_string(p.world_size));
+      throw Error("RANK=" + std::to_string(p.rank) + " must be below WORLD_SIZE=" +
+                  std::to_string(p.world_size));
     }
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     p.launcher = "slurm";
     p.world_size = env_int("SLURM_NTASKS", 1, 1);
     p.rank = env_int("SLURM_PROCID", 0, 0);
     p.local_rank = env_int("SLURM_LOCALID", 0, 0);
-    p.master_addr =
-        env("MASTER_ADDR")
-            .value_or(first_slurm_host(
-                env("SLURM_JOB_NODELIST").value_or(env("SLURM_NODELIST").value_or("127.0.0.1"))));
+    p.master_addr = env("MASTER_ADDR").value_or(first_slurm_host(
+        env("SLURM_JOB_NODELIST").value_or(env("SLURM_NODELIST").value_or("127.0.0.1"))));
     p.master_port = env_int("MASTER_PORT", 0, 0);
     if (p.rank >= p.world_size) {
-      throw Error("SLURM_PROCID=" + std::to_string(p.rank) +
-                  " must be below SLURM_NTASKS=" + std::to_string(p.world_size));
+      throw Error("SLURM_PROCID=" + std::to_string(p.rank) + " must be below SLURM_NTASKS=" +
+                  std::to_string(p.world_size));
     }
   }
   return p;

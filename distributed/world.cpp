@@ -461,7 +461,7 @@ void World::report_failure(const std::string& message) noexcept {
 }
 
 std::string config_file_fingerprint(const std::string& path,
-                                    const std::vector<std::string>& overrides) {
+                                     const std::vector<std::string>& overrides) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();

@@ -90,12 +90,12 @@ class SeriesBuilder {
 
 /// Where a stage sits, as the sampler needs it.
 struct StageGeometry {
-  std::size_t workers = 1;             // concurrency the stage can reach
-  std::size_t out_capacity = 0;        // its output slots (0: it is a sink)
+  std::size_t workers = 1;       // concurrency the stage can reach
+  std::size_t out_capacity = 0;  // its output slots (0: it is a sink)
   std::vector<std::size_t> inputs;     // the stages it takes items from (none: the source)
   std::vector<std::size_t> consumers;  // the stages taking its output
-  std::string name;                    // for progress snapshots
-  const Stage* stage = nullptr;        // asked for live_results() in progress snapshots
+  std::string name;              // for progress snapshots
+  const Stage* stage = nullptr;  // asked for live_results() in progress snapshots
 };
 
 class CpuRecorder;

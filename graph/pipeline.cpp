@@ -224,9 +224,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     return "the first stage '" + next.name + "' must be a source, not a " +
            to_string(next.shape.kind);
   }
-  const std::vector<std::string> names = next.options.inputs.empty()
-                                             ? std::vector<std::string>{earlier.back().name}
-                                             : next.options.inputs;
+  const std::vector<std::string> names =
+      next.options.inputs.empty() ? std::vector<std::string>{earlier.back().name}
+                                  : next.options.inputs;
   if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
     return label + " is a " + to_string(next.shape.kind) + " and takes " +
            (next.shape.min_inputs() > 1 ? "two or more inputs" : "one input") + ", not " +
@@ -261,9 +261,9 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     }
     if (prev.options.concurrency != kUnlimited &&
         prev.options.concurrency > next.options.queue_capacity) {
-      return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" + next.name +
-             "' is below the concurrency " + std::to_string(prev.options.concurrency) + " of '" +
-             prev.name + "': each worker of '" + prev.name +
+      return "queue_capacity " + std::to_string(next.options.queue_capacity) + " of '" +
+             next.name + "' is below the concurrency " + std::to_string(prev.options.concurrency) +
+             " of '" + prev.name + "': each worker of '" + prev.name +
              "' needs an output slot; raise queue_capacity or lower concurrency";
     }
     // A shared output is copied for each consumer but the last: all of them must allow it.
@@ -274,7 +274,8 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
     for (const StageDecl* c : consumers) {
       if (!c->shape.copyable_input) {
         return "'" + c->name + "' cannot share the output of '" + prev.name +
-               "' with other stages: its input type " + c->shape.input.name() + " cannot be copied";
+               "' with other stages: its input type " + c->shape.input.name() +
+               " cannot be copied";
       }
     }
     inputs.push_back(link);
@@ -295,9 +296,10 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
       const std::size_t other = numbered_by(earlier, inputs[k].stage);
       if (other != first) {
         return std::string(to_string(next.shape.kind)) + " '" + next.name +
-               "' pairs items by sequence number, but its inputs '" + names[0] + "' and '" +
-               names[k] + "' are numbered by different stages ('" + earlier[first].name +
-               "' and '" + earlier[other].name + "'); join branches of one source or flat map";
+               "' pairs items by sequence number, but its inputs '" +
+               names[0] + "' and '" + names[k] + "' are numbered by different stages ('" +
+               earlier[first].name + "' and '" + earlier[other].name +
+               "'); join branches of one source or flat map";
       }
     }
   }
@@ -324,8 +326,8 @@ bool reaches(const std::vector<StageDecl>& stages, std::size_t from, std::size_t
 // A problem with the token edge of stages[i] (StageOptions::token_from), else an empty string.
 std::string token_problem(const std::vector<StageDecl>& stages, std::size_t i) {
   const StageDecl& stage = stages[i];
-  const std::string label =
-      "stage '" + stage.name + "' takes tokens from '" + stage.options.token_from + "'";
+  const std::string label = "stage '" + stage.name + "' takes tokens from '" +
+                            stage.options.token_from + "'";
   const std::optional<std::size_t> sender =
       index_of(stages, stage.options.token_from, stages.size());
   if (!sender) return label + ", which is not a stage of this pipeline";
@@ -373,9 +375,7 @@ std::string graph_problem(const std::vector<StageDecl>& stages) {
 
 namespace {
 
-std::size_t hardware_threads() {
-  return static_cast<std::size_t>(tbb::info::default_concurrency());
-}
+std::size_t hardware_threads() { return static_cast<std::size_t>(tbb::info::default_concurrency()); }
 
 // Graph threads and cores of a run: the options', or one per hardware thread (cores: at least
 // the threads).
@@ -444,8 +444,7 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
     std::string kind = to_string(s.shape.kind);
     line += kind + std::string(10 - std::min<std::size_t>(9, kind.size()), ' ');
     std::string from;
-    for (const std::string& name : input_names(stages, i))
-      from += (from.empty() ? "" : ", ") + name;
+    for (const std::string& name : input_names(stages, i)) from += (from.empty() ? "" : ", ") + name;
     line += from.empty() ? "" : "<- " + from + "  ";
     line += "concurrency " + concurrency_text(s.options.concurrency);
     if (!pulled(s.shape.kind)) line += ", queue " + std::to_string(s.options.queue_capacity);
@@ -575,8 +574,7 @@ class Pipeline::Runtime {
       }
     }
     // The same slots the thread budget and the checks count with.
-    for (std::size_t i = 0; i < nodes_.size(); ++i)
-      out_capacity_.push_back(out_capacity(decls_, i));
+    for (std::size_t i = 0; i < nodes_.size(); ++i) out_capacity_.push_back(out_capacity(decls_, i));
     if (std::string problem = thread_budget_problem(decls_, options); !problem.empty()) {
       throw Error(problem);
     }
@@ -677,7 +675,7 @@ class Pipeline::Runtime {
     std::vector<std::unique_ptr<Gate>> gates;      // [i]: stage i's output slots; none for sinks
     std::vector<std::unique_ptr<Buffer>> buffers;  // [i]: input of stage i; none for sources
     std::vector<std::unique_ptr<Worker>> workers;  // [i]: body of stage i; none for sources
-    std::vector<std::vector<std::unique_ptr<Sequencer>>> ports;    // [join][port]
+    std::vector<std::vector<std::unique_ptr<Sequencer>>> ports;  // [join][port]
     std::vector<std::vector<std::unique_ptr<Worker>>> collectors;  // [join][port]
     std::vector<std::unique_ptr<JoinState>> joins;                 // [join]
 
@@ -727,8 +725,8 @@ class Pipeline::Runtime {
           buffers[i] = std::make_unique<Buffer>(g);
         }
         // TBB passes messages by const reference; the stored copy is ours to move from.
-        workers[i] =
-            std::make_unique<Worker>(g, nodes[i].options.concurrency, [&rt, i](const Message& m) {
+        workers[i] = std::make_unique<Worker>(
+            g, nodes[i].options.concurrency, [&rt, i](const Message& m) {
               rt.handle(i, const_cast<Message&>(m));
               return tbb::flow::continue_msg();
             });
@@ -794,8 +792,7 @@ class Pipeline::Runtime {
     const std::vector<Consumer>& to = consumers_[i];
     m.from = static_cast<std::uint32_t>(i);
     if (to.size() > 1) {
-      m.sharers =
-          std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
+      m.sharers = std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
     }
     auto takes = [&](const Consumer& c) {
       return c.output == kAllOutputs || output == kAllOutputs || c.output == output;
@@ -1028,8 +1025,9 @@ class Pipeline::Runtime {
         break;
       case Kind::kRoute: {
         std::size_t output = 0;
-        std::shared_ptr<void> out = invoke(
-            i, in.seq, [&] { return detail::StageAccess::route(stage, in.value, ctx, output); });
+        std::shared_ptr<void> out = invoke(i, in.seq, [&] {
+          return detail::StageAccess::route(stage, in.value, ctx, output);
+        });
         in.value.reset();
         if (out && output >= nodes_[i].shape.outputs.size()) {
           throw StageError(nodes_[i].name, in.seq,
@@ -1136,13 +1134,13 @@ class Pipeline::Runtime {
   std::vector<std::unique_ptr<TokenState>> tokens_ =
       std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
   std::vector<std::vector<std::size_t>> token_receivers_ =
-      std::vector<std::vector<std::size_t>>(nodes_.size());  // [sender]: who waits on it
+      std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
   std::vector<std::unique_ptr<detail::StageCounters>> counters_;
   // Next sequence number a source, mix or FlatMap assigns (all are serial).
   std::vector<std::uint64_t> next_seq_ = std::vector<std::uint64_t>(nodes_.size(), 0);
-  std::size_t source_ = 0;         // the stage the graph pulls: the source, or the mix
-  const MixStage* mix_ = nullptr;  // that mix, if any
-  std::vector<bool> mix_alive_;    // [port]: that input of the mix is not exhausted yet
+  std::size_t source_ = 0;            // the stage the graph pulls: the source, or the mix
+  const MixStage* mix_ = nullptr;     // that mix, if any
+  std::vector<bool> mix_alive_;       // [port]: that input of the mix is not exhausted yet
   std::optional<detail::TraceRecorder> trace_;
   std::optional<detail::DropLog> drop_log_;  // the stages' counters point to it
   std::optional<detail::Sampler> sampler_;

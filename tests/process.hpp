@@ -15,10 +15,8 @@
 
 namespace flowtrain::testing {
 
-struct Process {
-  pid_t pid = 0;
+struct Process : Child {
   std::string log;  // stdout and stderr
-  Child child;
 };
 
 struct Exit : ChildExit {
@@ -29,8 +27,7 @@ struct Exit : ChildExit {
 inline Process spawn(const std::vector<std::string>& argv,
                      const std::vector<std::string>& env,
                      const std::string& log) {
-  const Child child = start_child(argv, {.env = env, .output = log});
-  return {child.pid, log, child};
+  return {start_child(argv, {.env = env, .output = log}), log};
 }
 
 inline std::string read_text(const std::string& path) {
@@ -42,7 +39,7 @@ inline std::string read_text(const std::string& path) {
 
 /// Waits for `p` to end, at most `timeout_s` (then kills it and says so).
 inline Exit wait_for(const Process& p, double timeout_s) {
-  Exit e{wait_child(p.child, timeout_s), read_text(p.log)};
+  Exit e{wait_child(p, timeout_s), read_text(p.log)};
   std::remove(p.log.c_str());
   return e;
 }

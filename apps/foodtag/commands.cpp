@@ -343,9 +343,10 @@ void run_phases(const Context& ctx, const std::string& command) {
   const Params& output = ctx.section("output");
   flowtrain::dist::PhaseHooks hooks;
   hooks.joined = [&](bool leader) {
-    if (leader)
+    if (leader) {
       flowtrain::write_file_atomically((ctx.out_dir / "config.yaml").string(),
                                        config.effective_text);
+    }
   };
   hooks.progress = [](const flowtrain::PipelineConfig& phase) {
     auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
@@ -691,8 +692,9 @@ int sweep_command(const Context& ctx) {
   for (const auto& [key, value] : points.front()) keys.push_back(key);
   std::vector<std::string> header = {"run"};
   header.insert(header.end(), keys.begin(), keys.end());
-  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate"})
+  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate"}) {
     header.push_back(column);
+  }
   std::string csv = flowtrain::csv_line(header);
   std::string table = "  run";
   for (const std::string& key : keys) table += "  " + key;

@@ -39,6 +39,10 @@ AugmentPolicy::AugmentPolicy(Options options) : o_(std::move(options)) {
   }
 }
 
+int AugmentPolicy::eval_decode_side(int size) const {
+  return static_cast<int>(std::ceil(size / o_.eval_crop - 1e-9));
+}
+
 AugmentParams AugmentPolicy::draw(std::uint64_t index, std::uint32_t epoch, double aspect) const {
   AugmentParams p;
   if (o_.mode == Mode::kEval) {

@@ -33,6 +33,9 @@ class AugmentPolicy {
   /// The view of sample `index` that epoch `epoch` shows: the epoch itself, or with
   /// views_per_image K, one of 0..K-1.
   std::uint32_t view(std::uint64_t index, std::uint32_t epoch) const;
+  /// The shorter side an image needs for an eval view of side `size` to be a downscale:
+  /// ceil(size / eval_crop) (a DCT-scaled decode should keep at least this).
+  int eval_decode_side(int size) const;
 
  private:
   Options o_;

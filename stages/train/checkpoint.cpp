@@ -1,19 +1,15 @@
 #include "stages/train/checkpoint.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <fcntl.h>
 #include <torch/serialize/output-archive.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <mutex>
 
 #include "graph/error.hpp"
+#include "stages/train/torch_error.hpp"
 #include "stages/train/zip_check.hpp"
 
 namespace flowtrain::train {
@@ -28,10 +24,14 @@ constexpr std::int64_t kFormatVersion = 1;
 // The ViTConfig fields as (key, int member) and (key, double member) pairs: one list for both
 // writing and reading, so they cannot drift apart.
 constexpr std::pair<const char*, int ViTConfig::*> kIntFields[] = {
-    {"image_size", &ViTConfig::image_size}, {"patch_size", &ViTConfig::patch_size},
-    {"channels", &ViTConfig::channels},     {"dim", &ViTConfig::dim},
-    {"depth", &ViTConfig::depth},           {"heads", &ViTConfig::heads},
-    {"classes", &ViTConfig::classes},       {"regression_outputs", &ViTConfig::regression_outputs},
+    {"image_size", &ViTConfig::image_size},
+    {"patch_size", &ViTConfig::patch_size},
+    {"channels", &ViTConfig::channels},
+    {"dim", &ViTConfig::dim},
+    {"depth", &ViTConfig::depth},
+    {"heads", &ViTConfig::heads},
+    {"classes", &ViTConfig::classes},
+    {"regression_outputs", &ViTConfig::regression_outputs},
 };
 constexpr std::pair<const char*, double ViTConfig::*> kDoubleFields[] = {
     {"mlp_ratio", &ViTConfig::mlp_ratio},
@@ -47,10 +47,6 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"zero_shards", &TrainState::zero_shards},
 };
 
-std::string first_line(std::string_view text) {
-  return std::string(text.substr(0, text.find('\n')));
-}
-
 // LibTorch's readers throw c10::Error, or std::runtime_error from its TorchScript parser, on a
 // damaged file (found by fuzzing): one line naming the file instead, as for every bad input.
 template <class F>
@@ -59,10 +55,8 @@ auto damaged_is_an_error(const std::string& path, F&& read) {
     return read();
   } catch (const Error&) {
     throw;
-  } catch (const c10::Error& e) {
-    throw Error(path + ": damaged checkpoint (" + first_line(e.what_without_backtrace()) + ")");
   } catch (const std::exception& e) {
-    throw Error(path + ": damaged checkpoint (" + first_line(e.what()) + ")");
+    throw Error(path + ": damaged checkpoint (" + short_reason(e) + ")");
   }
 }
 
@@ -130,8 +124,7 @@ bool is_checkpoint(const std::string& path) {
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  if (std::optional<Checkpoint> checkpoint = try_read_checkpoint(path))
-    return std::move(*checkpoint);
+  if (std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) return std::move(*checkpoint);
   throw Error(path + ": not a flowtrain checkpoint (a TorchScript model, or not a LibTorch file)");
 }
 
@@ -148,7 +141,7 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
   } catch (const c10::Error&) {
     return std::nullopt;  // not a LibTorch archive at all
   } catch (const std::exception& e) {
-    throw Error(path + ": damaged checkpoint (" + first_line(e.what()) + ")");
+    throw Error(path + ": damaged checkpoint (" + short_reason(e) + ")");
   }
   return damaged_is_an_error(path, [&]() -> std::optional<Checkpoint> {
     c10::IValue format;
@@ -201,9 +194,7 @@ ViT load_model(const Checkpoint& checkpoint) {
   return model;
 }
 
-void restore_training(const Checkpoint& checkpoint,
-                      ViT& model,
-                      torch::optim::Optimizer& optimizer) {
+void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer) {
   if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
     throw Error(checkpoint.path + ": the checkpoint's model differs from the configured one (" +
                 diff + ")");

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cmath>
 #include <span>
 
 #include "graph/error.hpp"
@@ -61,12 +60,8 @@ struct Predictor::Impl {
 Predictor::Predictor(const std::string& model_path, Options options)
     : impl_(std::make_unique<Impl>(model_path, options)) {
   size_ = options.size > 0 ? options.size : impl_->model.image_size().value_or(224);
-  // The eval view resizes the short side to size / eval_crop before its centre crop: a JPEG
-  // decoded any smaller would be upscaled.
   impl_->decode.min_side =
-      options.min_side < 0
-          ? static_cast<int>(std::ceil(size_ / data::AugmentOptions{}.eval_crop - 1e-9))
-          : options.min_side;
+      options.min_side < 0 ? impl_->policy.eval_decode_side(size_) : options.min_side;
 }
 
 Predictor::~Predictor() = default;

@@ -1,13 +1,10 @@
 #include "stages/train/torchscript.hpp"
 
-#include <fcntl.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/script.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +16,7 @@
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/torch_error.hpp"
 #include "stages/train/zip_check.hpp"
 
 namespace flowtrain::train {
@@ -102,40 +100,21 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   return text;
 }
 
-// The first non-empty line of a LibTorch message: enough for a one-line error.
-std::string first_line(const std::string& message) {
-  const std::size_t begin = std::min(message.find_first_not_of(" \n"), message.size());
-  return message.substr(begin, message.find('\n', begin) - begin);
-}
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
+// LibTorch reads the archive from the bytes already read and checked, not the file again.
+class BytesReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesReader(std::vector<std::uint8_t> bytes) : bytes_(std::move(bytes)) {}
+  std::size_t size() const override { return bytes_.size(); }
+  std::size_t read(std::uint64_t pos, void* buf, std::size_t n, const char*) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<std::size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
   }
-  return e.what();
-}
 
-// A TorchScript interpreter error starts with a traceback and ends with the actual error line;
-// other LibTorch errors say what happened on their first line.
-std::string short_reason(const std::exception& e) {
-  const std::string message = message_of(e);
-  if (message.find("Traceback of TorchScript") == std::string::npos) return first_line(message);
-  const std::size_t end = message.find_last_not_of(" \n");
-  if (end == std::string::npos) return first_line(message);
-  const std::size_t newline = message.rfind('\n', end);
-  const std::size_t begin = newline == std::string::npos ? 0 : newline + 1;
-  std::string last = message.substr(begin, end + 1 - begin);
-  // "RuntimeError: AssertionError: ...": the interpreter's wrapper of the script's own
-  // exception says nothing more; keep the script's class.
-  const std::string wrapper = "RuntimeError: ";
-  const std::size_t colon = last.find(": ", wrapper.size());
-  if (last.rfind(wrapper, 0) == 0 && colon != std::string::npos &&
-      std::all_of(last.begin() + wrapper.size(), last.begin() + colon,
-                  [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '.'; })) {
-    last.erase(0, wrapper.size());
-  }
-  return last;
-}
+ private:
+  std::vector<std::uint8_t> bytes_;
+};
 
 // Builds the module tree, one class type per kind, creating each type on first use.
 class ModuleBuilder {
@@ -367,20 +346,17 @@ ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
   if (std::filesystem::is_directory(status)) {
     throw Error(path + ": is a folder, not a TorchScript model");
   }
-  {
-    std::vector<std::uint8_t> buffer;
-    std::span<const std::uint8_t> bytes;
-    read_checked_archive(path, "model file", buffer, bytes);
-  }
+  std::vector<std::uint8_t> buffer;
+  std::span<const std::uint8_t> bytes;
+  read_checked_archive(path, "model file", buffer, bytes);
+  buffer.resize(bytes.size());
   // A checkpoint is a LibTorch archive too: it loads, but has no forward.
   const auto checkpoint_hint = [&path] {
-    return Error(path +
-                 ": a flowtrain checkpoint, not a TorchScript model: make one with "
-                 "`flowtrain export " +
-                 path + " --out MODEL.pt`");
+    return Error(path + ": a flowtrain checkpoint, not a TorchScript model: make one with "
+                 "`flowtrain export " + path + " --out MODEL.pt`");
   };
   try {
-    impl_->module = torch::jit::load(path, device);
+    impl_->module = torch::jit::load(std::make_shared<BytesReader>(std::move(buffer)), device);
   } catch (const std::exception& e) {
     if (is_checkpoint(path)) throw checkpoint_hint();
     throw Error(path + ": not a TorchScript model (" + short_reason(e) + ")");
