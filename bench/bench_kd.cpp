@@ -337,8 +337,8 @@ int main(int argc, char** argv) {
     }
     const std::string teacher = tmp.path() + "/teacher.pt";
     {
-      flowtrain::train::ViT model(
-          flowtrain::train::vit_config("vit_cpu_teacher", kImageSize, kClasses));
+      flowtrain::train::ImageModel model = flowtrain::train::make_model(
+          flowtrain::train::model_config("vit_cpu_teacher", kImageSize, kClasses));
       flowtrain::train::save_checkpoint(teacher, model, nullptr, {});
     }
 

@@ -14,7 +14,7 @@
 //   other ops  the rest: additions, the optimizer's elementwise math, reductions, allocation
 //   between    the part's wall time outside any operator (autograd bookkeeping, the framework)
 //
-// and prints the GEMMs' achieved GFLOP/s (the products' FLOPs, ViTConfig::forward_flops and
+// and prints the GEMMs' achieved GFLOP/s (the products' FLOPs, ModelConfig::forward_flops and
 // train_flops, over their self time) and the operators that took most. --gemm 1 first prints
 // the rate of each Linear product of the two models alone, in float32 and bfloat16: the
 // machine's ceiling for these shapes.
@@ -55,7 +55,7 @@ namespace {
 
 namespace prof = torch::autograd::profiler;
 namespace prof_impl = torch::profiler::impl;
-using flowtrain::train::ViTConfig;
+using flowtrain::train::ModelConfig;
 using Clock = std::chrono::steady_clock;
 using flowtrain::bench::median;
 
@@ -196,15 +196,15 @@ int main(int argc, char** argv) {
   try {
     namespace train = flowtrain::train;
     const bool bf16 = train::wants_bf16(autocast);
-    const ViTConfig teacher_config = train::vit_config("vit_cpu_teacher", kImageSize, kClasses);
-    const ViTConfig student_config = train::vit_config("vit_cpu_student", kImageSize, kClasses);
+    const ModelConfig teacher_config = train::model_config("vit_cpu_teacher", kImageSize, kClasses);
+    const ModelConfig student_config = train::model_config("vit_cpu_student", kImageSize, kClasses);
     const std::string teacher_path =
         (std::filesystem::temp_directory_path() /
          ("flowtrain-profile-kd-" + std::to_string(::getpid()) + ".pt"))
             .string();
     {
       torch::manual_seed(1);
-      train::ViT model(teacher_config);
+      train::ImageModel model = train::make_model(teacher_config);
       train::save_checkpoint(teacher_path, model, nullptr, {});
     }
     // teacher_infer's way (weights cast once), or casting them on every call as before.
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
           "|---|---:|---:|\n");
       const std::int64_t m = kBatch * (teacher_config.patches() + 1);
       std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // (k, n)
-      for (const ViTConfig& c : {teacher_config, student_config}) {
+      for (const ModelConfig& c : {teacher_config, student_config}) {
         const std::int64_t d = c.dim, h = c.mlp_hidden();
         shapes.insert(shapes.end(), {{d, 3 * d}, {d, d}, {d, h}, {h, d}});
       }

@@ -110,7 +110,7 @@ int pack(const std::string& out,
 
 int export_model(const std::string& checkpoint_path, const std::string& out) {
   const flowtrain::train::Checkpoint checkpoint = flowtrain::train::read_checkpoint(checkpoint_path);
-  flowtrain::train::ViT model = flowtrain::train::load_model(checkpoint);
+  flowtrain::train::ImageModel model = flowtrain::train::load_model(checkpoint);
   flowtrain::train::export_torchscript(model, out);
   std::cout << "wrote " << out << ": TorchScript of the model in " << checkpoint_path << " (step "
             << checkpoint.state.step << ", " << flowtrain::train::parameter_count(*model)

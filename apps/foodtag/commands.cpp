@@ -87,8 +87,9 @@ const std::map<std::string, std::vector<std::string>>& command_phases() {
   static const std::map<std::string, std::vector<std::string>> kPhases = {
       {"train-teacher", {"teacher"}},
       {"distill", {"precompute", "distill"}},
+      {"baseline", {"baseline"}},
       {"sweep", {"precompute", "distill", "student_eval"}},
-      {"eval", {"teacher_eval", "student_eval"}},
+      {"eval", {"teacher_eval", "student_eval", "baseline_eval"}},
   };
   return kPhases;
 }
@@ -102,6 +103,7 @@ struct Context {
   const Params& section(const std::string& key) const { return sections.at(key); }
   fs::path teacher_checkpoint() const { return out_dir / "teacher" / "final.pt"; }
   fs::path student_checkpoint() const { return out_dir / "student" / "final.pt"; }
+  fs::path baseline_checkpoint() const { return out_dir / "baseline" / "final.pt"; }
   fs::path profile(const std::string& phase) const {
     return out_dir / "profile" / (phase + ".yaml");
   }
@@ -188,6 +190,43 @@ flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::
   return nullptr;
 }
 
+// Phase baseline is distill without the teacher: the same student, data and steps, trained on
+// the labels alone. Its stages must be distill's but the teacher's (teacher_cache, teacher_infer,
+// merge), and take distill's params but their own batch layout and cores (pool_size,
+// intraop_threads) and the student's own checkpoint_dir; the student learns from labels only
+// (alpha 1, no distillation token).
+void derive_baseline(const flowtrain::PipelineConfig& distill, flowtrain::PipelineConfig& baseline) {
+  std::vector<const flowtrain::StageConfig*> from;
+  for (const flowtrain::StageConfig& stage : distill.stages) {
+    if (stage.type != "teacher_cache" && stage.type != "teacher_infer" && stage.type != "merge") {
+      from.push_back(&stage);
+    }
+  }
+  const auto types = [](const auto& stages) {
+    std::string out;
+    for (const auto& stage : stages) out += (out.empty() ? "" : " -> ") + stage.type;
+    return out;
+  };
+  std::vector<flowtrain::StageConfig> expected;
+  for (const flowtrain::StageConfig* stage : from) expected.push_back(*stage);
+  if (types(expected) != types(baseline.stages)) {
+    throw Error(baseline.origin + ": phase baseline must have phase distill's stages but the "
+                "teacher's (" + types(expected) + "), has " + types(baseline.stages));
+  }
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    flowtrain::StageConfig& to = baseline.stages[i];
+    for (const auto& [key, value] : from[i]->params.values()) {
+      if (key != "pool_size" && key != "intraop_threads" && key != "checkpoint_dir") {
+        to.params.set(key, value);
+      }
+    }
+    if (to.type == "train_step" || to.type == "student_step") {
+      to.params.set("alpha", 1.0);
+      to.params.set("distillation_token", false);
+    }
+  }
+}
+
 // What foodtag derives so that one setting is never written twice: a teacher_cache keys its
 // entries by the teacher its phase's teacher_infer runs (its model and autocast); the
 // precompute phase fills the cache for the views distill will show (its data, cache and teacher
@@ -212,11 +251,19 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
   };
   flowtrain::PipelineConfig* pre = named("precompute");
   flowtrain::PipelineConfig* distill = named("distill");
+  if (flowtrain::PipelineConfig* baseline = named("baseline"); baseline && distill) {
+    derive_baseline(*distill, *baseline);
+  }
   flowtrain::StageConfig* views = distill ? find_stage(*distill, "decode_crop") : nullptr;
   const std::int64_t k = views ? views->params.get_int("views_per_image") : 0;
   if (pre == nullptr || k == 0) {
     phases.erase(std::remove(phases.begin(), phases.end(), "precompute"), phases.end());
     return phases;
+  }
+  if (find_stage(*distill, "mixup")) {
+    throw Error(distill->origin + ": phase distill has views_per_image " + std::to_string(k) +
+                " and a mixup stage: mixup pairs the rows of each batch, which precompute cannot "
+                "know in advance; remove mixup from distill or set views_per_image 0");
   }
   for (const char* type : {"decode_crop", "teacher_cache", "teacher_infer"}) {
     flowtrain::StageConfig* from = find_stage(*distill, type);
@@ -262,7 +309,8 @@ PhasePlan check_phases(const Context& ctx,
           it == stage.params.values().end() ? nullptr : std::get_if<std::string>(&it->second);
       if (!path) continue;
       for (const auto& [model, writer] : {std::pair{ctx.teacher_checkpoint(), "train-teacher"},
-                                          std::pair{ctx.student_checkpoint(), "distill"}}) {
+                                          std::pair{ctx.student_checkpoint(), "distill"},
+                                          std::pair{ctx.baseline_checkpoint(), "baseline"}}) {
         if (fs::path(*path).lexically_normal() == model.lexically_normal())
           check_model(model, writer);
       }
@@ -390,6 +438,9 @@ void run_phases(const Context& ctx, const std::string& command) {
   if (outcome.leader && command == "distill") {
     validate_snapshots(ctx, config, "student", "student_eval", trained_steps);
   }
+  if (outcome.leader && command == "baseline") {
+    validate_snapshots(ctx, config, "baseline", "baseline_eval", trained_steps);
+  }
 }
 
 // Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
@@ -455,7 +506,7 @@ int export_command(const Context& ctx) {
   for (const auto& [name, checkpoint] : {std::pair{"teacher", ctx.teacher_checkpoint()},
                                          std::pair{"student", ctx.student_checkpoint()}}) {
     const flowtrain::train::Checkpoint c = flowtrain::train::read_checkpoint(checkpoint.string());
-    flowtrain::train::ViT model = flowtrain::train::load_model(c);
+    flowtrain::train::ImageModel model = flowtrain::train::load_model(c);
     const fs::path out = ctx.out_dir / (std::string(name) + ".pt");
     flowtrain::train::export_torchscript(model, out.string());
     models.push_back({name, out, flowtrain::train::parameter_count(*model), c.config.image_size});
@@ -588,6 +639,49 @@ std::string now_text() {
 
 // Gathers what the run folder holds (the phases' profiles, steps.csv curves, models.yaml,
 // config.yaml) into report.html.
+// What needs no model: always answering the training set's most frequent food groups (top-1 and
+// top-5) and its median energy, on the validation photos. None without the manifests.
+std::optional<ModelFacts> trivial_baseline(const Context& ctx) {
+  const fs::path train = ctx.data_dir / "train.csv", val = ctx.data_dir / "val.csv";
+  if (!fs::exists(train) || !fs::exists(val)) return std::nullopt;
+  const auto read = [](const fs::path& path) {
+    std::vector<std::pair<std::string, double>> rows;  // label, energy
+    std::vector<flowtrain::CsvRow> csv = flowtrain::read_csv_file(path.string());
+    for (std::size_t i = 1; i < csv.size(); ++i) {
+      if (csv[i].fields.size() >= 3) {
+        rows.emplace_back(csv[i].fields[1], std::stod(csv[i].fields[2]));
+      }
+    }
+    return rows;
+  };
+  const auto train_rows = read(train), val_rows = read(val);
+  if (train_rows.empty() || val_rows.empty()) return std::nullopt;
+  std::map<std::string, int> counts;
+  std::vector<double> energies;
+  for (const auto& [label, energy] : train_rows) {
+    ++counts[label];
+    energies.push_back(energy);
+  }
+  std::vector<std::pair<int, std::string>> ranked;
+  for (const auto& [label, n] : counts) ranked.emplace_back(-n, label);
+  std::sort(ranked.begin(), ranked.end());
+  const double median_energy = median(energies);
+  double top1 = 0, top5 = 0, error = 0;
+  for (const auto& [label, energy] : val_rows) {
+    for (std::size_t k = 0; k < std::min<std::size_t>(5, ranked.size()); ++k) {
+      if (ranked[k].second != label) continue;
+      top5 += 1;
+      if (k == 0) top1 += 1;
+    }
+    error += std::abs(energy - median_energy);
+  }
+  const auto n = static_cast<double>(val_rows.size());
+  return ModelFacts{.name = "no model (the most frequent groups, the median energy)",
+                    .top1 = top1 / n,
+                    .top5 = top5 / n,
+                    .mae_kcal = error / n};
+}
+
 int report_command(const Context& ctx) {
   check_output_dir(ctx);
   ReportData data;
@@ -596,7 +690,8 @@ int report_command(const Context& ctx) {
   data.machine = machine_text();
   read_curves("teacher", ctx.out_dir / "teacher", data);
   read_curves("student", ctx.out_dir / "student", data);
-  for (const char* phase : {"teacher", "precompute", "distill", "teacher_eval", "student_eval"}) {
+  for (const char* phase : {"teacher", "precompute", "distill", "baseline", "teacher_eval",
+                            "student_eval", "baseline_eval"}) {
     if (fs::exists(ctx.profile(phase))) {
       data.phases.push_back({phase, flowtrain::read_report_file(ctx.profile(phase).string())});
     }
@@ -620,7 +715,8 @@ int report_command(const Context& ctx) {
       }
     }
   }
-  for (const char* name : {"teacher", "student"}) {
+  for (const char* name : {"teacher", "student", "baseline"}) {
+    if (std::string(name) == "baseline" && !fs::exists(ctx.profile("baseline_eval"))) continue;
     ModelFacts facts;
     facts.name = name;
     if (const auto it = speeds.find(name); it != speeds.end()) {
@@ -635,8 +731,10 @@ int report_command(const Context& ctx) {
       facts.top5 = stage_result(p.report, "top5").value_or(-1);
       facts.mae_kcal = stage_result(p.report, "mae").value_or(-1);
     }
+    if (facts.name == "baseline") facts.name = "baseline (student, labels only)";
     data.models.push_back(facts);
   }
+  if (std::optional<ModelFacts> trivial = trivial_baseline(ctx)) data.models.push_back(*trivial);
   for (const PhaseProfile& p : data.phases) {
     if (p.name == "distill" || (data.verdict.empty() && p.name == "teacher")) {
       data.verdict = p.name + ": " + p.report.verdict();
@@ -854,7 +952,7 @@ int run_command(const std::string& command, Invocation in) {
       times.emplace_back(step, std::chrono::duration<double>(Clock::now() - start).count());
     };
     timed("prepare", [&] { prepare_command(ctx); });
-    for (const char* step : {"train-teacher", "distill", "eval"}) {
+    for (const char* step : {"train-teacher", "distill", "baseline", "eval"}) {
       timed(step, [&] { ctx.in.nproc > 1 ? launch_phases(ctx, step) : run_phases(ctx, step); });
     }
     timed("export", [&] { export_command(ctx); });

@@ -17,6 +17,7 @@ struct ViewKey {
   std::uint32_t epoch = 0;
   AugmentParams augment;
   std::uint64_t recipe = 0;  // Sample::recipe: the params that made its pixels
+  std::uint64_t mix = 0;     // how `mixup` mixed the row: a digest of its partner's view and the draw; 0: unmixed
 
   bool operator==(const ViewKey&) const = default;
 };
@@ -75,6 +76,10 @@ struct Batch {
   at::Tensor targets;          // [N, T] float32 (T = 0 without numeric targets)
   std::vector<ViewKey> views;  // one per row
   std::vector<std::string> paths;
+  /// Rows mixed by `mixup`: each row's own share of its image and label ([N] float32), and
+  /// its partner's row ([N] int64), whose label takes the rest; undefined: no mixing.
+  at::Tensor label_mix;
+  at::Tensor mix_partner;
   at::Tensor teacher_logits;      // [N, classes], added by a teacher stage; else undefined
   at::Tensor teacher_regression;  // [N, K], with a teacher's regression head; else undefined
   /// Set by a teacher_cache on the batches it cannot fill alone; teacher_infer completes it.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <mutex>
+#include <span>
 
 #include "graph/error.hpp"
 #include "stages/train/torch_error.hpp"
@@ -21,22 +22,30 @@ namespace {
 constexpr const char* kFormatKey = "flowtrain.format";
 constexpr std::int64_t kFormatVersion = 1;
 
-// The ViTConfig fields as (key, int member) and (key, double member) pairs: one list for both
+// The ModelConfig fields as (key, int member) and (key, double member) pairs: one list for both
 // writing and reading, so they cannot drift apart.
-constexpr std::pair<const char*, int ViTConfig::*> kIntFields[] = {
-    {"image_size", &ViTConfig::image_size},
-    {"patch_size", &ViTConfig::patch_size},
-    {"channels", &ViTConfig::channels},
-    {"dim", &ViTConfig::dim},
-    {"depth", &ViTConfig::depth},
-    {"heads", &ViTConfig::heads},
-    {"classes", &ViTConfig::classes},
-    {"regression_outputs", &ViTConfig::regression_outputs},
+constexpr std::pair<const char*, int ModelConfig::*> kIntFields[] = {
+    {"image_size", &ModelConfig::image_size},
+    {"patch_size", &ModelConfig::patch_size},
+    {"channels", &ModelConfig::channels},
+    {"dim", &ModelConfig::dim},
+    {"depth", &ModelConfig::depth},
+    {"heads", &ModelConfig::heads},
+    {"classes", &ModelConfig::classes},
+    {"regression_outputs", &ModelConfig::regression_outputs},
 };
-constexpr std::pair<const char*, double ViTConfig::*> kDoubleFields[] = {
-    {"mlp_ratio", &ViTConfig::mlp_ratio},
-    {"dropout", &ViTConfig::dropout},
-    {"regression_scale", &ViTConfig::regression_scale},
+constexpr std::pair<const char*, double ModelConfig::*> kDoubleFields[] = {
+    {"mlp_ratio", &ModelConfig::mlp_ratio},
+    {"dropout", &ModelConfig::dropout},
+    {"regression_scale", &ModelConfig::regression_scale},
+};
+// Fields added after the first checkpoints: a file without them has the defaults (a ViT).
+constexpr std::pair<const char*, double ModelConfig::*> kNewDoubleFields[] = {
+    {"drop_path", &ModelConfig::drop_path},
+};
+constexpr std::pair<const char*, std::string ModelConfig::*> kStringFields[] = {
+    {"arch", &ModelConfig::arch},
+    {"stem", &ModelConfig::stem},
 };
 constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"step", &TrainState::step},
@@ -72,18 +81,28 @@ std::int64_t read_int(torch::serialize::InputArchive& archive,
 
 }  // namespace
 
-std::string checkpoint_bytes(const ViT& model,
+std::string checkpoint_bytes(const ImageModel& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state) {
   torch::serialize::OutputArchive archive;
   archive.write(kFormatKey, c10::IValue(kFormatVersion));
-  const ViTConfig& config = model->config();
+  const ModelConfig& config = model->config();
   for (const auto& [key, field] : kIntFields) {
     archive.write(std::string("config.") + key, c10::IValue(std::int64_t{config.*field}));
   }
   for (const auto& [key, field] : kDoubleFields) {
     archive.write(std::string("config.") + key, c10::IValue(config.*field));
   }
+  for (const auto& [key, field] : kNewDoubleFields) {
+    archive.write(std::string("config.") + key, c10::IValue(config.*field));
+  }
+  for (const auto& [key, field] : kStringFields) {
+    archive.write(std::string("config.") + key, c10::IValue(config.*field));
+  }
+  archive.write("config.distillation_token", c10::IValue(config.distillation_token));
+  archive.write("config.stage_blocks",
+                c10::IValue(std::vector<std::int64_t>(config.stage_blocks.begin(),
+                                                      config.stage_blocks.end())));
   for (const auto& [key, field] : kStateFields) {
     archive.write(std::string("state.") + key,
                   c10::IValue(static_cast<std::int64_t>(state.*field)));
@@ -112,7 +131,7 @@ std::string checkpoint_bytes(const ViT& model,
 }
 
 void save_checkpoint(const std::string& path,
-                     ViT& model,
+                     const ImageModel& model,
                      const torch::optim::Optimizer* optimizer,
                      const TrainState& state) {
   write_file_atomically(path, checkpoint_bytes(model, optimizer, state));
@@ -160,6 +179,29 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
       }
       checkpoint.config.*field = value.toDouble();
     }
+    ModelConfig& config = checkpoint.config;
+    const auto optional = [&](const char* key, auto&& has_type, auto&& assign) {
+      c10::IValue value;
+      if (!checkpoint.archive.try_read(std::string("config.") + key, value)) return;
+      if (!has_type(value)) throw Error(path + ": checkpoint's 'config." + key + "' is damaged");
+      assign(value);
+    };
+    for (const auto& [key, field] : kNewDoubleFields) {
+      optional(key, [](const c10::IValue& v) { return v.isDouble(); },
+               [&, field = field](const c10::IValue& v) { config.*field = v.toDouble(); });
+    }
+    for (const auto& [key, field] : kStringFields) {
+      optional(key, [](const c10::IValue& v) { return v.isString(); },
+               [&, field = field](const c10::IValue& v) { config.*field = v.toStringRef(); });
+    }
+    optional("distillation_token", [](const c10::IValue& v) { return v.isBool(); },
+             [&](const c10::IValue& v) { config.distillation_token = v.toBool(); });
+    optional("stage_blocks", [](const c10::IValue& v) { return v.isIntList(); },
+             [&](const c10::IValue& v) {
+               for (std::int64_t blocks : v.toIntVector()) {
+                 config.stage_blocks.push_back(static_cast<int>(blocks));
+               }
+             });
     for (const auto& [key, field] : kStateFields) {
       checkpoint.state.*field = static_cast<std::uint64_t>(
           read_int(checkpoint.archive, std::string("state.") + key, path));
@@ -171,7 +213,7 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
 }
 
 namespace {
-void load_weights(const Checkpoint& checkpoint, ViT& model) {
+void load_weights(const Checkpoint& checkpoint, ImageModel& model) {
   damaged_is_an_error(checkpoint.path, [&] {
     torch::serialize::InputArchive weights;
     if (!checkpoint.archive.try_read("model", weights)) {
@@ -187,14 +229,14 @@ void load_weights(const Checkpoint& checkpoint, ViT& model) {
 }
 }  // namespace
 
-ViT load_model(const Checkpoint& checkpoint) {
-  ViT model(checkpoint.config);
+ImageModel load_model(const Checkpoint& checkpoint) {
+  ImageModel model = make_model(checkpoint.config);
   load_weights(checkpoint, model);
   model->eval();
   return model;
 }
 
-void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer) {
+void restore_training(const Checkpoint& checkpoint, ImageModel model, torch::optim::Optimizer& optimizer) {
   if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
     throw Error(checkpoint.path + ": the checkpoint's model differs from the configured one (" +
                 diff + ")");
@@ -259,7 +301,7 @@ std::string step_checkpoint_name(std::uint64_t step) {
   return buf;
 }
 
-std::string config_difference(const ViTConfig& saved, const ViTConfig& wanted) {
+std::string config_difference(const ModelConfig& saved, const ModelConfig& wanted) {
   std::string out;
   for (const auto& [key, field] : kIntFields) {
     if (saved.*field != wanted.*field) {
@@ -267,11 +309,30 @@ std::string config_difference(const ViTConfig& saved, const ViTConfig& wanted) {
              " in the file, " + std::to_string(wanted.*field) + " configured";
     }
   }
-  for (const auto& [key, field] : kDoubleFields) {
-    if (saved.*field != wanted.*field) {
-      out += std::string(out.empty() ? "" : ", ") + key + " " + std::to_string(saved.*field) +
-             " in the file, " + std::to_string(wanted.*field) + " configured";
+  using DoubleFields = std::span<const std::pair<const char*, double ModelConfig::*>>;
+  for (const DoubleFields fields : {DoubleFields(kDoubleFields), DoubleFields(kNewDoubleFields)}) {
+    for (const auto& [key, field] : fields) {
+      if (saved.*field != wanted.*field) {
+        out += std::string(out.empty() ? "" : ", ") + key + " " + std::to_string(saved.*field) +
+               " in the file, " + std::to_string(wanted.*field) + " configured";
+      }
     }
+  }
+  for (const auto& [key, field] : kStringFields) {
+    if (saved.*field != wanted.*field) {
+      out += std::string(out.empty() ? "" : ", ") + key + " " + saved.*field + " in the file, " +
+             wanted.*field + " configured";
+    }
+  }
+  const auto yes_no = [](bool b) { return b ? std::string("yes") : std::string("no"); };
+  if (saved.distillation_token != wanted.distillation_token) {
+    out += std::string(out.empty() ? "" : ", ") + "distillation_token " +
+           yes_no(saved.distillation_token) + " in the file, " +
+           yes_no(wanted.distillation_token) + " configured";
+  }
+  if (saved.stage_blocks != wanted.stage_blocks) {
+    out += std::string(out.empty() ? "" : ", ") + "stage_blocks " + saved.describe() +
+           " in the file, " + wanted.describe() + " configured";
   }
   return out;
 }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "graph/atomic_file.hpp"
-#include "stages/train/vit.hpp"
+#include "stages/train/model.hpp"
 
 namespace flowtrain::train {
 
@@ -29,7 +29,7 @@ struct TrainState {
 /// holding weights ("model"), optimizer state ("optimizer") and the RNG state ("rng").
 struct Checkpoint {
   std::string path;
-  ViTConfig config;
+  ModelConfig config;
   TrainState state;
   mutable torch::serialize::InputArchive archive;  // reading it is not const in LibTorch
 };
@@ -37,7 +37,7 @@ struct Checkpoint {
 /// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG and,
 /// unless `optimizer` is null (a model-only file), the optimizer state. Taking the bytes is
 /// what must happen between steps; writing them (write_file_atomically) can happen later.
-std::string checkpoint_bytes(const ViT& model,
+std::string checkpoint_bytes(const ImageModel& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state);
 
@@ -45,7 +45,7 @@ std::string checkpoint_bytes(const ViT& model,
 ///
 ///   save_checkpoint(dir + "/step-00000100.pt", model, &optimizer, state);
 void save_checkpoint(const std::string& path,
-                     ViT& model,
+                     const ImageModel& model,
                      const torch::optim::Optimizer* optimizer,
                      const TrainState& state);
 
@@ -61,11 +61,11 @@ Checkpoint read_checkpoint(const std::string& path);
 std::optional<Checkpoint> try_read_checkpoint(const std::string& path);
 
 /// A model built from the checkpoint's config with its weights, in eval mode.
-ViT load_model(const Checkpoint& checkpoint);
+ImageModel load_model(const Checkpoint& checkpoint);
 
 /// Puts the checkpoint's weights into `model`, its state into `optimizer`, and restores the
 /// global CPU random generator. Throws Error if the model's shape differs from the file's.
-void restore_training(const Checkpoint& checkpoint, ViT& model, torch::optim::Optimizer& optimizer);
+void restore_training(const Checkpoint& checkpoint, ImageModel model, torch::optim::Optimizer& optimizer);
 
 /// The step files of rank `rank` in `dir` ("step-N.pt", or "step-N.pt.rankR" for R > 0),
 /// oldest first; empty if none or no folder.
@@ -84,6 +84,6 @@ std::string rank_file(const std::string& path, int rank);
 std::string step_checkpoint_name(std::uint64_t step);
 
 /// A one-line description of how two configs differ ("dim 64 vs 32"), empty if equal.
-std::string config_difference(const ViTConfig& saved, const ViTConfig& wanted);
+std::string config_difference(const ModelConfig& saved, const ModelConfig& wanted);
 
 }  // namespace flowtrain::train

@@ -25,7 +25,7 @@ StageDoc EvaluateStage::describe() {
 
 void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
   IntraOpThreads threads(intraop_threads_);
-  const ViTOutput out = model_->forward(batch.images);
+  const ModelOutput out = model_->forward(batch.images);
   const torch::Tensor& logits = out.logits;
   if (logits.dim() != 2 || logits.size(0) != batch.size()) {
     throw Error("the model returned logits of shape " + c10::str(logits.sizes()) +

@@ -15,11 +15,11 @@ namespace {
 
 // Runs `forward` without gradients and returns float32 outputs; with bf16, under autocast.
 template <class Forward>
-ViTOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward) {
+ModelOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward) {
   // NoGradGuard rather than InferenceMode: the outputs feed the student's loss, and autograd
   // refuses to save inference-mode tensors for backward.
   torch::NoGradGuard no_grad;
-  ViTOutput out;
+  ModelOutput out;
   {
     Autocast autocast(bf16);
     out = forward(images);
@@ -55,23 +55,21 @@ class CheckpointModel final : public InferenceModel {
     }
   }
 
-  ViTOutput forward(const torch::Tensor& images) override {
+  ModelOutput forward(const torch::Tensor& images) override {
     return run_frozen(images, bf16_, [this](const torch::Tensor& x) { return model_->forward(x); });
   }
 
   std::string description() const override {
-    const ViTConfig& c = model_->config();
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "ViT dim %d depth %d heads %d patch %d, %.2fM parameters%s",
-                  c.dim, c.depth, c.heads, c.patch_size,
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", %.2fM parameters%s",
                   static_cast<double>(parameter_count(*model_)) / 1e6, bf16_ ? ", bf16" : "");
-    return buf;
+    return model_->config().describe() + buf;
   }
 
-  const ViTConfig* config() const override { return &model_->config(); }
+  const ModelConfig* config() const override { return &model_->config(); }
 
  private:
-  ViT model_;
+  ImageModel model_;
   bool bf16_;
 };
 
@@ -82,7 +80,7 @@ class TorchScriptModel final : public InferenceModel {
     if (bf16_) model_.cast_parameters(held_in_bf16, torch::kBFloat16);
   }
 
-  ViTOutput forward(const torch::Tensor& images) override {
+  ModelOutput forward(const torch::Tensor& images) override {
     try {
       return run_frozen(images, bf16_,
                         [this](const torch::Tensor& x) { return model_.forward(x); });

@@ -7,7 +7,7 @@
 
 #include "graph/options.hpp"
 #include "stages/train/compute.hpp"
-#include "stages/train/vit.hpp"
+#include "stages/train/model.hpp"
 
 namespace flowtrain::train {
 
@@ -16,7 +16,7 @@ namespace flowtrain::train {
 /// a pretrained teacher (`torch.jit.script(model).save("teacher.pt")`).
 ///
 ///   std::unique_ptr<InferenceModel> teacher = InferenceModel::load("runs/kd/teacher/final.pt");
-///   ViTOutput out = teacher->forward(batch.images);
+///   ModelOutput out = teacher->forward(batch.images);
 class InferenceModel {
  public:
   virtual ~InferenceModel() = default;
@@ -45,14 +45,14 @@ class InferenceModel {
 
   /// Runs the model without gradients (under autocast for kBFloat16) on float32 images
   /// [B, C, H, W]; returns float32 outputs. Safe to call from several threads at once.
-  virtual ViTOutput forward(const torch::Tensor& images) = 0;
+  virtual ModelOutput forward(const torch::Tensor& images) = 0;
 
   /// "ViT dim 384 depth 6 heads 6 patch 16, 10.70M parameters[, bf16]" or "TorchScript
   /// module[, bf16]".
   virtual std::string description() const = 0;
 
   /// The model's shape, for a checkpoint of the built-in ViT; nullptr for a TorchScript module.
-  virtual const ViTConfig* config() const { return nullptr; }
+  virtual const ModelConfig* config() const { return nullptr; }
 };
 
 /// The options of the stages that run a frozen model (teacher_infer, evaluate): the model file,

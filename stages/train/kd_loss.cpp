@@ -32,6 +32,10 @@ void check_options(const KdLossOptions& options) {
     throw Error("kd_loss: temperature must be > 0 (got " + std::to_string(options.temperature) +
                 ")");
   }
+  if (!(options.label_smoothing >= 0 && options.label_smoothing < 1)) {
+    throw Error("kd_loss: label_smoothing must be in [0, 1) (got " +
+                std::to_string(options.label_smoothing) + ")");
+  }
   if (!(options.regression_weight >= 0)) {
     throw Error("kd_loss: regression_weight must be >= 0 (got " +
                 std::to_string(options.regression_weight) + ")");
@@ -45,16 +49,27 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
                const torch::Tensor& labels,
                const KdLossOptions& options,
                const torch::Tensor& student_regression,
-               const torch::Tensor& regression_targets) {
+               const torch::Tensor& regression_targets,
+               const torch::Tensor& student_distillation) {
   check_options(options);
   if (!student_logits.defined()) throw Error("kd_loss: student_logits is undefined");
   if (!labels.defined()) throw Error("kd_loss: labels is undefined");
   check_logits("student_logits", student_logits);
   const std::int64_t batch = student_logits.size(0);
-  if (labels.dim() != 1 || labels.size(0) != batch || labels.scalar_type() != torch::kLong) {
-    throw Error("kd_loss: labels must be int64 [" + std::to_string(batch) + "] like the logits " +
-                shape(student_logits) + ", got " + shape(labels) + " " +
-                std::string(c10::toString(labels.scalar_type())));
+  const bool class_labels =
+      labels.dim() == 1 && labels.size(0) == batch && labels.scalar_type() == torch::kLong;
+  const bool label_shares = labels.is_floating_point() && labels.sizes() == student_logits.sizes();
+  if (!class_labels && !label_shares) {
+    throw Error("kd_loss: labels must be int64 [" + std::to_string(batch) +
+                "] or class shares shaped like the logits " + shape(student_logits) + ", got " +
+                shape(labels) + " " + std::string(c10::toString(labels.scalar_type())));
+  }
+  if (student_distillation.defined()) {
+    check_logits("student_distillation", student_distillation);
+    if (student_distillation.sizes() != student_logits.sizes()) {
+      throw Error("kd_loss: student_distillation " + shape(student_distillation) +
+                  " and student_logits " + shape(student_logits) + " differ in shape");
+    }
   }
   if (teacher_logits.defined()) {
     check_logits("teacher_logits", teacher_logits);
@@ -84,16 +99,26 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
   }
 
   KdLoss loss;
-  loss.ce = torch::nn::functional::cross_entropy(student_logits, labels);
+  namespace F = torch::nn::functional;
+  loss.ce = options.label_smoothing > 0
+                ? F::cross_entropy(student_logits, labels,
+                                   F::CrossEntropyFuncOptions().label_smoothing(
+                                       options.label_smoothing))
+                : F::cross_entropy(student_logits, labels);
   loss.total = options.alpha * loss.ce;
   if (teacher_logits.defined()) {
-    const double t = options.temperature;
-    const torch::Tensor student_log_p = torch::log_softmax(student_logits / t, 1);
-    const torch::Tensor teacher_log_p = torch::log_softmax(teacher_logits.detach() / t, 1);
-    // kl_div(input, target) is KL(target || input); log_target keeps the teacher in log space.
-    loss.kd = torch::nn::functional::kl_div(
-        student_log_p, teacher_log_p,
-        torch::nn::functional::KLDivFuncOptions().reduction(torch::kBatchMean).log_target(true));
+    const torch::Tensor& student =
+        student_distillation.defined() ? student_distillation : student_logits;
+    const double t = options.hard ? 1.0 : options.temperature;
+    if (options.hard) {
+      loss.kd = F::cross_entropy(student, teacher_logits.detach().argmax(1));
+    } else {
+      const torch::Tensor student_log_p = torch::log_softmax(student / t, 1);
+      const torch::Tensor teacher_log_p = torch::log_softmax(teacher_logits.detach() / t, 1);
+      // kl_div(input, target) is KL(target || input); log_target keeps the teacher in log space.
+      loss.kd = F::kl_div(student_log_p, teacher_log_p,
+                          F::KLDivFuncOptions().reduction(torch::kBatchMean).log_target(true));
+    }
     // Skipped rather than multiplied by 0, so an infinite KL cannot turn the total into NaN.
     if (options.alpha < 1) {
       loss.total = loss.total + (1.0 - options.alpha) * t * t * loss.kd;
@@ -111,12 +136,15 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
 KdLoss supervised_loss(const torch::Tensor& logits,
                        const torch::Tensor& labels,
                        double regression_weight,
+                       double label_smoothing,
                        const torch::Tensor& regression,
                        const torch::Tensor& regression_targets) {
-  return kd_loss(
-      logits, torch::Tensor(), labels,
-      KdLossOptions{.alpha = 1.0, .temperature = 1.0, .regression_weight = regression_weight},
-      regression, regression_targets);
+  return kd_loss(logits, torch::Tensor(), labels,
+                 KdLossOptions{.alpha = 1.0,
+                               .temperature = 1.0,
+                               .regression_weight = regression_weight,
+                               .label_smoothing = label_smoothing},
+                 regression, regression_targets);
 }
 
 }  // namespace flowtrain::train

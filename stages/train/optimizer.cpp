@@ -29,7 +29,7 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(
                                                torch::optim::AdamWOptions(options.lr));
 }
 
-std::unique_ptr<torch::optim::AdamW> make_adamw(ViT& model, const OptimizerOptions& options) {
+std::unique_ptr<torch::optim::AdamW> make_adamw(const ImageModel& model, const OptimizerOptions& options) {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (const auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
   return make_adamw(params, options);

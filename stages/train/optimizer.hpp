@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "stages/train/vit.hpp"
+#include "stages/train/model.hpp"
 
 namespace flowtrain::train {
 
@@ -26,7 +26,7 @@ struct OptimizerOptions {
 /// AdamW over the model's parameters in two groups, as timm and most ViT recipes do: weight
 /// decay on the >= 2-D weights (linear and patch projections), none on biases, LayerNorm
 /// parameters, the class token and the position embedding.
-std::unique_ptr<torch::optim::AdamW> make_adamw(ViT& model, const OptimizerOptions& options);
+std::unique_ptr<torch::optim::AdamW> make_adamw(const ImageModel& model, const OptimizerOptions& options);
 
 /// The same over some named parameters (a ZeRO shard): the names decide the groups.
 std::unique_ptr<torch::optim::AdamW> make_adamw(

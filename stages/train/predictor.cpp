@@ -85,7 +85,7 @@ std::vector<Predictor::Prediction> Predictor::predict(const std::vector<std::str
       }
     }
     if (tagged.empty()) continue;
-    const ViTOutput result =
+    const ModelOutput result =
         impl_->model.forward(images.narrow(0, 0, static_cast<std::int64_t>(tagged.size())));
     const torch::Tensor probabilities = result.logits.to(torch::kFloat).softmax(1);
     const auto [values, indices] =

@@ -14,8 +14,9 @@ namespace flowtrain::train {
 
 namespace {
 
-// The digest of one row's exact view: its image, every augmentation parameter, and the recipe
-// of the stages that made its pixels.
+// The digest of one row's exact view: its image, every augmentation parameter, the recipe of
+// the stages that made its pixels and, for a row `mixup` mixed, the digest of the mix (an unmixed
+// row's digest is the same as before mixup existed, so older caches stay valid).
 ViewDigest view_digest(const std::string& path, const data::ViewKey& view) {
   std::array<std::uint8_t, 7 * sizeof(float) + 1 + sizeof view.recipe> params;
   std::uint8_t* at = params.data();
@@ -28,8 +29,13 @@ ViewDigest view_digest(const std::string& path, const data::ViewKey& view) {
   std::memcpy(at, &view.recipe, sizeof view.recipe);
   const std::span<const std::uint8_t> name(reinterpret_cast<const std::uint8_t*>(path.data()),
                                            path.size());
-  return {data::hash_bytes(params, data::hash_bytes(name, 0x7465616368657221ULL)),
-          data::hash_bytes(params, data::hash_bytes(name, 0x63616368652d6b31ULL))};
+  ViewDigest digest{data::hash_bytes(params, data::hash_bytes(name, 0x7465616368657221ULL)),
+                    data::hash_bytes(params, data::hash_bytes(name, 0x63616368652d6b31ULL))};
+  if (view.mix != 0) {
+    digest.hi = data::splitmix64(digest.hi ^ view.mix);
+    digest.lo = data::splitmix64(digest.lo ^ ~view.mix);
+  }
+  return digest;
 }
 
 // Sets the batch's teacher outputs to the stored entries of `keys` (waiting for those an

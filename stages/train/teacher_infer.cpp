@@ -27,10 +27,10 @@ StageDoc TeacherInferStage::describe() {
       option_specs<Options>(), "intraop_threads"};
 }
 
-ViTOutput TeacherInferStage::forward(const at::Tensor& images, double& seconds) {
+ModelOutput TeacherInferStage::forward(const at::Tensor& images, double& seconds) {
   IntraOpThreads threads(intraop_threads_);
   const auto begin = std::chrono::steady_clock::now();
-  ViTOutput out = model_->forward(images);
+  ModelOutput out = model_->forward(images);
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - begin)
           .count();
@@ -50,7 +50,7 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
   if (std::shared_ptr<data::TeacherOutputsPending> pending = std::move(batch.teacher_pending)) {
     // A teacher_cache sent the batch: compute the rows it lacks, and let it fill the batch.
     const std::vector<std::int64_t>& rows = pending->rows();
-    ViTOutput out;
+    ModelOutput out;
     double seconds = 0;
     if (!rows.empty()) {
       const auto n = static_cast<std::int64_t>(rows.size());
@@ -69,7 +69,7 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
     return std::move(batch);
   }
   double seconds = 0;
-  ViTOutput out = forward(batch.images, seconds);
+  ModelOutput out = forward(batch.images, seconds);
   batch.teacher_logits = std::move(out.logits);
   batch.teacher_regression = std::move(out.regression);
   return std::move(batch);
@@ -81,7 +81,7 @@ std::vector<StageResult> TeacherInferStage::results() const {
   std::vector<StageResult> out = {{"images", images}};
   if (batches_ == 0 || forward_s <= 0) return out;  // a teacher_cache had every view
   out.push_back({"forward_ms", forward_s * 1e3 / static_cast<double>(batches_.load())});
-  if (const ViTConfig* config = model_->config()) {
+  if (const ModelConfig* config = model_->config()) {
     out.push_back(
         {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
   }

@@ -31,7 +31,7 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
   /// images (the teacher ran on), forward_ms (per batch), and gflops: the forward's matrix-product FLOPs
-  /// (ViTConfig::forward_flops) per second of forward, per invocation (its intraop_threads);
+  /// (ModelConfig::forward_flops) per second of forward, per invocation (its intraop_threads);
   /// gflops is left out for a TorchScript teacher, whose shape is unknown.
   std::vector<StageResult> results() const override;
 
@@ -40,7 +40,7 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
 
  private:
   /// The teacher's outputs for `images`, timed (`seconds`) and counted.
-  ViTOutput forward(const at::Tensor& images, double& seconds);
+  ModelOutput forward(const at::Tensor& images, double& seconds);
 
   std::unique_ptr<InferenceModel> model_;
   std::string model_path_;

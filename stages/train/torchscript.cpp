@@ -23,16 +23,17 @@ namespace flowtrain::train {
 
 namespace {
 
-// The TorchScript classes of the exported model, one per kind of module. Instances of a kind
-// share one class type (as torch.jit.script gives identical submodules), so each method is
-// compiled once. The names only need to be unique inside the file; they show in Python's repr.
-constexpr const char* kNamespace = "__torch__.flowtrain.vit.";
+// The TorchScript classes of the exported model, one per kind of module, in the namespace
+// "__torch__.flowtrain.<arch>.". Instances of a kind share one class type (as torch.jit.script
+// gives identical submodules), so each method is compiled once. The names only need to be
+// unique inside the file; they show in Python's repr.
 
 // Methods, compiled by the TorchScript frontend from source: only aten builtins (torch.*) and
 // tensor methods, which the saved file records as plain TorchScript code, the same as
 // torch.jit.script would write (the file format is LibTorch 1.13's: version 10, so a PyTorch
-// older than the writer may refuse it). Each line mirrors the C++ forward in vit.cpp
-// in eval mode (dropout is the identity), op for op, so the outputs are bit-identical.
+// older than the writer may refuse it). Each line mirrors the C++ forward in vit.cpp or
+// resnet.cpp in eval mode (dropout and drop path are the identity, BatchNorm uses its running
+// statistics), op for op, so the outputs are bit-identical.
 // Submodules are called through `.forward`, as in TorchScript's own serialized code: a class
 // built in C++ has no Python-side `__call__` for the compiler to resolve.
 constexpr const char* kLinearSource = R"(
@@ -81,15 +82,44 @@ def forward(self, x: Tensor) -> Tensor:
     return x + self.mlp.forward(self.norm2.forward(x))
 )";
 
-// The image check (`assert`: `raise` would need Python's exception classes) and the trunk; the
-// return differs with and without a regression head.
-constexpr const char* kViTSourceHead = R"(
+// The image check (`assert`: `raise` would need Python's exception classes) of a model's
+// forward; {NAME} is the architecture's.
+constexpr const char* kImageCheckSource = R"(
 def forward(self, images: Tensor) -> {RETURN_TYPE}:
-    assert images.dim() == 4 and images.size(1) == self.channels and images.size(2) == self.image_size and images.size(3) == self.image_size, "ViT: expected images [B, {}, {}, {}], got {}".format(self.channels, self.image_size, self.image_size, images.shape)
+    assert images.dim() == 4 and images.size(1) == self.channels and images.size(2) == self.image_size and images.size(3) == self.image_size, "{NAME}: expected images [B, {}, {}, {}], got {}".format(self.channels, self.image_size, self.image_size, images.shape)
+)";
+
+// The ViT's trunk, with a class token (and a distillation token after it).
+constexpr const char* kViTTrunkSource = R"(
     x = self.patch_embed.forward(images)
     x = torch.cat([self.cls_token.expand([x.size(0), -1, -1]), x], 1) + self.pos_embed
     x = self.blocks.forward(x)
-    cls = self.norm.forward(x.select(1, 0))
+    features = self.norm.forward(x.select(1, 0))
+    logits = self.head.forward(features)
+)";
+constexpr const char* kDeiTTrunkSource = R"(
+    x = self.patch_embed.forward(images)
+    x = torch.cat([self.cls_token.expand([x.size(0), -1, -1]), self.dist_token.expand([x.size(0), -1, -1]), x], 1) + self.pos_embed
+    x = self.blocks.forward(x)
+    features = self.norm.forward(x.select(1, 0))
+    logits = (self.head.forward(features) + self.head_dist.forward(self.norm.forward(x.select(1, 1)))) / 2
+)";
+
+constexpr const char* kBatchNormSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, False, 0.1, self.eps, False)
+)";
+
+constexpr const char* kConvSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    return torch.conv2d(x, self.weight, None, [self.stride, self.stride], [self.padding, self.padding])
+)";
+
+constexpr const char* kBasicBlockSource = R"(
+def forward(self, x: Tensor) -> Tensor:
+    y = torch.relu(self.bn1.forward(self.conv1.forward(x)))
+    y = self.bn2.forward(self.conv2.forward(y))
+    return torch.relu(y + {SHORTCUT})
 )";
 
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
@@ -119,12 +149,14 @@ class BytesReader final : public caffe2::serialize::ReadAdapterInterface {
 // Builds the module tree, one class type per kind, creating each type on first use.
 class ModuleBuilder {
  public:
-  ModuleBuilder() : unit_(std::make_shared<torch::jit::CompilationUnit>()) {}
+  explicit ModuleBuilder(const std::string& arch)
+      : namespace_("__torch__.flowtrain." + arch + "."),
+        unit_(std::make_shared<torch::jit::CompilationUnit>()) {}
 
   torch::jit::Module make(const std::string& kind) {
     auto found = types_.find(kind);
     torch::jit::Module module =
-        found == types_.end() ? torch::jit::Module(c10::QualifiedName(kNamespace + kind), unit_)
+        found == types_.end() ? torch::jit::Module(c10::QualifiedName(namespace_ + kind), unit_)
                               : torch::jit::Module(unit_, found->second);
     if (found == types_.end()) types_.emplace(kind, module.type());
     // Module::train()/eval() (C++ and Python) expect the attribute on every module.
@@ -138,16 +170,20 @@ class ModuleBuilder {
   }
 
  private:
+  std::string namespace_;
   std::shared_ptr<torch::jit::CompilationUnit> unit_;
   std::map<std::string, c10::ClassTypePtr> types_;
   std::set<std::string> defined_;
 };
 
-// Reads the weights of the C++ model by their timm names.
+// Reads the weights (and buffers) of the C++ model by their timm or torchvision names.
 class WeightSource {
  public:
-  explicit WeightSource(ViT& model) {
+  explicit WeightSource(const ImageModel& model) : config_(model->config()) {
     for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+      parameters_.emplace(item.key(), item.value());
+    }
+    for (const auto& item : model->named_buffers(/*recurse=*/true)) {
       parameters_.emplace(item.key(), item.value());
     }
     for (const auto& item : model->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
@@ -177,7 +213,20 @@ class WeightSource {
     return norm->options.eps();
   }
 
+  double batch_norm_eps(const std::string& name) const {
+    const auto found = modules_.find(name);
+    const auto* norm =
+        found == modules_.end() ? nullptr : found->second->as<torch::nn::BatchNorm2dImpl>();
+    if (norm == nullptr) {
+      throw Error("export_torchscript: the model has no BatchNorm2d '" + name + "'");
+    }
+    return norm->options.eps();
+  }
+
+  const ModelConfig& config() const { return config_; }
+
  private:
+  ModelConfig config_;
   std::map<std::string, torch::Tensor> parameters_;
   std::map<std::string, std::shared_ptr<torch::nn::Module>> modules_;
 };
@@ -210,10 +259,78 @@ torch::jit::Module layer_norm(ModuleBuilder& builder,
   return module;
 }
 
-torch::jit::Module build_vit(ViT& model) {
-  const ViTConfig& config = model->config();
+torch::jit::Module batch_norm(ModuleBuilder& builder,
+                              const WeightSource& weights,
+                              const std::string& name) {
+  torch::jit::Module module = builder.make("BatchNorm2d");
+  add_parameters(module, weights, name + ".", {"weight", "bias"});
+  for (const char* buffer : {"running_mean", "running_var", "num_batches_tracked"}) {
+    module.register_buffer(buffer, weights.copy(name + "." + buffer));
+  }
+  module.register_attribute("eps", c10::FloatType::get(), weights.batch_norm_eps(name));
+  builder.define(module, kBatchNormSource);
+  return module;
+}
+
+torch::jit::Module conv(ModuleBuilder& builder,
+                        const WeightSource& weights,
+                        const std::string& name,
+                        std::int64_t stride,
+                        std::int64_t padding) {
+  torch::jit::Module module = builder.make("Conv2d");
+  add_parameters(module, weights, name + ".", {"weight"});
+  module.register_attribute("stride", c10::IntType::get(), stride);
+  module.register_attribute("padding", c10::IntType::get(), padding);
+  builder.define(module, kConvSource);
+  return module;
+}
+
+// A module of kind `kind` whose forward runs `children` (named "0", "1", ...) in order, as
+// torch.nn.Sequential.
+torch::jit::Module sequential(ModuleBuilder& builder,
+                              const std::string& kind,
+                              const std::vector<torch::jit::Module>& children) {
+  torch::jit::Module module = builder.make(kind);
+  std::string source = "\ndef forward(self, x: Tensor) -> Tensor:\n";
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    module.register_module(std::to_string(i), children[i]);
+    source += "    x = getattr(self, \"" + std::to_string(i) + "\").forward(x)\n";
+  }
+  builder.define(module, source + "    return x\n");
+  return module;
+}
+
+// The attributes every exported model carries, and its forward: the image check, the trunk
+// (which leaves `features` and `logits`), and the return, with or without a regression head.
+void finish_model(ModuleBuilder& builder,
+                  torch::jit::Module& model,
+                  const WeightSource& weights,
+                  const std::string& name,
+                  const std::string& trunk) {
+  const ModelConfig& config = weights.config();
+  const bool regression = config.regression_outputs > 0;
+  if (regression) {
+    model.register_module("regression_head", linear(builder, weights, "regression_head"));
+  }
+  model.register_attribute("image_size", c10::IntType::get(), std::int64_t{config.image_size});
+  model.register_attribute("channels", c10::IntType::get(), std::int64_t{config.channels});
+  model.register_attribute("classes", c10::IntType::get(), std::int64_t{config.classes});
+  model.register_attribute("regression_outputs", c10::IntType::get(),
+                           std::int64_t{config.regression_outputs});
+  model.register_attribute("regression_scale", c10::FloatType::get(), config.regression_scale);
+  std::string source = replace_all(kImageCheckSource, "{NAME}", name);
+  source = replace_all(source, "{RETURN_TYPE}", regression ? "Tuple[Tensor, Tensor]" : "Tensor");
+  // As the C++ forward: the regression head's outputs in the targets' units.
+  source += trunk + (regression ? "    return logits, "
+                                  "self.regression_head.forward(features) * self.regression_scale\n"
+                                : "    return logits\n");
+  builder.define(model, source);
+}
+
+torch::jit::Module build_vit(const ImageModel& model) {
+  const ModelConfig& config = model->config();
   const WeightSource weights(model);
-  ModuleBuilder builder;
+  ModuleBuilder builder("vit");
 
   torch::jit::Module proj = builder.make("Conv2d");
   add_parameters(proj, weights, "patch_embed.proj.", {"weight", "bias"});
@@ -223,9 +340,8 @@ torch::jit::Module build_vit(ViT& model) {
   patch_embed.register_module("proj", proj);
   builder.define(patch_embed, kPatchEmbedSource);
 
-  // blocks: a Sequential, as in timm, whose forward runs its children in order.
-  torch::jit::Module blocks = builder.make("Sequential");
-  std::string blocks_source = "\ndef forward(self, x: Tensor) -> Tensor:\n";
+  // blocks: a Sequential, as in timm.
+  std::vector<torch::jit::Module> blocks;
   for (int i = 0; i < config.depth; ++i) {
     const std::string prefix = "blocks." + std::to_string(i) + ".";
     torch::jit::Module attn = builder.make("Attention");
@@ -245,36 +361,67 @@ torch::jit::Module build_vit(ViT& model) {
     block.register_module("norm2", layer_norm(builder, weights, prefix + "norm2"));
     block.register_module("mlp", mlp);
     builder.define(block, kBlockSource);
-    blocks.register_module(std::to_string(i), block);
-    blocks_source += "    x = getattr(self, \"" + std::to_string(i) + "\").forward(x)\n";
+    blocks.push_back(block);
   }
-  blocks_source += "    return x\n";
-  builder.define(blocks, blocks_source);
 
   torch::jit::Module vit = builder.make("VisionTransformer");
   vit.register_module("patch_embed", patch_embed);
   add_parameters(vit, weights, "", {"cls_token", "pos_embed"});
-  vit.register_module("blocks", blocks);
+  if (config.distillation_token) add_parameters(vit, weights, "", {"dist_token"});
+  vit.register_module("blocks", sequential(builder, "Sequential", blocks));
   vit.register_module("norm", layer_norm(builder, weights, "norm"));
   vit.register_module("head", linear(builder, weights, "head"));
-  const bool regression = config.regression_outputs > 0;
-  if (regression) {
-    vit.register_module("regression_head", linear(builder, weights, "regression_head"));
-  }
-  vit.register_attribute("image_size", c10::IntType::get(), std::int64_t{config.image_size});
-  vit.register_attribute("channels", c10::IntType::get(), std::int64_t{config.channels});
-  vit.register_attribute("classes", c10::IntType::get(), std::int64_t{config.classes});
-  vit.register_attribute("regression_outputs", c10::IntType::get(),
-                         std::int64_t{config.regression_outputs});
-  vit.register_attribute("regression_scale", c10::FloatType::get(), config.regression_scale);
-  std::string source =
-      replace_all(kViTSourceHead, "{RETURN_TYPE}", regression ? "Tuple[Tensor, Tensor]" : "Tensor");
-  // As ViT::forward: the regression head's outputs in the targets' units.
-  source += regression ? "    return self.head.forward(cls), "
-                         "self.regression_head.forward(cls) * self.regression_scale\n"
-                       : "    return self.head.forward(cls)\n";
-  builder.define(vit, source);
+  if (config.distillation_token) vit.register_module("head_dist", linear(builder, weights, "head_dist"));
+  finish_model(builder, vit, weights, "ViT",
+               config.distillation_token ? kDeiTTrunkSource : kViTTrunkSource);
   return vit;
+}
+
+torch::jit::Module build_resnet(const ImageModel& model) {
+  const ModelConfig& config = model->config();
+  const WeightSource weights(model);
+  ModuleBuilder builder("resnet");
+  torch::jit::Module resnet = builder.make("ResNet");
+  const bool compact = config.stem == "compact";
+  resnet.register_module("conv1", conv(builder, weights, "conv1", 2, compact ? 1 : 3));
+  resnet.register_module("bn1", batch_norm(builder, weights, "bn1"));
+  std::string trunk = "    x = torch.relu(self.bn1.forward(self.conv1.forward(images)))\n";
+  if (!compact) trunk += "    x = torch.max_pool2d(x, [3, 3], [2, 2], [1, 1])\n";
+  std::int64_t in = config.dim;
+  for (std::size_t s = 0; s < config.stage_blocks.size(); ++s) {
+    const std::int64_t width = std::int64_t{config.dim} << s;
+    std::vector<torch::jit::Module> blocks;
+    for (int b = 0; b < config.stage_blocks[s]; ++b) {
+      const std::string prefix = "layer" + std::to_string(s + 1) + "." + std::to_string(b) + ".";
+      const std::int64_t stride = b == 0 && s > 0 ? 2 : 1;
+      const bool down = stride != 1 || in != width;
+      // With and without a shortcut projection: two kinds, as their forwards differ.
+      torch::jit::Module block = builder.make(down ? "DownsampleBlock" : "BasicBlock");
+      block.register_module("conv1", conv(builder, weights, prefix + "conv1", stride, 1));
+      block.register_module("bn1", batch_norm(builder, weights, prefix + "bn1"));
+      block.register_module("conv2", conv(builder, weights, prefix + "conv2", 1, 1));
+      block.register_module("bn2", batch_norm(builder, weights, prefix + "bn2"));
+      if (down) {
+        block.register_module(
+            "downsample",
+            sequential(builder, "Downsample",
+                       {conv(builder, weights, prefix + "downsample.0", stride, 0),
+                        batch_norm(builder, weights, prefix + "downsample.1")}));
+      }
+      builder.define(block, replace_all(kBasicBlockSource, "{SHORTCUT}",
+                                        down ? "self.downsample.forward(x)" : "x"));
+      blocks.push_back(block);
+      in = width;
+    }
+    // Stages differ in their number of blocks: a kind each.
+    const std::string layer = "layer" + std::to_string(s + 1);
+    resnet.register_module(layer, sequential(builder, "Layer" + std::to_string(s + 1), blocks));
+    trunk += "    x = self." + layer + ".forward(x)\n";
+  }
+  resnet.register_module("fc", linear(builder, weights, "fc"));
+  trunk += "    features = x.mean([2, 3])\n    logits = self.fc.forward(features)\n";
+  finish_model(builder, resnet, weights, "ResNet", trunk);
+  return resnet;
 }
 
 void write_atomically(const torch::jit::Module& module, const std::string& path) {
@@ -319,10 +466,10 @@ bool batch_of(const c10::IValue& value, std::int64_t batch, std::int64_t dims) {
 
 }  // namespace
 
-void export_torchscript(ViT& model, const std::string& path) {
+void export_torchscript(const ImageModel& model, const std::string& path) {
   torch::jit::Module module;
   try {
-    module = build_vit(model);
+    module = model->config().is_vit() ? build_vit(model) : build_resnet(model);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -392,7 +539,7 @@ void ScriptedModel::cast_parameters(
   }
 }
 
-ViTOutput ScriptedModel::forward(const torch::Tensor& images) const {
+ModelOutput ScriptedModel::forward(const torch::Tensor& images) const {
   torch::NoGradGuard no_grad;
   c10::IValue result;
   try {
@@ -403,7 +550,7 @@ ViTOutput ScriptedModel::forward(const torch::Tensor& images) const {
     throw Error(impl_->path + ": forward failed: " + short_reason(e));
   }
   const std::int64_t batch = images.dim() > 0 ? images.size(0) : -1;
-  ViTOutput out;
+  ModelOutput out;
   if (batch_of(result, batch, 2)) {
     out.logits = result.toTensor();
     return out;

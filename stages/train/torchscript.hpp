@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "stages/train/vit.hpp"
+#include "stages/train/model.hpp"
 
 namespace flowtrain::train {
 
@@ -23,10 +23,10 @@ namespace flowtrain::train {
 /// fsynced, then renamed over `path`, so a reader never sees half a file. Throws
 /// flowtrain::Error naming the path and the reason (unwritable folder, full disk...).
 ///
-///   ViT model(vit_config("vit_cpu_student", 224, 101));
+///   ViT model(model_config("vit_cpu_student", 224, 101));
 ///   export_torchscript(model, "student.pt");
 ///   // Python: torch.jit.load("student.pt")(images)
-void export_torchscript(ViT& model, const std::string& path);
+void export_torchscript(const ImageModel& model, const std::string& path);
 
 /// A TorchScript model loaded for inference, e.g. a teacher trained in PyTorch and saved with
 /// `torch.jit.save(torch.jit.script(model), path)`, or a file from `export_torchscript`. Its
@@ -45,7 +45,7 @@ void export_torchscript(ViT& model, const std::string& path);
 /// locks its own plan cache; the module's state is only read) and mutates nothing itself.
 ///
 ///   ScriptedModel teacher("teacher.pt");
-///   ViTOutput out = teacher.forward(batch.images);  // out.logits: [B, classes]
+///   ModelOutput out = teacher.forward(batch.images);  // out.logits: [B, classes]
 class ScriptedModel {
  public:
   explicit ScriptedModel(const std::string& path, torch::Device device = torch::kCPU);
@@ -53,12 +53,12 @@ class ScriptedModel {
   ScriptedModel(ScriptedModel&&) noexcept;
   ScriptedModel& operator=(ScriptedModel&&) noexcept;
 
-  ViTOutput forward(const torch::Tensor& images) const;
+  ModelOutput forward(const torch::Tensor& images) const;
   /// Casts to `dtype` each parameter that `select(class name of its module, parameter name)`
   /// accepts, e.g. ("__torch__.torch.nn.modules.linear.Linear", "weight").
   void cast_parameters(const std::function<bool(const std::string&, const std::string&)>& select,
                        torch::ScalarType dtype);
-  ViTOutput operator()(const torch::Tensor& images) const { return forward(images); }
+  ModelOutput operator()(const torch::Tensor& images) const { return forward(images); }
 
   const std::string& path() const;
   /// The module's int attribute `image_size` (files from `export_torchscript` have one), if any.

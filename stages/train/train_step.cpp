@@ -22,9 +22,9 @@ constexpr std::size_t kRecentSteps = 20;
 
 }  // namespace
 
-ViTConfig ViTOptions::config() const {
+ModelConfig ModelOptions::config() const {
   if (classes < 1) throw Error("param 'classes' is required (>= 1)");
-  ViTConfig config = vit_config(model, image_size, classes);
+  ModelConfig config = model_config(model, image_size, classes);
   const auto override_with = [](int option, int& field) {
     if (option > 0) field = option;
   };
@@ -32,10 +32,29 @@ ViTConfig ViTOptions::config() const {
   override_with(dim, config.dim);
   override_with(depth, config.depth);
   override_with(heads, config.heads);
+  if (!stage_blocks.empty()) {
+    config.stage_blocks.clear();
+    for (double blocks : stage_blocks) {
+      if (blocks != static_cast<int>(blocks) || blocks < 1 || blocks > 1024) {
+        throw Error("param 'stage_blocks' must hold whole numbers in [1, 1024]");
+      }
+      config.stage_blocks.push_back(static_cast<int>(blocks));
+    }
+  }
+  if (!stem.empty()) config.stem = stem;
   config.regression_outputs = regression_outputs;
   config.dropout = dropout;
+  config.drop_path = drop_path;
+  config.distillation_token = distillation_token;
   config.regression_scale = regression_scale;
-  config.validate();
+  try {
+    config.validate();
+  } catch (const Error& e) {
+    // "ModelConfig: heads does not apply to arch 'resnet'" -> the param and the preset.
+    std::string what = e.what();
+    if (what.rfind("ModelConfig: ", 0) == 0) what = what.substr(13);
+    throw Error("model '" + model + "': " + what);
+  }
   return config;
 }
 
@@ -48,7 +67,7 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
     throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
   }
   TrainerOptions trainer;
-  trainer.model = options.vit.config();
+  trainer.model = options.model.config();
   trainer.seed = options.seed;
   trainer.optimizer.lr = options.lr;
   trainer.optimizer.min_lr = options.min_lr;
@@ -57,6 +76,8 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.loss.alpha = options.alpha;
   trainer.loss.temperature = options.temperature;
   trainer.loss.regression_weight = options.regression_weight;
+  trainer.loss.label_smoothing = options.label_smoothing;
+  trainer.loss.hard = options.distillation == "hard";
   trainer.clip_grad_norm = options.clip_grad_norm;
   trainer.skip_nonfinite = options.on_nonfinite == "skip";
   trainer.bf16 = wants_bf16(options.autocast);
@@ -92,7 +113,7 @@ TrainStepStage::~TrainStepStage() = default;
 
 StageDoc TrainStepStage::describe() {
   return {
-      "Trains a ViT (a student, or a teacher from labels), one serial step per batch in "
+      "Trains a model (a ViT or ResNet student, or a teacher from labels), one serial step per batch in "
       "order: forward, loss (distillation from the batch's teacher outputs, else "
       "supervised), backward, gradient clipping, AdamW with warm-up + cosine; exact resume. "
       "Emits a record per step; an entry whose output no stage takes brings the nodes "

@@ -13,10 +13,11 @@
 
 namespace flowtrain::train {
 
-/// The ViT a training stage builds from its options: a preset (model, image_size, classes,
+/// The model a training stage builds from its options: a preset (model, image_size, classes,
 /// regression_outputs) with optional overrides of its shape (patch_size, dim, depth, heads,
-/// dropout; 0 keeps the preset's). A group of TrainStepOptions, its keys flat in YAML.
-struct ViTOptions {
+/// stage_blocks, stem; 0 or empty keeps the preset's) and its regularisation. A group of
+/// TrainStepOptions, its keys flat in YAML.
+struct ModelOptions {
   std::string model = "vit_cpu_student";
   int image_size = 112;
   int classes = 0;
@@ -26,11 +27,15 @@ struct ViTOptions {
   int dim = 0;
   int depth = 0;
   int heads = 0;
+  std::vector<double> stage_blocks;
+  std::string stem;
   double dropout = 0.0;
+  double drop_path = 0.0;
+  bool distillation_token = false;
   template <class Declare>
   void declare(Declare& d) {
-    d(model, "model", "ViT preset",
-      {.choices = {"vit_ti", "vit_s", "vit_b", "vit_cpu_teacher", "vit_cpu_student"}});
+    d(model, "model", "model preset (vit_*: a ViT; resnet*: a ResNet of basic blocks)",
+      {.choices = model_presets()});
     d(image_size, "image_size", "input side in pixels (augment's size)", {.min = 1, .max = 8192});
     d(classes, "classes", "number of classes (required)", {.min = 0, .max = 1 << 20});
     d(regression_outputs, "regression_outputs", "size of the regression head (0: none)",
@@ -39,15 +44,31 @@ struct ViTOptions {
       "the regression head predicts target / scale, multiplied back in its output (so targets "
       "like 350 kcal train at order one; the loss is on that scale)",
       {.min = 1e-9});
-    d(patch_size, "patch_size", "patch side (0: the preset's)", {.min = 0, .max = 1024});
-    d(dim, "dim", "embedding width (0: the preset's)", {.min = 0, .max = 1 << 16});
-    d(depth, "depth", "number of blocks (0: the preset's)", {.min = 0, .max = 1024});
-    d(heads, "heads", "attention heads (0: the preset's)", {.min = 0, .max = 1024});
-    d(dropout, "dropout", "dropout probability", {.min = 0});
+    d(patch_size, "patch_size", "ViT: patch side (0: the preset's)", {.min = 0, .max = 1024});
+    d(dim, "dim",
+      "ViT: embedding width; ResNet: the first stage's width, doubled per stage (0: the preset's)",
+      {.min = 0, .max = 1 << 16});
+    d(depth, "depth", "ViT: number of blocks (0: the preset's)", {.min = 0, .max = 1024});
+    d(heads, "heads", "ViT: attention heads (0: the preset's)", {.min = 0, .max = 1024});
+    d(stage_blocks, "stage_blocks", "ResNet: basic blocks per stage, e.g. [2, 2, 2, 2] (empty: "
+      "the preset's)");
+    d(stem, "stem",
+      "ResNet: imagenet (conv 7x7/2 + max pool: the image / 4) or compact (conv 3x3/2: the "
+      "image / 2, for small inputs); empty: imagenet",
+      {.choices = {"", "imagenet", "compact"}});
+    d(dropout, "dropout", "dropout probability (ViT: in the blocks; ResNet: before the heads)",
+      {.min = 0});
+    d(drop_path, "drop_path",
+      "ViT: stochastic depth, the last block's rate of dropping a residual branch (rising "
+      "linearly from 0)",
+      {.min = 0});
+    d(distillation_token, "distillation_token",
+      "ViT: DeiT's distillation token and head, trained against the teacher (see `distillation`); "
+      "predictions average both heads");
   }
 
   /// The preset with the overrides, validated; throws Error if `classes` is not given.
-  ViTConfig config() const;
+  ModelConfig config() const;
 };
 
 struct TrainStepOptions {
@@ -55,6 +76,8 @@ struct TrainStepOptions {
   double alpha = 0.5;
   double temperature = 2.0;
   double regression_weight = 0.0;
+  double label_smoothing = 0.0;
+  std::string distillation = "soft";
   double lr = 1e-3;
   double min_lr = 1e-5;
   std::uint64_t warmup_steps = 0;
@@ -74,10 +97,10 @@ struct TrainStepOptions {
   bool zero = false;
   // Declared first (its keys lead the list), but the last field: as the first, GCC 12 at -O3
   // warns falsely (-Wmaybe-uninitialized) about its string in option_specs<TrainStepOptions>.
-  ViTOptions vit;
+  ModelOptions model;
   template <class Declare>
   void declare(Declare& d) {
-    vit.declare(d);
+    model.declare(d);
     d(seed, "seed", "seed of the initial weights and of dropout", {.min = 0});
     d(alpha, "alpha",
       "weight of the label cross-entropy; 1 - alpha goes to distillation (1: supervised, no "
@@ -85,6 +108,12 @@ struct TrainStepOptions {
       {.min = 0});
     d(temperature, "temperature", "distillation temperature T", {.min = 0});
     d(regression_weight, "regression_weight", "weight of the regression (MSE) term", {.min = 0});
+    d(label_smoothing, "label_smoothing",
+      "share of the label cross-entropy's target spread over all classes", {.min = 0, .max = 0.99});
+    d(distillation, "distillation",
+      "soft: T^2 KL of the softened teacher and student distributions (Hinton); hard: "
+      "cross-entropy against the teacher's top class (DeiT)",
+      {.choices = {"soft", "hard"}});
     d(lr, "lr", "peak learning rate (AdamW)", {.min = 0});
     d(min_lr, "min_lr", "learning rate at the end of the cosine", {.min = 0});
     d(warmup_steps, "warmup_steps", "linear warm-up steps", {.min = 0});
@@ -153,7 +182,7 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
 
   const std::vector<StepRecord>& history() const { return session_->history; }
   const TrainState& state() const { return session_->trainer->state(); }
-  ViT& model() { return session_->trainer->model(); }
+  ImageModel& model() { return session_->trainer->model(); }
 
  protected:
   void process(data::Batch&& batch, Emitter<GradBucket>& out) override;

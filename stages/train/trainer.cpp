@@ -31,7 +31,7 @@ Trainer::Trainer(const TrainerOptions& options,
     : options_(options) {
   if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
   torch::manual_seed(options_.seed);
-  model_ = ViT(options_.model);
+  model_ = make_model(options_.model);
   if (group) {
     rank_ = group->getRank();
     world_size_ = group->getSize();
@@ -92,7 +92,7 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
   torch::Tensor logits;
   {
     RECORD_USER_SCOPE("student forward");  // the parts' names in LibTorch's profiler
-    ViTOutput forward;
+    ModelOutput forward;
     {
       Autocast autocast(options_.bf16);
       forward = model_->forward(batch.images);
@@ -104,11 +104,30 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
                                          ? forward.regression.to(torch::kFloat) / scale
                                          : torch::Tensor();
     const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
+    if (forward.distillation.defined() && !batch.teacher_logits.defined()) {
+      pending_.reset();
+      throw Error("batch " + std::to_string(batch.number) +
+                  " has no teacher outputs for the model's distillation token: put a "
+                  "teacher_infer stage before this one, or set distillation_token: false");
+    }
+    const torch::Tensor distillation = forward.distillation.defined()
+                                           ? forward.distillation.to(torch::kFloat)
+                                           : torch::Tensor();
+    // Mixed rows (mixup): each row's label target is its own label and its partner's, by shares.
+    torch::Tensor labels = batch.labels;
+    if (batch.label_mix.defined()) {
+      const std::int64_t classes = logits.size(1);
+      const torch::Tensor own = batch.label_mix.to(torch::kFloat).unsqueeze(1);
+      labels = torch::one_hot(batch.labels, classes).to(torch::kFloat) * own +
+               torch::one_hot(batch.labels.index_select(0, batch.mix_partner), classes)
+                       .to(torch::kFloat) *
+                   (1 - own);
+    }
     p.loss = batch.teacher_logits.defined()
-                 ? kd_loss(logits, batch.teacher_logits, batch.labels, options_.loss, regression,
-                           targets)
-                 : supervised_loss(logits, batch.labels, options_.loss.regression_weight,
-                                   regression, targets);
+                 ? kd_loss(logits, batch.teacher_logits, labels, options_.loss, regression,
+                           targets, distillation)
+                 : supervised_loss(logits, labels, options_.loss.regression_weight,
+                                   options_.loss.label_smoothing, regression, targets);
     p.out.loss = p.loss.total.item<double>();
   }
   p.out.forward_end = Clock::now();

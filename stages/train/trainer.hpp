@@ -10,7 +10,7 @@
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/kd_loss.hpp"
 #include "stages/train/optimizer.hpp"
-#include "stages/train/vit.hpp"
+#include "stages/train/model.hpp"
 
 namespace c10d {
 class ProcessGroup;
@@ -25,7 +25,7 @@ namespace flowtrain::train {
 
 /// What a Trainer trains, and how.
 struct TrainerOptions {
-  ViTConfig model;
+  ModelConfig model;
   std::uint64_t seed = 0;  // the initial weights and every random draw of training follow it
   OptimizerOptions optimizer;
   KdLossOptions loss;
@@ -55,7 +55,7 @@ struct StepOutcome {
 /// ZeRO shard), gradient clipping and, given a process group, the gradient all-reduce, which
 /// backward hooks start bucket by bucket so it overlaps backward. Tests drive it directly:
 ///
-///   Trainer trainer({.model = vit_config("vit_cpu_student", 112, 10), .seed = 1});
+///   Trainer trainer({.model = model_config("vit_cpu_student", 112, 10), .seed = 1});
 ///   trainer.set_total_steps(100);
 ///   StepOutcome out = trainer.step(batch);   // forward, loss, backward, sync, clip, AdamW
 ///   std::string bytes = trainer.checkpoint(/*with_optimizer=*/true);
@@ -101,7 +101,7 @@ class Trainer {
   std::string checkpoint(bool with_optimizer) const;
 
   const TrainState& state() const { return state_; }
-  ViT& model() { return model_; }
+  ImageModel& model() { return model_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   bool resumed() const { return resumed_; }
@@ -116,7 +116,7 @@ class Trainer {
   torch::optim::AdamW& optimizer() const;
 
   TrainerOptions options_;
-  ViT model_{nullptr};
+  ImageModel model_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;  // without ZeRO
   std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
   std::unique_ptr<dist::GradSync> sync_;            // with a group

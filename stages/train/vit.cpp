@@ -1,10 +1,8 @@
 #include "stages/train/vit.hpp"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
-#include <sstream>
 
 #include "graph/error.hpp"
 
@@ -15,23 +13,6 @@ namespace {
 constexpr double kInitStd = 0.02;
 // timm's LayerNorm epsilon for ViT (PyTorch's default is 1e-5).
 constexpr double kLayerNormEps = 1e-6;
-
-struct Preset {
-  const char* name;
-  int dim, depth, heads, patch;
-};
-constexpr Preset kPresets[] = {
-    {"vit_ti", 192, 12, 3, 16},         {"vit_s", 384, 12, 6, 16},
-    {"vit_b", 768, 12, 12, 16},         {"vit_cpu_teacher", 384, 6, 6, 16},
-    {"vit_cpu_student", 192, 4, 3, 16},
-};
-
-void require_positive(const char* field, int value) {
-  if (value <= 0) {
-    throw Error(std::string("ViTConfig: ") + field + " must be > 0 (got " + std::to_string(value) +
-                ")");
-  }
-}
 
 // Truncated normal at [-2 std, 2 std] by the inverse CDF, as torch.nn.init.trunc_normal_ does;
 // LibTorch's C++ frontend has no trunc_normal_. (timm passes the bounds -2 and 2 in absolute
@@ -51,103 +32,11 @@ torch::nn::LayerNorm layer_norm(std::int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
 }
 
-// A Linear layer, with its bias in bf16 under autocast. LibTorch 1.13's CPU autocast casts the
-// input and the weight of a linear to bf16 but leaves the bias float32, then adds it to the
-// bf16 product in a separate mixed-type pass (6% of the bench teacher's bf16 forward); with a
-// bf16 bias at::linear fuses it into one addmm. Outside autocast this is exactly layer(x).
-torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
-  if (!at::autocast::is_cpu_enabled()) return layer->forward(x);
-  const torch::Tensor& bias = layer->bias;
-  return torch::linear(x, layer->weight, bias.defined() ? bias.to(torch::kBFloat16) : bias);
-}
-
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 ? torch::dropout(x, p, training) : x;
 }
 
 }  // namespace
-
-void ViTConfig::validate() const {
-  require_positive("image_size", image_size);
-  require_positive("patch_size", patch_size);
-  require_positive("channels", channels);
-  require_positive("dim", dim);
-  require_positive("depth", depth);
-  require_positive("heads", heads);
-  require_positive("classes", classes);
-  if (!(mlp_ratio > 0)) {
-    throw Error("ViTConfig: mlp_ratio must be > 0 (got " + std::to_string(mlp_ratio) + ")");
-  }
-  if (mlp_hidden() <= 0) {
-    throw Error("ViTConfig: mlp_ratio " + std::to_string(mlp_ratio) + " x dim " +
-                std::to_string(dim) + " gives an empty MLP");
-  }
-  if (regression_outputs < 0) {
-    throw Error("ViTConfig: regression_outputs must be >= 0 (got " +
-                std::to_string(regression_outputs) + ")");
-  }
-  if (!(regression_scale > 0)) {
-    throw Error("ViTConfig: regression_scale must be > 0 (got " + std::to_string(regression_scale) +
-                ")");
-  }
-  if (!(dropout >= 0 && dropout < 1)) {
-    throw Error("ViTConfig: dropout must be in [0, 1) (got " + std::to_string(dropout) + ")");
-  }
-  if (image_size % patch_size != 0) {
-    throw Error("ViTConfig: image_size " + std::to_string(image_size) +
-                " is not divisible by patch_size " + std::to_string(patch_size));
-  }
-  if (dim % heads != 0) {
-    throw Error("ViTConfig: dim " + std::to_string(dim) + " is not divisible by heads " +
-                std::to_string(heads));
-  }
-}
-
-std::int64_t ViTConfig::patches() const {
-  const std::int64_t side = image_size / patch_size;
-  return side * side;
-}
-
-std::int64_t ViTConfig::mlp_hidden() const { return static_cast<std::int64_t>(mlp_ratio * dim); }
-
-namespace {
-
-std::int64_t patch_embed_flops(const ViTConfig& c) {
-  return 2 * c.patches() * c.channels * c.patch_size * c.patch_size * c.dim;
-}
-
-}  // namespace
-
-std::int64_t ViTConfig::forward_flops() const {
-  const std::int64_t tokens = patches() + 1;
-  const std::int64_t d = dim;
-  const std::int64_t block = 2 * tokens * d * 3 * d          // qkv
-                             + 2 * 2 * tokens * tokens * d  // q k^T and attention x v
-                             + 2 * tokens * d * d           // output projection
-                             + 2 * 2 * tokens * d * mlp_hidden();
-  return patch_embed_flops(*this) + depth * block + 2 * d * (classes + regression_outputs);
-}
-
-std::int64_t ViTConfig::train_flops() const {
-  return 3 * forward_flops() - patch_embed_flops(*this);
-}
-
-ViTConfig vit_config(const std::string& preset, int image_size, int classes) {
-  std::string known;
-  for (const Preset& p : kPresets) {
-    if (preset == p.name) {
-      return ViTConfig{.image_size = image_size,
-                       .patch_size = p.patch,
-                       .dim = p.dim,
-                       .depth = p.depth,
-                       .heads = p.heads,
-                       .classes = classes};
-    }
-    known += known.empty() ? "" : ", ";
-    known += p.name;
-  }
-  throw Error("unknown ViT preset '" + preset + "' (known: " + known + ")");
-}
 
 PatchEmbedImpl::PatchEmbedImpl(std::int64_t channels, std::int64_t dim, std::int64_t patch)
     : proj_(register_module(
@@ -172,14 +61,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const std::int64_t dim = x.size(2);
   // [B, N, 3 * dim] -> [3, B, heads, N, head_dim]
   const torch::Tensor qkv =
-      linear(qkv_, x).reshape({batch, tokens, 3, heads_, dim / heads_}).permute({2, 0, 3, 1, 4});
+      apply_linear(qkv_, x).reshape({batch, tokens, 3, heads_, dim / heads_}).permute({2, 0, 3, 1, 4});
   const torch::Tensor q = qkv[0];
   const torch::Tensor k = qkv[1];
   const torch::Tensor v = qkv[2];
   const torch::Tensor attention = torch::matmul(q * scale_, k.transpose(-2, -1)).softmax(-1);
   const torch::Tensor out =
       torch::matmul(attention, v).transpose(1, 2).reshape({batch, tokens, dim});
-  return maybe_dropout(linear(proj_, out), dropout_, is_training());
+  return maybe_dropout(apply_linear(proj_, out), dropout_, is_training());
 }
 
 MlpImpl::MlpImpl(std::int64_t dim, std::int64_t hidden, double dropout)
@@ -189,37 +78,60 @@ MlpImpl::MlpImpl(std::int64_t dim, std::int64_t hidden, double dropout)
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   // Exact (erf) GELU, as torch.nn.GELU() in timm.
-  const torch::Tensor hidden = maybe_dropout(torch::gelu(linear(fc1_, x)), dropout_, is_training());
-  return maybe_dropout(linear(fc2_, hidden), dropout_, is_training());
+  const torch::Tensor hidden = maybe_dropout(torch::gelu(apply_linear(fc1_, x)), dropout_, is_training());
+  return maybe_dropout(apply_linear(fc2_, hidden), dropout_, is_training());
 }
 
 TransformerBlockImpl::TransformerBlockImpl(std::int64_t dim,
                                            std::int64_t heads,
                                            std::int64_t hidden,
-                                           double dropout)
-    : norm1_(register_module("norm1", layer_norm(dim))),
+                                           double dropout,
+                                           double drop_path)
+    : drop_path_(drop_path),
+      norm1_(register_module("norm1", layer_norm(dim))),
       attn_(register_module("attn", Attention(dim, heads, dropout))),
       norm2_(register_module("norm2", layer_norm(dim))),
       mlp_(register_module("mlp", Mlp(dim, hidden, dropout))) {}
 
-torch::Tensor TransformerBlockImpl::forward(torch::Tensor x) {
-  x = x + attn_(norm1_(x));
-  return x + mlp_(norm2_(x));
+torch::Tensor TransformerBlockImpl::drop_path(const torch::Tensor& branch) const {
+  if (drop_path_ == 0 || !is_training()) return branch;
+  // One draw per sample from the global generator (seeded and checkpointed by the Trainer).
+  const double keep = 1.0 - drop_path_;
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(branch.dim()), 1);
+  shape[0] = branch.size(0);
+  const torch::Tensor mask =
+      torch::empty(shape, branch.options().dtype(torch::kFloat)).bernoulli_(keep).div_(keep);
+  return branch * mask.to(branch.scalar_type());
 }
 
-ViTImpl::ViTImpl(const ViTConfig& config) : config_(config) {
-  config_.validate();
+torch::Tensor TransformerBlockImpl::forward(torch::Tensor x) {
+  x = x + drop_path(attn_(norm1_(x)));
+  return x + drop_path(mlp_(norm2_(x)));
+}
+
+ViTImpl::ViTImpl(const ModelConfig& config) : ImageModelImpl(config) {
+  if (!config_.is_vit()) throw Error("ViT: config.arch is '" + config_.arch + "', not 'vit'");
   const std::int64_t dim = config_.dim;
+  const std::int64_t extra_tokens = config_.distillation_token ? 2 : 1;
   patch_embed_ =
       register_module("patch_embed", PatchEmbed(config_.channels, dim, config_.patch_size));
   cls_token_ = register_parameter("cls_token", torch::zeros({1, 1, dim}));
-  pos_embed_ = register_parameter("pos_embed", torch::zeros({1, 1 + config_.patches(), dim}));
+  if (config_.distillation_token) {
+    dist_token_ = register_parameter("dist_token", torch::zeros({1, 1, dim}));
+  }
+  pos_embed_ =
+      register_parameter("pos_embed", torch::zeros({1, extra_tokens + config_.patches(), dim}));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int i = 0; i < config_.depth; ++i) {
-    blocks_->push_back(TransformerBlock(dim, config_.heads, config_.mlp_hidden(), config_.dropout));
+    const double rate = config_.depth > 1 ? config_.drop_path * i / (config_.depth - 1) : 0.0;
+    blocks_->push_back(
+        TransformerBlock(dim, config_.heads, config_.mlp_hidden(), config_.dropout, rate));
   }
   norm_ = register_module("norm", layer_norm(dim));
   head_ = register_module("head", torch::nn::Linear(dim, config_.classes));
+  if (config_.distillation_token) {
+    head_dist_ = register_module("head_dist", torch::nn::Linear(dim, config_.classes));
+  }
   if (config_.regression_outputs > 0) {
     regression_head_ =
         register_module("regression_head", torch::nn::Linear(dim, config_.regression_outputs));
@@ -231,6 +143,7 @@ void ViTImpl::init_parameters() {
   torch::NoGradGuard no_grad;
   trunc_normal_(pos_embed_, kInitStd);
   trunc_normal_(cls_token_, kInitStd);
+  if (dist_token_.defined()) trunc_normal_(dist_token_, kInitStd);
   // modules() lists submodules depth first in registration order, so the draws are deterministic.
   // The patch embedding keeps LibTorch's default Conv2d init, as in timm; LayerNorm is 1 and 0.
   for (const auto& module : modules(/*include_self=*/false)) {
@@ -241,37 +154,32 @@ void ViTImpl::init_parameters() {
   }
 }
 
-ViTOutput ViTImpl::forward(const torch::Tensor& images) {
-  if (images.dim() != 4 || images.size(1) != config_.channels ||
-      images.size(2) != config_.image_size || images.size(3) != config_.image_size) {
-    std::ostringstream message;
-    message << "ViT: expected images [B, " << config_.channels << ", " << config_.image_size << ", "
-            << config_.image_size << "], got " << images.sizes();
-    throw Error(message.str());
-  }
+ModelOutput ViTImpl::forward(const torch::Tensor& images) {
+  check_images(images);
   torch::Tensor x = patch_embed_(images);
-  x = torch::cat({cls_token_.expand({x.size(0), -1, -1}), x}, 1) + pos_embed_;
-  x = maybe_dropout(x, config_.dropout, is_training());
+  const std::int64_t batch = x.size(0);
+  x = config_.distillation_token
+          ? torch::cat({cls_token_.expand({batch, -1, -1}), dist_token_.expand({batch, -1, -1}), x},
+                       1)
+          : torch::cat({cls_token_.expand({batch, -1, -1}), x}, 1);
+  x = maybe_dropout(x + pos_embed_, config_.dropout, is_training());
   for (const auto& block : *blocks_) {
     x = block->as<TransformerBlock>()->forward(x);
   }
   // LayerNorm is per token: normalising the class token alone equals timm's norm-then-select.
   const torch::Tensor cls = norm_(x.select(1, 0));
-  ViTOutput out;
-  out.logits = linear(head_, cls);
-  if (regression_head_) {
-    out.regression = linear(regression_head_, cls);
-    if (config_.regression_scale != 1) out.regression = out.regression * config_.regression_scale;
+  ModelOutput out;
+  out.logits = apply_linear(head_, cls);
+  if (head_dist_) {
+    const torch::Tensor distillation = apply_linear(head_dist_, norm_(x.select(1, 1)));
+    if (is_training()) {
+      out.distillation = distillation;
+    } else {
+      out.logits = (out.logits + distillation) / 2;
+    }
   }
+  if (regression_head_) out.regression = scale_regression(apply_linear(regression_head_, cls));
   return out;
-}
-
-std::int64_t parameter_count(const torch::nn::Module& module) {
-  std::int64_t count = 0;
-  for (const torch::Tensor& parameter : module.parameters(/*recurse=*/true)) {
-    count += parameter.numel();
-  }
-  return count;
 }
 
 }  // namespace flowtrain::train

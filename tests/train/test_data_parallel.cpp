@@ -10,6 +10,7 @@
 
 #include "distributed/grad_sync.hpp"
 #include "distributed/zero.hpp"
+#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "tests/process.hpp"
 #include "tests/train/training_fixture.hpp"
@@ -33,7 +34,7 @@ Exit run_cli(std::vector<std::string> args) {
 
 // The largest absolute difference between the weights of two checkpoints.
 double max_weight_difference(const std::string& a_path, const std::string& b_path) {
-  const ViT a = load_model(read_checkpoint(a_path)), b = load_model(read_checkpoint(b_path));
+  const ImageModel a = load_model(read_checkpoint(a_path)), b = load_model(read_checkpoint(b_path));
   const auto pa = a->named_parameters(), pb = b->named_parameters();
   REQUIRE(pa.size() == pb.size());
   double worst = 0;

@@ -32,7 +32,7 @@ TEST_CASE("Train.FolderLock.TwoTrainingStagesCannotShareACheckpointDir") {
   TempDir dir("lock-stage");
   const TrainStepStage::Options options{
       .checkpoint_dir = dir / "run",
-      .vit = {.image_size = 32, .classes = 4, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2}};
+      .model = {.image_size = 32, .classes = 4, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2}};
   const TrainStepStage first(options);
   CHECK_THROWS_WITH_AS(
       TrainStepStage{options},

@@ -18,7 +18,7 @@ using Precision = InferenceModel::Precision;
 
 namespace {
 
-ViTConfig teacher_config() {
+ModelConfig teacher_config() {
   return {.image_size = 32,
           .patch_size = 8,
           .dim = 64,
@@ -56,13 +56,13 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" 
     const std::unique_ptr<InferenceModel> fp32 = InferenceModel::load(path);
     const std::unique_ptr<InferenceModel> bf16 = InferenceModel::load(path, Precision::kBFloat16);
     CHECK(bf16->description().find("bf16") != std::string::npos);
-    const ViTOutput exact = fp32->forward(images);
-    ViTOutput autocast;  // what teacher_infer computed before: float32 weights under autocast
+    const ModelOutput exact = fp32->forward(images);
+    ModelOutput autocast;  // what teacher_infer computed before: float32 weights under autocast
     {
       Autocast scope(true);
       autocast = fp32->forward(images);
     }
-    const ViTOutput out = bf16->forward(images);
+    const ModelOutput out = bf16->forward(images);
 
     // float32 out, whatever the model computes in.
     CHECK((out.logits.scalar_type() == torch::kFloat));

@@ -7,6 +7,7 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/join_teachers.hpp"
 #include "stages/train/teacher_infer.hpp"
@@ -43,7 +44,7 @@ class RandomBatches final : public Source<data::Batch> {
 
 void write_teacher(const std::string& path, std::uint64_t seed, int dim) {
   torch::manual_seed(seed);
-  ViT teacher(ViTConfig{
+  ViT teacher(ModelConfig{
       .image_size = 32, .patch_size = 8, .dim = dim, .depth = 1, .heads = 2, .classes = 4});
   save_checkpoint(path, teacher, nullptr, {});
 }

@@ -148,7 +148,7 @@ TEST_CASE("Train.KdLoss.Alpha1IsCrossEntropy") {
   CHECK(torch::equal(supervised.total, torch::cross_entropy_loss(tensor(kStudent), labels)));
 
   const KdLoss with_regression =
-      supervised_loss(tensor(kStudent), labels, 2.0, tensor(kRegression), tensor(kTargets));
+      supervised_loss(tensor(kStudent), labels, 2.0, 0.0, tensor(kRegression), tensor(kTargets));
   CHECK(value(with_regression.total) ==
         doctest::Approx(ce + 2.0 * reference_mse(kRegression, kTargets)).epsilon(1e-12));
 }
@@ -189,10 +189,10 @@ TEST_CASE("Train.KdLoss.BadInputErrors") {
                        "kd_loss: student_logits must be a floating [B, C] tensor, got [6] Double",
                        Error);
   CHECK_THROWS_WITH_AS(kd_loss(s, t, y.slice(0, 0, 1), ok),
-                       "kd_loss: labels must be int64 [2] like the logits [2, 3], got [1] Long",
+                       "kd_loss: labels must be int64 [2] or class shares shaped like the logits [2, 3], got [1] Long",
                        Error);
   CHECK_THROWS_WITH_AS(kd_loss(s, t, y.to(torch::kInt), ok),
-                       "kd_loss: labels must be int64 [2] like the logits [2, 3], got [2] Int",
+                       "kd_loss: labels must be int64 [2] or class shares shaped like the logits [2, 3], got [2] Int",
                        Error);
   CHECK_THROWS_WITH_AS(
       kd_loss(s, t, y, {.alpha = 0.5, .temperature = 2.0, .regression_weight = 1}),
@@ -206,4 +206,42 @@ TEST_CASE("Train.KdLoss.BadInputErrors") {
                        "kd_loss: student_regression [2, 2] and regression_targets [2, 1] must "
                        "both be [2, K]",
                        Error);
+}
+
+TEST_CASE("Train.KdLoss.LabelSmoothingSharesAndHardDistillation") {
+  const torch::Tensor logits = torch::tensor({{2.0, 0.5, -1.0}, {0.1, 0.2, 0.3}});
+  const torch::Tensor labels = torch::tensor({0, 2}, torch::kLong);
+  const torch::Tensor log_p = torch::log_softmax(logits, 1);
+  // Label smoothing 0.3 over 3 classes: the label gets 0.8, the others 0.1.
+  const KdLoss smoothed = supervised_loss(logits, labels, 0, 0.3);
+  const double expected_smoothed =
+      -(0.8 * log_p[0][0] + 0.1 * log_p[0][1] + 0.1 * log_p[0][2] + 0.1 * log_p[1][0] +
+        0.1 * log_p[1][1] + 0.8 * log_p[1][2])
+           .item<double>() /
+      2;
+  CHECK(smoothed.total.item<double>() == doctest::Approx(expected_smoothed).epsilon(1e-6));
+  // Shares of the classes (a mixed row): the cross-entropy against them.
+  const torch::Tensor shares = torch::tensor({{0.7, 0.3, 0.0}, {0.0, 0.0, 1.0}});
+  const KdLoss mixed = supervised_loss(logits, shares);
+  CHECK(mixed.total.item<double>() ==
+        doctest::Approx(-(0.7 * log_p[0][0] + 0.3 * log_p[0][1] + log_p[1][2]).item<double>() / 2)
+            .epsilon(1e-6));
+  // Hard distillation: the cross-entropy against the teacher's top class, here 1 and 0; with a
+  // distillation head it goes there, and the logits learn the labels only.
+  const torch::Tensor teacher = torch::tensor({{0.0, 5.0, 1.0}, {3.0, 0.0, 0.0}});
+  const torch::Tensor head = torch::tensor({{1.0, 1.0, 0.0}, {0.0, 2.0, 1.0}}, torch::requires_grad());
+  const torch::Tensor student = logits.clone().requires_grad_();
+  const KdLoss hard = kd_loss(student, teacher, labels, {.alpha = 0.5, .temperature = 4, .hard = true},
+                              {}, {}, head);
+  const torch::Tensor head_log_p = torch::log_softmax(head, 1);
+  CHECK(hard.kd.item<double>() ==
+        doctest::Approx(-(head_log_p[0][1] + head_log_p[1][0]).item<double>() / 2).epsilon(1e-6));
+  CHECK(hard.total.item<double>() ==
+        doctest::Approx(0.5 * hard.ce.item<double>() + 0.5 * hard.kd.item<double>()).epsilon(1e-6));
+  hard.total.backward();
+  // The student's logits get the label term's gradient only: softmax - one-hot, times 0.5 / 2.
+  const torch::Tensor expected_grad =
+      (torch::softmax(logits, 1) - torch::one_hot(labels, 3).to(torch::kFloat)) * 0.25;
+  CHECK(torch::allclose(student.grad(), expected_grad, 1e-6, 1e-6));
+  CHECK(head.grad().abs().sum().item<double>() > 0);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "stages/data/splitmix.hpp"
+#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "tests/process.hpp"
 #include "tests/train/training_fixture.hpp"
@@ -80,7 +81,7 @@ void check_interrupted_run_resumes_exactly(int signal) {
   CHECK(whole.state.step == 40);  // 4 epochs x 10 batches
   CHECK(resumed.state.step == whole.state.step);
   CHECK(resumed.state.data_position == whole.state.data_position);
-  const ViT a = load_model(whole), b = load_model(resumed);
+  const ImageModel a = load_model(whole), b = load_model(resumed);
   const auto pa = a->named_parameters(), pb = b->named_parameters();
   REQUIRE(pa.size() == pb.size());
   std::size_t equal = 0;
@@ -90,7 +91,7 @@ void check_interrupted_run_resumes_exactly(int signal) {
 
 // The final weights of `path`'s model equal `other`'s, tensor for tensor.
 bool same_weights(const std::string& path, const std::string& other) {
-  const ViT a = load_model(read_checkpoint(path)), b = load_model(read_checkpoint(other));
+  const ImageModel a = load_model(read_checkpoint(path)), b = load_model(read_checkpoint(other));
   const auto pa = a->named_parameters(), pb = b->named_parameters();
   if (pa.size() != pb.size()) return false;
   for (const auto& item : pa) {

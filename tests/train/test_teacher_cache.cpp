@@ -12,6 +12,7 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/teacher_cache.hpp"
 #include "stages/train/teacher_infer.hpp"
@@ -62,7 +63,7 @@ class ViewBatches final : public Source<data::Batch> {
 
 void write_teacher(const std::string& path, std::uint64_t seed) {
   torch::manual_seed(seed);
-  ViT teacher(ViTConfig{.image_size = 32,
+  ViT teacher(ModelConfig{.image_size = 32,
                         .patch_size = 8,
                         .dim = 32,
                         .depth = 1,
@@ -163,7 +164,7 @@ TEST_CASE("Train.TeacherCache.SecondRunRunsNoTeacherAndGetsTheSameOutputs" *
   // The stored outputs are the teacher's, rounded to float16, and the first run trains on them.
   std::unique_ptr<InferenceModel> teacher = InferenceModel::load(dir / "teacher.pt");
   for (auto& [n, batch] : first.batches) {
-    const ViTOutput out = teacher->forward(batch.images);
+    const ModelOutput out = teacher->forward(batch.images);
     CHECK(torch::equal(batch.teacher_logits, out.logits.to(torch::kHalf).to(torch::kFloat)));
     CHECK(
         torch::equal(batch.teacher_regression, out.regression.to(torch::kHalf).to(torch::kFloat)));

@@ -39,8 +39,8 @@ class TempFolder {
   fs::path path_;
 };
 
-ViTConfig small_config(int regression_outputs, double dropout = 0) {
-  return ViTConfig{.image_size = 32,
+ModelConfig small_config(int regression_outputs, double dropout = 0) {
+  return ModelConfig{.image_size = 32,
                    .patch_size = 8,
                    .dim = 32,
                    .depth = 2,
@@ -121,12 +121,12 @@ TEST_CASE("TorchScript.Export.MatchesModel" * doctest::timeout(120)) {
   for (const int regression_outputs : {0, 1}) {
     CAPTURE(regression_outputs);
     torch::manual_seed(regression_outputs);
-    ViTConfig config = small_config(regression_outputs);
+    ModelConfig config = small_config(regression_outputs);
     config.regression_scale = 100;  // outputs in the targets' units, in the file as in C++
     ViT model(config);
     model->eval();
     const torch::Tensor images = torch::randn({3, 3, 32, 32});
-    const ViTOutput expected = model(images);
+    const ModelOutput expected = model(images);
     const std::string path = folder.file("vit" + std::to_string(regression_outputs) + ".pt");
     export_torchscript(model, path);
     CHECK_FALSE(fs::exists(path + ".tmp"));
@@ -134,7 +134,7 @@ TEST_CASE("TorchScript.Export.MatchesModel" * doctest::timeout(120)) {
     {  // through ScriptedModel
       const ScriptedModel scripted(path);
       CHECK(scripted.image_size() == 32);
-      const ViTOutput out = scripted.forward(images);
+      const ModelOutput out = scripted.forward(images);
       check_close(out.logits, expected.logits);
       CHECK(out.regression.defined() == (regression_outputs > 0));
       if (regression_outputs > 0) check_close(out.regression, expected.regression);
@@ -190,9 +190,9 @@ TEST_CASE("TorchScript.Export.EvalSemanticsOfTrainingModel" * doctest::timeout(1
 
   const torch::Tensor images = torch::randn({2, 3, 32, 32});
   model->eval();
-  const ViTOutput expected = model(images);
+  const ModelOutput expected = model(images);
   const ScriptedModel scripted(path);
-  const ViTOutput first = scripted.forward(images);
+  const ModelOutput first = scripted.forward(images);
   check_close(first.logits, expected.logits);
   check_close(first.regression, expected.regression);
   // No dropout: two runs agree exactly.
@@ -222,7 +222,7 @@ TEST_CASE("TorchScript.Load.TeacherFromSourceRuns" * doctest::timeout(120)) {
     linear_teacher(weight, bias, /*regression=*/false).save(path);
     const ScriptedModel teacher(path);
     CHECK_FALSE(teacher.image_size().has_value());
-    const ViTOutput out = teacher.forward(images);
+    const ModelOutput out = teacher.forward(images);
     check_close(out.logits, expected);
     CHECK_FALSE(out.regression.defined());
     CHECK_FALSE(out.logits.requires_grad());
@@ -230,7 +230,7 @@ TEST_CASE("TorchScript.Load.TeacherFromSourceRuns" * doctest::timeout(120)) {
   SUBCASE("returning (logits, regression [B])") {
     const std::string path = folder.file("teacher_regression.pt");
     linear_teacher(weight, bias, /*regression=*/true).save(path);
-    const ViTOutput out = ScriptedModel(path).forward(images);
+    const ModelOutput out = ScriptedModel(path).forward(images);
     check_close(out.logits, expected);
     // A [B] regression becomes [B, 1].
     check_close(out.regression, expected.sum(1, /*keepdim=*/true));
@@ -238,7 +238,7 @@ TEST_CASE("TorchScript.Load.TeacherFromSourceRuns" * doctest::timeout(120)) {
   SUBCASE("returning a list [logits, regression]") {
     const std::string path = folder.file("teacher_list.pt");
     save_module_returning(path, "List[Tensor]", "[images.flatten(1), images.flatten(1)[:, :2]]");
-    const ViTOutput out = ScriptedModel(path).forward(images);
+    const ModelOutput out = ScriptedModel(path).forward(images);
     CHECK(out.logits.sizes() == torch::IntArrayRef({5, 12}));
     CHECK(out.regression.sizes() == torch::IntArrayRef({5, 2}));
   }
@@ -361,4 +361,46 @@ TEST_CASE("TorchScript.Fixture.PredictModel" * doctest::timeout(120)) {
   text.register_attribute("training", c10::BoolType::get(), false);
   text.define("def forward(self, images: Tensor) -> str:\n    return 'not logits'\n");
   text.save((folder / "not_a_model.pt").string());
+}
+
+TEST_CASE("TorchScript.Export.ResNetAndDeiTMatchModel" * doctest::timeout(120)) {
+  at::set_num_threads(1);
+  TempFolder folder;
+  ModelConfig deit = small_config(1);
+  deit.distillation_token = true;
+  deit.drop_path = 0.2;
+  const ModelConfig resnets[] = {
+      {.arch = "resnet", .image_size = 32, .dim = 8, .classes = 5, .regression_outputs = 1,
+       .regression_scale = 100, .stage_blocks = {1, 2}, .stem = "compact"},
+      {.arch = "resnet", .image_size = 32, .dim = 8, .classes = 5, .stage_blocks = {2, 1, 1}}};
+  for (const ModelConfig& config : {deit, resnets[0], resnets[1]}) {
+    CAPTURE(config.describe());
+    torch::manual_seed(4);
+    ImageModel model = make_model(config);
+    // A few training forwards, so that BatchNorm's running statistics are not the defaults.
+    model->train();
+    for (int i = 0; i < 3; ++i) model->forward(torch::randn({8, 3, 32, 32}) * (i + 1));
+    model->eval();
+    const torch::Tensor images = torch::randn({3, 3, 32, 32});
+    const ModelOutput expected = model->forward(images);
+    const std::string path = folder.file("model.pt");
+    export_torchscript(model, path);
+    const ScriptedModel scripted(path);
+    const ModelOutput out = scripted.forward(images);
+    // Op for op the same computation: bit for bit the same outputs.
+    CHECK(torch::equal(out.logits, expected.logits));
+    CHECK(out.regression.defined() == expected.regression.defined());
+    if (expected.regression.defined()) CHECK(torch::equal(out.regression, expected.regression));
+    torch::jit::Module loaded = torch::jit::load(path);
+    std::set<std::string> names, expected_names;
+    for (const auto& p : loaded.named_parameters()) names.insert(p.name);
+    for (const auto& p : loaded.named_buffers()) names.insert(p.name);
+    for (const auto& p : model->named_parameters()) expected_names.insert(p.key());
+    for (const auto& p : model->named_buffers()) expected_names.insert(p.key());
+    CHECK(names == expected_names);
+    const std::string error = error_of([&] { scripted.forward(torch::zeros({1, 3, 16, 16})); });
+    CHECK(error == path + ": forward failed: AssertionError: " +
+                       (config.is_vit() ? "ViT" : "ResNet") +
+                       ": expected images [B, 3, 32, 32], got [1, 3, 16, 16]");
+  }
 }

@@ -17,7 +17,7 @@ namespace {
 
 TrainerOptions tiny(std::uint64_t seed) {
   TrainerOptions options;
-  options.model = ViTConfig{.image_size = 16, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+  options.model = ModelConfig{.image_size = 16, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                             .classes = 3};
   options.seed = seed;
   options.optimizer.lr = 1e-2;

@@ -9,6 +9,7 @@
 #include "graph/error.hpp"
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/optimizer.hpp"
 #include "stages/train/train_step.hpp"
@@ -30,7 +31,7 @@ std::string tiny_vit(int dim, int depth, int heads) {
 // A randomly initialised teacher (seed 1) for the 32 px, 4-class data, saved as a checkpoint.
 void write_tiny_teacher(const std::string& path) {
   torch::manual_seed(1);
-  ViT teacher(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+  ViT teacher(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
                         .classes = 4});
   save_checkpoint(path, teacher, nullptr, {});
 }
@@ -56,7 +57,7 @@ TEST_CASE("Train.Schedule.WarmupThenCosine") {
 }
 
 TEST_CASE("Train.Optimizer.NoDecayOnBiasesNormsAndEmbeddings") {
-  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+  ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3});
   auto adamw = make_adamw(model, {});
   REQUIRE(adamw->param_groups().size() == 2);
@@ -73,7 +74,7 @@ TEST_CASE("Train.Optimizer.NoDecayOnBiasesNormsAndEmbeddings") {
 TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   TempDir dir;
   torch::manual_seed(5);
-  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+  ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3, .regression_outputs = 1});
   auto adamw = make_adamw(model, {});
   // One step, so the optimizer has state to save.
@@ -107,7 +108,7 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   CHECK_FALSE(latest_checkpoint(dir / "missing").has_value());
 
   // A different shape is refused with what differs.
-  ViT wider(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
+  ViT wider(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
                       .classes = 3, .regression_outputs = 1});
   auto wider_adamw = make_adamw(wider, {});
   CHECK_THROWS_WITH_AS(restore_training(read, wider, *wider_adamw),
@@ -127,7 +128,7 @@ TEST_CASE("Train.Checkpoint.DamagedFileIsOneLineNamingTheEntry") {
   // A byte flipped inside a tensor's data would load silently as a wrong weight in LibTorch
   // 1.13, and damage in its code entries can crash its parser: the zip CRCs are checked first.
   TempDir dir;
-  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+  ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3});
   const std::string path = dir / "final.pt";
   save_checkpoint(path, model, nullptr, {});
@@ -148,7 +149,7 @@ TEST_CASE("Train.Checkpoint.DamagedFileIsOneLineNamingTheEntry") {
 }
 
 TEST_CASE("Train.Checkpoint.UnwritableFolderNamesPath") {
-  ViT model(ViTConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+  ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3});
   CHECK_THROWS_WITH_AS(save_checkpoint("/nonexistent-folder/x.pt", model, nullptr, {}),
                        doctest::Contains("cannot write /nonexistent-folder/x.pt: cannot create"), Error);

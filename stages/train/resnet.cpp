@@ -1,0 +1,87 @@
+#include "stages/train/resnet.hpp"
+
+#include <torch/torch.h>
+
+#include "graph/error.hpp"
+
+namespace flowtrain::train {
+
+namespace {
+
+torch::nn::Conv2d conv(std::int64_t in,
+                       std::int64_t out,
+                       std::int64_t kernel,
+                       std::int64_t stride,
+                       std::int64_t padding) {
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false));
+}
+
+}  // namespace
+
+BasicBlockImpl::BasicBlockImpl(std::int64_t in, std::int64_t out, std::int64_t stride)
+    : conv1_(register_module("conv1", conv(in, out, 3, stride, 1))),
+      bn1_(register_module("bn1", torch::nn::BatchNorm2d(out))),
+      conv2_(register_module("conv2", conv(out, out, 3, 1, 1))),
+      bn2_(register_module("bn2", torch::nn::BatchNorm2d(out))) {
+  if (stride != 1 || in != out) {
+    downsample_ = register_module(
+        "downsample", torch::nn::Sequential(conv(in, out, 1, stride, 0), torch::nn::BatchNorm2d(out)));
+  }
+  torch::NoGradGuard no_grad;
+  bn2_->weight.zero_();
+}
+
+torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::relu(bn1_(conv1_(x)));
+  y = bn2_(conv2_(y));
+  return torch::relu(y + (downsample_ ? downsample_->forward(x) : x));
+}
+
+ResNetImpl::ResNetImpl(const ModelConfig& config) : ImageModelImpl(config) {
+  if (config_.arch != "resnet") {
+    throw Error("ResNet: config.arch is '" + config_.arch + "', not 'resnet'");
+  }
+  const bool compact = config_.stem == "compact";
+  std::int64_t width = config_.dim;
+  conv1_ = register_module("conv1", compact ? conv(config_.channels, width, 3, 2, 1)
+                                            : conv(config_.channels, width, 7, 2, 3));
+  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(width));
+  std::int64_t in = width;
+  for (std::size_t s = 0; s < config_.stage_blocks.size(); ++s) {
+    width = std::int64_t{config_.dim} << s;
+    torch::nn::Sequential layer;
+    for (int b = 0; b < config_.stage_blocks[s]; ++b) {
+      layer->push_back(BasicBlock(in, width, b == 0 && s > 0 ? 2 : 1));
+      in = width;
+    }
+    layers_.push_back(register_module("layer" + std::to_string(s + 1), layer));
+  }
+  fc_ = register_module("fc", torch::nn::Linear(in, config_.classes));
+  if (config_.regression_outputs > 0) {
+    regression_head_ =
+        register_module("regression_head", torch::nn::Linear(in, config_.regression_outputs));
+  }
+  // modules() lists submodules depth first in registration order, so the draws are deterministic.
+  torch::NoGradGuard no_grad;
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (auto* c = module->as<torch::nn::Conv2d>()) {
+      torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    }
+  }
+}
+
+ModelOutput ResNetImpl::forward(const torch::Tensor& images) {
+  check_images(images);
+  torch::Tensor x = torch::relu(bn1_(conv1_(images)));
+  if (config_.stem == "imagenet") x = torch::max_pool2d(x, 3, 2, 1);
+  for (auto& layer : layers_) x = layer->forward(x);
+  x = x.mean({2, 3});
+  if (config_.dropout > 0) x = torch::dropout(x, config_.dropout, is_training());
+  ModelOutput out;
+  out.logits = apply_linear(fc_, x);
+  if (regression_head_) out.regression = scale_regression(apply_linear(regression_head_, x));
+  return out;
+}
+
+}  // namespace flowtrain::train
