@@ -301,7 +301,7 @@ TEST_CASE("Data.StageToDevice.OnCpuEachBatchPassesAsIs" * doctest::timeout(120))
 TEST_CASE("Data.Registry.EveryDataStageRegistered") {
   for (const char* type :
        {"image_folder", "csv_manifest", "shard", "jpeg_decode", "augment", "collate", "decode_crop",
-        "assemble_batch", "stage_to_device"}) {
+        "assemble_batch", "stage_to_device", "mixup"}) {
     CAPTURE(type);
     const StageInfo* info = Registry::global().find(type);
     REQUIRE(info != nullptr);
