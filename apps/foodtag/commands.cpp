@@ -202,16 +202,16 @@ void derive_baseline(const flowtrain::PipelineConfig& distill, flowtrain::Pipeli
       from.push_back(&stage);
     }
   }
-  const auto types = [](const auto& stages) {
-    std::string out;
-    for (const auto& stage : stages) out += (out.empty() ? "" : " -> ") + stage.type;
-    return out;
-  };
-  std::vector<flowtrain::StageConfig> expected;
-  for (const flowtrain::StageConfig* stage : from) expected.push_back(*stage);
-  if (types(expected) != types(baseline.stages)) {
+  std::string expected, found;
+  for (const flowtrain::StageConfig* stage : from) {
+    expected += (expected.empty() ? "" : " -> ") + stage->type;
+  }
+  for (const flowtrain::StageConfig& stage : baseline.stages) {
+    found += (found.empty() ? "" : " -> ") + stage.type;
+  }
+  if (expected != found) {
     throw Error(baseline.origin + ": phase baseline must have phase distill's stages but the "
-                "teacher's (" + types(expected) + "), has " + types(baseline.stages));
+                "teacher's (" + expected + "), has " + found);
   }
   for (std::size_t i = 0; i < from.size(); ++i) {
     flowtrain::StageConfig& to = baseline.stages[i];

@@ -134,6 +134,7 @@ void mix_batch(const MixupOptions& options, Batch& batch) {
   torch::Tensor partner = torch::arange(rows - 1, -1, -1, torch::kLong);
   const bool targets = batch.targets.defined() && batch.targets.numel() > 0;
   torch::Tensor saved = torch::empty_like(images[0]);
+  const torch::Tensor original_targets = targets ? batch.targets.clone() : torch::Tensor();
   for (std::int64_t i = 0; i < rows / 2; ++i) {
     const std::int64_t j = rows - 1 - i;
     const MixParams& mi = mix[static_cast<std::size_t>(i)];
@@ -143,9 +144,8 @@ void mix_batch(const MixupOptions& options, Batch& batch) {
     apply(images[i], images[j], mi);
     apply(images[j], saved, mj);
     if (targets) {
-      const torch::Tensor ti = batch.targets[i].clone();
-      if (mi.mixed) batch.targets[i].mul_(mi.own).add_(batch.targets[j], 1.0 - mi.own);
-      if (mj.mixed) batch.targets[j].mul_(mj.own).add_(ti, 1.0 - mj.own);
+      if (mi.mixed) batch.targets[i].mul_(mi.own).add_(original_targets[j], 1.0 - mi.own);
+      if (mj.mixed) batch.targets[j].mul_(mj.own).add_(original_targets[i], 1.0 - mj.own);
     }
   }
   // The keys after every row's partner key was read unmixed.

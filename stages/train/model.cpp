@@ -49,30 +49,28 @@ std::int64_t conv_flops(std::int64_t kernel, std::int64_t in, std::int64_t out, 
   return 2 * kernel * kernel * in * out * side * side;
 }
 
-// A 3x3 convolution (padding 1) or a 1x1 one (padding 0) of stride 2: ceil(side / 2).
+// A convolution of stride 2 whose padding keeps it centred (3x3 pad 1, 7x7 pad 3, 1x1 pad 0),
+// or a 3x3 max pool of stride 2 with padding 1: ceil(side / 2).
 std::int64_t halved(std::int64_t side) { return (side + 1) / 2; }
 
-// ResNet: the stem's FLOPs and the side it leaves.
-std::pair<std::int64_t, std::int64_t> resnet_stem(const ModelConfig& c) {
-  const std::int64_t side = halved(c.image_size);
-  if (c.stem == "compact") return {conv_flops(3, c.channels, c.dim, side), side};
-  return {conv_flops(7, c.channels, c.dim, side), halved(side)};  // then the max pool
+std::int64_t resnet_stem_flops(const ModelConfig& c, const ResNetLayout& layout) {
+  return conv_flops(layout.stem_kernel, c.channels, c.dim, halved(c.image_size));
 }
 
 std::int64_t resnet_forward_flops(const ModelConfig& c) {
-  auto [flops, side] = resnet_stem(c);
-  std::int64_t in = c.dim;
-  for (std::size_t s = 0; s < c.stage_blocks.size(); ++s) {
-    const std::int64_t width = std::int64_t{c.dim} << s;
-    for (int b = 0; b < c.stage_blocks[s]; ++b) {
-      const bool down = b == 0 && s > 0;
-      if (down) side = halved(side);
-      flops += conv_flops(3, in, width, side) + conv_flops(3, width, width, side);
-      if (down || in != width) flops += conv_flops(1, in, width, side);
-      in = width;
+  const ResNetLayout layout = resnet_layout(c);
+  std::int64_t flops = resnet_stem_flops(c, layout);
+  std::int64_t side = layout.stem_pool ? halved(halved(c.image_size)) : halved(c.image_size);
+  std::int64_t width = c.dim;
+  for (const auto& stage : layout.stages) {
+    for (const ResNetLayout::Block& block : stage) {
+      if (block.stride == 2) side = halved(side);
+      flops += conv_flops(3, block.in, block.out, side) + conv_flops(3, block.out, block.out, side);
+      if (block.downsample()) flops += conv_flops(1, block.in, block.out, side);
+      width = block.out;
     }
   }
-  return flops + 2 * in * (c.classes + c.regression_outputs);
+  return flops + 2 * width * (c.classes + c.regression_outputs);
 }
 
 std::int64_t vit_patch_embed_flops(const ModelConfig& c) {
@@ -164,7 +162,8 @@ std::int64_t ModelConfig::forward_flops() const {
 
 std::int64_t ModelConfig::train_flops() const {
   // The first layer's gradient with respect to the images is not computed.
-  const std::int64_t first = is_vit() ? vit_patch_embed_flops(*this) : resnet_stem(*this).first;
+  const std::int64_t first =
+      is_vit() ? vit_patch_embed_flops(*this) : resnet_stem_flops(*this, resnet_layout(*this));
   return 3 * forward_flops() - first;
 }
 

@@ -24,7 +24,7 @@ BasicBlockImpl::BasicBlockImpl(std::int64_t in, std::int64_t out, std::int64_t s
       bn1_(register_module("bn1", torch::nn::BatchNorm2d(out))),
       conv2_(register_module("conv2", conv(out, out, 3, 1, 1))),
       bn2_(register_module("bn2", torch::nn::BatchNorm2d(out))) {
-  if (stride != 1 || in != out) {
+  if (ResNetLayout::Block{.in = in, .out = out, .stride = stride}.downsample()) {
     downsample_ = register_module(
         "downsample", torch::nn::Sequential(conv(in, out, 1, stride, 0), torch::nn::BatchNorm2d(out)));
   }
@@ -38,29 +38,44 @@ torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
   return torch::relu(y + (downsample_ ? downsample_->forward(x) : x));
 }
 
+ResNetLayout resnet_layout(const ModelConfig& config) {
+  ResNetLayout layout;
+  if (config.stem == "compact") layout = {.stem_kernel = 3, .stem_padding = 1, .stem_pool = false};
+  std::int64_t in = config.dim;
+  for (std::size_t s = 0; s < config.stage_blocks.size(); ++s) {
+    const std::int64_t width = std::int64_t{config.dim} << s;
+    std::vector<ResNetLayout::Block>& stage = layout.stages.emplace_back();
+    for (int b = 0; b < config.stage_blocks[s]; ++b) {
+      stage.push_back({"layer" + std::to_string(s + 1) + "." + std::to_string(b), in, width,
+                       b == 0 && s > 0 ? 2 : 1});
+      in = width;
+    }
+  }
+  return layout;
+}
+
 ResNetImpl::ResNetImpl(const ModelConfig& config) : ImageModelImpl(config) {
   if (config_.arch != "resnet") {
     throw Error("ResNet: config.arch is '" + config_.arch + "', not 'resnet'");
   }
-  const bool compact = config_.stem == "compact";
+  const ResNetLayout layout = resnet_layout(config_);
+  conv1_ = register_module("conv1", conv(config_.channels, config_.dim, layout.stem_kernel, 2,
+                                         layout.stem_padding));
+  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(config_.dim));
   std::int64_t width = config_.dim;
-  conv1_ = register_module("conv1", compact ? conv(config_.channels, width, 3, 2, 1)
-                                            : conv(config_.channels, width, 7, 2, 3));
-  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(width));
-  std::int64_t in = width;
-  for (std::size_t s = 0; s < config_.stage_blocks.size(); ++s) {
-    width = std::int64_t{config_.dim} << s;
+  for (std::size_t s = 0; s < layout.stages.size(); ++s) {
     torch::nn::Sequential layer;
-    for (int b = 0; b < config_.stage_blocks[s]; ++b) {
-      layer->push_back(BasicBlock(in, width, b == 0 && s > 0 ? 2 : 1));
-      in = width;
+    for (const ResNetLayout::Block& block : layout.stages[s]) {
+      layer->push_back(BasicBlock(block.in, block.out, block.stride));
+      width = block.out;
     }
     layers_.push_back(register_module("layer" + std::to_string(s + 1), layer));
   }
-  fc_ = register_module("fc", torch::nn::Linear(in, config_.classes));
+  stem_pool_ = layout.stem_pool;
+  fc_ = register_module("fc", torch::nn::Linear(width, config_.classes));
   if (config_.regression_outputs > 0) {
     regression_head_ =
-        register_module("regression_head", torch::nn::Linear(in, config_.regression_outputs));
+        register_module("regression_head", torch::nn::Linear(width, config_.regression_outputs));
   }
   // modules() lists submodules depth first in registration order, so the draws are deterministic.
   torch::NoGradGuard no_grad;
@@ -74,7 +89,7 @@ ResNetImpl::ResNetImpl(const ModelConfig& config) : ImageModelImpl(config) {
 ModelOutput ResNetImpl::forward(const torch::Tensor& images) {
   check_images(images);
   torch::Tensor x = torch::relu(bn1_(conv1_(images)));
-  if (config_.stem == "imagenet") x = torch::max_pool2d(x, 3, 2, 1);
+  if (stem_pool_) x = torch::max_pool2d(x, 3, 2, 1);
   for (auto& layer : layers_) x = layer->forward(x);
   x = x.mean({2, 3});
   if (config_.dropout > 0) x = torch::dropout(x, config_.dropout, is_training());

@@ -16,6 +16,7 @@
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/resnet.hpp"
 #include "stages/train/torch_error.hpp"
 #include "stages/train/zip_check.hpp"
 
@@ -203,24 +204,15 @@ class WeightSource {
     return tensor;
   }
 
-  double layer_norm_eps(const std::string& name) const {
+  /// The submodule `name`, which must be an `Impl` (a `kind`).
+  template <class Impl>
+  const Impl& module(const std::string& name, const char* kind) const {
     const auto found = modules_.find(name);
-    const auto* norm =
-        found == modules_.end() ? nullptr : found->second->as<torch::nn::LayerNormImpl>();
-    if (norm == nullptr) {
-      throw Error("export_torchscript: the model has no LayerNorm '" + name + "'");
+    const auto* module = found == modules_.end() ? nullptr : found->second->as<Impl>();
+    if (module == nullptr) {
+      throw Error(std::string("export_torchscript: the model has no ") + kind + " '" + name + "'");
     }
-    return norm->options.eps();
-  }
-
-  double batch_norm_eps(const std::string& name) const {
-    const auto found = modules_.find(name);
-    const auto* norm =
-        found == modules_.end() ? nullptr : found->second->as<torch::nn::BatchNorm2dImpl>();
-    if (norm == nullptr) {
-      throw Error("export_torchscript: the model has no BatchNorm2d '" + name + "'");
-    }
-    return norm->options.eps();
+    return *module;
   }
 
   const ModelConfig& config() const { return config_; }
@@ -254,7 +246,8 @@ torch::jit::Module layer_norm(ModuleBuilder& builder,
                               const std::string& name) {
   torch::jit::Module module = builder.make("LayerNorm");
   add_parameters(module, weights, name + ".", {"weight", "bias"});
-  module.register_attribute("eps", c10::FloatType::get(), weights.layer_norm_eps(name));
+  const double eps = weights.module<torch::nn::LayerNormImpl>(name, "LayerNorm").options.eps();
+  module.register_attribute("eps", c10::FloatType::get(), eps);
   builder.define(module, kLayerNormSource);
   return module;
 }
@@ -267,7 +260,9 @@ torch::jit::Module batch_norm(ModuleBuilder& builder,
   for (const char* buffer : {"running_mean", "running_var", "num_batches_tracked"}) {
     module.register_buffer(buffer, weights.copy(name + "." + buffer));
   }
-  module.register_attribute("eps", c10::FloatType::get(), weights.batch_norm_eps(name));
+  const double eps =
+      weights.module<torch::nn::BatchNorm2dImpl>(name, "BatchNorm2d").options.eps();
+  module.register_attribute("eps", c10::FloatType::get(), eps);
   builder.define(module, kBatchNormSource);
   return module;
 }
@@ -378,40 +373,34 @@ torch::jit::Module build_vit(const ImageModel& model) {
 }
 
 torch::jit::Module build_resnet(const ImageModel& model) {
-  const ModelConfig& config = model->config();
+  const ResNetLayout layout = resnet_layout(model->config());
   const WeightSource weights(model);
   ModuleBuilder builder("resnet");
   torch::jit::Module resnet = builder.make("ResNet");
-  const bool compact = config.stem == "compact";
-  resnet.register_module("conv1", conv(builder, weights, "conv1", 2, compact ? 1 : 3));
+  resnet.register_module("conv1", conv(builder, weights, "conv1", 2, layout.stem_padding));
   resnet.register_module("bn1", batch_norm(builder, weights, "bn1"));
   std::string trunk = "    x = torch.relu(self.bn1.forward(self.conv1.forward(images)))\n";
-  if (!compact) trunk += "    x = torch.max_pool2d(x, [3, 3], [2, 2], [1, 1])\n";
-  std::int64_t in = config.dim;
-  for (std::size_t s = 0; s < config.stage_blocks.size(); ++s) {
-    const std::int64_t width = std::int64_t{config.dim} << s;
+  if (layout.stem_pool) trunk += "    x = torch.max_pool2d(x, [3, 3], [2, 2], [1, 1])\n";
+  for (std::size_t s = 0; s < layout.stages.size(); ++s) {
     std::vector<torch::jit::Module> blocks;
-    for (int b = 0; b < config.stage_blocks[s]; ++b) {
-      const std::string prefix = "layer" + std::to_string(s + 1) + "." + std::to_string(b) + ".";
-      const std::int64_t stride = b == 0 && s > 0 ? 2 : 1;
-      const bool down = stride != 1 || in != width;
+    for (const ResNetLayout::Block& b : layout.stages[s]) {
+      const std::string prefix = b.name + ".";
       // With and without a shortcut projection: two kinds, as their forwards differ.
-      torch::jit::Module block = builder.make(down ? "DownsampleBlock" : "BasicBlock");
-      block.register_module("conv1", conv(builder, weights, prefix + "conv1", stride, 1));
+      torch::jit::Module block = builder.make(b.downsample() ? "DownsampleBlock" : "BasicBlock");
+      block.register_module("conv1", conv(builder, weights, prefix + "conv1", b.stride, 1));
       block.register_module("bn1", batch_norm(builder, weights, prefix + "bn1"));
       block.register_module("conv2", conv(builder, weights, prefix + "conv2", 1, 1));
       block.register_module("bn2", batch_norm(builder, weights, prefix + "bn2"));
-      if (down) {
+      if (b.downsample()) {
         block.register_module(
             "downsample",
             sequential(builder, "Downsample",
-                       {conv(builder, weights, prefix + "downsample.0", stride, 0),
+                       {conv(builder, weights, prefix + "downsample.0", b.stride, 0),
                         batch_norm(builder, weights, prefix + "downsample.1")}));
       }
       builder.define(block, replace_all(kBasicBlockSource, "{SHORTCUT}",
-                                        down ? "self.downsample.forward(x)" : "x"));
+                                        b.downsample() ? "self.downsample.forward(x)" : "x"));
       blocks.push_back(block);
-      in = width;
     }
     // Stages differ in their number of blocks: a kind each.
     const std::string layer = "layer" + std::to_string(s + 1);

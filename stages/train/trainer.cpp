@@ -84,6 +84,11 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
                 " has no teacher outputs: put a teacher_infer stage before this one, or set "
                 "alpha: 1 for supervised training");
   }
+  if (!batch.teacher_logits.defined() && model_->config().distillation_token) {
+    throw Error("batch " + std::to_string(batch.number) +
+                " has no teacher outputs for the model's distillation token: put a "
+                "teacher_infer stage before this one, or set distillation_token: false");
+  }
   using Clock = std::chrono::steady_clock;
   Pending& p = pending_.emplace();
   p.out.begin = Clock::now();
@@ -104,12 +109,6 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
                                          ? forward.regression.to(torch::kFloat) / scale
                                          : torch::Tensor();
     const torch::Tensor targets = regression.defined() ? batch.targets / scale : torch::Tensor();
-    if (forward.distillation.defined() && !batch.teacher_logits.defined()) {
-      pending_.reset();
-      throw Error("batch " + std::to_string(batch.number) +
-                  " has no teacher outputs for the model's distillation token: put a "
-                  "teacher_infer stage before this one, or set distillation_token: false");
-    }
     const torch::Tensor distillation = forward.distillation.defined()
                                            ? forward.distillation.to(torch::kFloat)
                                            : torch::Tensor();
