@@ -36,13 +36,19 @@ graph-demo: build
 test: build
 	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
 
-# The fuzz targets of the readers of outside input (config, image decode, shards, checkpoints,
-# CSV manifests), FUZZ_SECONDS each from their seed corpus; `make test` runs a short smoke of each
-# (Fuzz.Smoke.*). `make fuzz BUILD=build-asan` runs them under ASan+UBSan (after
-# `make sanitize-address`).
+# The fuzz targets of the readers of outside input (config, image decode, shards, the zip check
+# of LibTorch files, checkpoints, CSV manifests), FUZZ_SECONDS each from their seed corpus:
+# coverage-guided by libFuzzer with ASan+UBSan (a clang build of the readers without LibTorch in
+# them, $(LIBFUZZER_BUILD)), and the checkpoint reader through the mutation driver of the normal
+# build. `make test` runs a short smoke of each (Fuzz.Smoke.*).
 FUZZ_SECONDS ?= 60
+LIBFUZZER_BUILD ?= build-libfuzzer
 fuzz: build
-	scripts/fuzz $(BUILD) $(FUZZ_SECONDS)
+	@scripts/install-deps fuzz
+	@cmake -S . -B $(LIBFUZZER_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DFLOWTRAIN_LIBFUZZER=ON -DFLOWTRAIN_SANITIZE=address > /dev/null
+	@cmake --build $(LIBFUZZER_BUILD) -j$(JOBS)
+	scripts/fuzz $(BUILD) $(FUZZ_SECONDS) $(LIBFUZZER_BUILD)
 
 bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead

@@ -39,8 +39,8 @@
 #include "graph/error.hpp"
 #include "stages/data/augment.hpp"
 #include "stages/data/dataset.hpp"
+#include "stages/data/image_decode.hpp"
 #include "stages/data/jpeg_crop.hpp"
-#include "stages/data/jpeg_decode.hpp"
 #include "stages/data/normalizer.hpp"
 
 namespace {

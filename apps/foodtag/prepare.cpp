@@ -25,7 +25,7 @@
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/data/dataset.hpp"
-#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/image_decode.hpp"
 #include "stages/data/shard.hpp"
 
 namespace foodtag {

@@ -10,7 +10,7 @@
 
 #include <vector>
 
-#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/image_decode.hpp"
 
 namespace flowtrain::data {
 

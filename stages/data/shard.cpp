@@ -16,7 +16,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "graph/error.hpp"
-#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/image_decode.hpp"
 
 namespace flowtrain::data {
 

@@ -15,7 +15,7 @@
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
-#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/image_decode.hpp"
 
 namespace flowtrain::data {
 namespace {

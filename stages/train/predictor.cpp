@@ -7,7 +7,7 @@
 
 #include "graph/error.hpp"
 #include "stages/data/augment.hpp"
-#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/image_decode.hpp"
 #include "stages/data/normalizer.hpp"
 
 namespace flowtrain::train {

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "graph/error.hpp"
-#include "stages/data/jpeg_decode.hpp"
+#include "stages/data/image_decode.hpp"
 
 namespace flowtrain::train {
 

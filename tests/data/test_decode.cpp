@@ -381,6 +381,10 @@ TEST_CASE("Data.Decode.OtherFormatsThroughOpenCv") {
       png[at + 3] = 0x60;
     }
     CHECK(decode_error(png) == "image 60000x60000 exceeds max_pixels 100000000");
+    // Found by libFuzzer: a 32-bit width times a 32-bit height overflowed the 64-bit product
+    // (undefined; in practice negative, so the header check let it through).
+    for (const std::size_t at : {16, 20}) std::fill_n(png.begin() + at, 4, 0xFF);
+    CHECK(decode_error(png) == "image 4294967295x4294967295 exceeds max_pixels 100000000");
   }
 }
 
