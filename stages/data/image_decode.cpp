@@ -315,10 +315,11 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
                           Image& out) {
   const std::string format(sniff_format(bytes));
-  if (!options.other_formats) {
-    if (format.empty()) return {"not an image (unknown format)"};
-    return {"not a JPEG (" + format + " data) and other_formats is false"};
-  }
+  // Only the formats sniffed above go to OpenCV: it tries every decoder it has on anything else,
+  // and some abort the process on damaged data (found by libFuzzer: GDCM, OpenCV's DICOM
+  // reader, fails an assert on a 135-byte file).
+  if (format.empty()) return {"not an image (unknown format)"};
+  if (!options.other_formats) return {"not a JPEG (" + format + " data) and other_formats is false"};
   if (const auto size = header_size(format, bytes)) {
     // width * height > max_pixels, without the product (two 32-bit fields overflow 64 bits)
     if (size->second > 0 && size->first > options.max_pixels / size->second) {
@@ -335,13 +336,9 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
                           const_cast<std::uint8_t*>(bytes.data()));
     decoded = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
   } catch (const cv::Exception& e) {
-    return {"cannot decode " + (format.empty() ? std::string("image") : format) +
-            " data: " + e.err};
+    return {"cannot decode " + format + " data: " + e.err};
   }
-  if (decoded.empty()) {
-    if (format.empty()) return {"not an image (unknown format)"};
-    return {"cannot decode " + format + " data (corrupt or unsupported)"};
-  }
+  if (decoded.empty()) return {"cannot decode " + format + " data (corrupt or unsupported)"};
   if (static_cast<std::int64_t>(decoded.total()) > options.max_pixels) {
     return {too_large(decoded.cols, decoded.rows, options.max_pixels)};
   }

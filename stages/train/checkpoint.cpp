@@ -208,6 +208,19 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
     }
     checkpoint.state.epoch =
         static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
+    // The file holds the model's weights, at least 2 bytes each: a damaged config must not
+    // build a model larger than that (its fields could ask for any size).
+    try {
+      config.validate();
+    } catch (const Error& e) {
+      throw Error(path + ": damaged checkpoint (" + e.what() + ")");
+    }
+    if (const std::int64_t weights = config.min_parameters();
+        weights > static_cast<std::int64_t>(bytes.size() / 2)) {
+      throw Error(path + ": damaged checkpoint (its config, " + config.describe() +
+                  ", has at least " + std::to_string(weights) + " parameters, more than its " +
+                  std::to_string(bytes.size()) + " bytes hold)");
+    }
     return std::move(checkpoint);
   });
 }

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "graph/error.hpp"
@@ -165,6 +167,27 @@ std::int64_t ModelConfig::train_flops() const {
   const std::int64_t first =
       is_vit() ? vit_patch_embed_flops(*this) : resnet_stem_flops(*this, resnet_layout(*this));
   return 3 * forward_flops() - first;
+}
+
+std::int64_t ModelConfig::min_parameters() const {
+  // In long double: a damaged config's fields may multiply past 64 bits.
+  using Real = long double;
+  const Real heads_out = Real(classes) * (distillation_token ? 2 : 1) + regression_outputs;
+  Real n = 0;
+  if (is_vit()) {
+    const Real d = dim;
+    n = Real(channels) * patch_size * patch_size * d +
+        Real(depth) * (4 * d * d + 2 * d * std::floor(Real(mlp_ratio) * d)) + heads_out * d;
+  } else {
+    Real width = dim;
+    for (const int blocks : stage_blocks) {
+      n += Real(blocks) * 9 * width * width;
+      width *= 2;
+    }
+    n += heads_out * (width / 2);
+  }
+  constexpr Real kMax = Real(std::numeric_limits<std::int64_t>::max());
+  return n >= kMax ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(n);
 }
 
 std::string ModelConfig::describe() const {

@@ -65,6 +65,12 @@ struct ModelConfig {
   /// The same for a training step's forward and backward: backward computes each product's
   /// gradient with respect to both operands (twice the forward's FLOPs), except the images'.
   std::int64_t train_flops() const;
+  /// A lower bound of the model's parameter count from its shape alone, without building it:
+  /// the weights of its matrix products and convolutions (ViT: patch embedding, each block's
+  /// qkv, projection and MLP, the heads; ResNet: each block's second convolution and the
+  /// heads). Saturates at INT64_MAX. A checkpoint's config is checked against its file's size
+  /// with it, so a damaged one cannot build a model larger than the file could hold.
+  std::int64_t min_parameters() const;
   /// "ViT dim 384 depth 6 heads 6 patch 16" or "ResNet width 64 blocks 2-2-2-2 (imagenet stem)".
   std::string describe() const;
 };

@@ -15,6 +15,7 @@
 #include <opencv2/imgproc.hpp>
 #include <random>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "graph/error.hpp"
@@ -393,6 +394,13 @@ TEST_CASE("Data.Decode.BadDataReasons") {
   const std::string text = "hello, I am not an image\n";
 
   CHECK(decode_error({}) == "empty file");
+  // Found by libFuzzer: a file of no format we know went to OpenCV, whose DICOM reader (GDCM)
+  // failed an assert on it and aborted the process (tests/fuzz/corpus/image/regression-*).
+  Bytes dicom(0x71, 0x8b);
+  for (const char c : std::string_view("\x89PNG\r\n\x1a\n\0\0\0\x0dI\x05\0DICMRN\x82", 22)) {
+    dicom.push_back(static_cast<std::uint8_t>(c));
+  }
+  CHECK(decode_error(dicom) == "not an image (unknown format)");
   CHECK(decode_error(Bytes(text.begin(), text.end())) == "not an image (unknown format)");
   CHECK(decode_error(Bytes(text.begin(), text.end()), {.other_formats = false}) ==
         "not an image (unknown format)");

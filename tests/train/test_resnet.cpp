@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 
 #include "graph/error.hpp"
@@ -46,6 +47,30 @@ TEST_CASE("Train.ResNet.PresetsMatchTorchvision") {
     // Backward: twice the forward, but the stem's gradient with respect to the images.
     CHECK(config.train_flops() == 3 * e.flops - 2LL * 7 * 7 * 3 * 64 * (e.size / 2) * (e.size / 2));
   }
+}
+
+TEST_CASE("Train.Model.MinParametersIsATightLowerBound") {
+  // What a checkpoint's config is checked against its file's size with: never above the real
+  // count (a good file would be refused), and not far below it (a damaged one must not pass).
+  for (const std::string& preset : model_presets()) {
+    for (const bool token : {false, true}) {
+      CAPTURE(preset);
+      ModelConfig config = model_config(preset, 112, 20);
+      config.regression_outputs = 1;
+      if (token && !config.is_vit()) continue;
+      config.distillation_token = token;
+      const std::int64_t real = parameter_count(*make_model(config));
+      CHECK(config.min_parameters() <= real);
+      CHECK(config.min_parameters() >= real * (config.is_vit() ? 0.9 : 0.45));
+    }
+  }
+  ModelConfig huge = model_config("vit_ti", 224, 1000);
+  huge.dim = 1 << 16;
+  huge.depth = 1 << 10;
+  CHECK(huge.min_parameters() > (std::int64_t{1} << 42));
+  huge.depth = std::numeric_limits<int>::max();
+  huge.mlp_ratio = 1e300;
+  CHECK(huge.min_parameters() == std::numeric_limits<std::int64_t>::max());  // saturates
 }
 
 TEST_CASE("Train.ResNet.ForwardShapesAndNames") {

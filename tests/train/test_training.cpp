@@ -148,6 +148,30 @@ TEST_CASE("Train.Checkpoint.DamagedFileIsOneLineNamingTheEntry") {
   CHECK_THROWS_WITH_AS(read_checkpoint(path), doctest::Contains("' fails its CRC check)"), Error);
 }
 
+TEST_CASE("Train.Checkpoint.ConfigLargerThanItsFileIsRefused") {
+  // A damaged config field (depth 1'000'000 here) must not build a model of that size: the
+  // file holds the weights, so its size bounds them.
+  TempDir dir;
+  ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
+                        .classes = 3});
+  const std::string good = dir / "good.pt", bad = dir / "bad.pt";
+  save_checkpoint(good, model, nullptr, {});
+  torch::serialize::InputArchive in;
+  in.load_from(good);
+  torch::serialize::OutputArchive out;
+  for (const std::string& key : in.keys()) {
+    c10::IValue value;
+    if (key == "model" || !in.try_read(key, value)) continue;  // the config and state only
+    out.write(key, key == "config.depth" ? c10::IValue(std::int64_t{1'000'000}) : value);
+  }
+  out.save_to(bad);
+  CHECK(read_checkpoint(good).config.depth == 1);
+  CHECK_THROWS_WITH_AS(read_checkpoint(bad),
+                       doctest::Contains("bad.pt: damaged checkpoint (its config, ViT dim 16 "
+                                         "depth 1000000 heads 2 patch 8, has at least "),
+                       Error);
+}
+
 TEST_CASE("Train.Checkpoint.UnwritableFolderNamesPath") {
   ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3});
