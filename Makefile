@@ -40,7 +40,8 @@ test: build
 # of LibTorch files, checkpoints, CSV manifests), FUZZ_SECONDS each from their seed corpus:
 # coverage-guided by libFuzzer with ASan+UBSan (a clang build of the readers without LibTorch in
 # them, $(LIBFUZZER_BUILD)), and the checkpoint reader through the mutation driver of the normal
-# build. `make test` runs a short smoke of each (Fuzz.Smoke.*).
+# build. `make test` runs a short smoke of each (Fuzz.Smoke.*). FUZZ_TARGETS="image shard" runs
+# only those.
 FUZZ_SECONDS ?= 60
 LIBFUZZER_BUILD ?= build-libfuzzer
 fuzz: build

@@ -60,7 +60,11 @@ int dct_scale_denom(int width, int height, int min_side);
 ///
 /// JPEG goes through TurboJPEG with DCT-domain scaling (`min_side`); grayscale becomes RGB and
 /// CMYK/YCCK is converted (stored inverted when the file has an Adobe marker, as Photoshop
-/// writes it, else as is). EXIF orientation is not applied, as in PIL and torchvision.
+/// writes it, else as is). EXIF orientation is not applied, as in PIL and torchvision. Other
+/// formats go to OpenCV only when their signature says PNG, BMP, TIFF, WebP, JPEG 2000, PNM,
+/// HDR, OpenEXR or Sun raster (GIF is named but OpenCV cannot decode it); anything else is
+/// "not an image (unknown format)": OpenCV would try every decoder it has on it, and some abort
+/// the process on damaged data.
 ///
 /// Any libjpeg warning refuses the image (a corrupt scan mostly shows up only as "extraneous
 /// bytes before marker 0xd9", and often not at all), except two about header fields that
