@@ -20,11 +20,14 @@ std::uint32_t u16(const std::uint8_t* p) { return p[0] | (p[1] << 8); }
 std::uint32_t u32(const std::uint8_t* p) {
   return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
 }
+std::uint64_t u64(const std::uint8_t* p) { return u32(p) | (std::uint64_t{u32(p + 4)} << 32); }
 
 constexpr std::uint32_t kEndOfDirectory = 0x06054b50;
 constexpr std::uint32_t kDirectoryEntry = 0x02014b50;
 constexpr std::uint32_t kLocalHeader = 0x04034b50;
-constexpr std::uint32_t kZip64 = 0xffffffff;
+constexpr std::uint32_t kZip64Locator = 0x07064b50;
+constexpr std::uint32_t kZip64EndOfDirectory = 0x06064b50;
+constexpr std::uint32_t kZip64 = 0xffffffff;  // "see the ZIP64 field"
 
 // The CRC-32 of a raw deflate stream's output, and its size; nullopt if it does not inflate.
 std::optional<std::pair<uLong, std::uint64_t>> inflated_crc(const std::uint8_t* data,
@@ -32,19 +35,23 @@ std::optional<std::pair<uLong, std::uint64_t>> inflated_crc(const std::uint8_t* 
   z_stream z{};
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return std::nullopt;
   z.next_in = const_cast<Bytef*>(data);
-  z.avail_in = static_cast<uInt>(size);
+  std::size_t left = size;  // fed at most 4 GiB at a time (avail_in is 32 bits)
   Bytef out[16384];
   uLong crc = ::crc32_z(0, nullptr, 0);
   std::uint64_t total = 0;
   int rc = Z_OK;
   while (rc == Z_OK) {
+    if (z.avail_in == 0 && left > 0) {
+      z.avail_in = static_cast<uInt>(std::min<std::size_t>(left, std::numeric_limits<uInt>::max()));
+      left -= z.avail_in;
+    }
     z.next_out = out;
     z.avail_out = sizeof out;
     rc = inflate(&z, Z_NO_FLUSH);
     const std::size_t produced = sizeof out - z.avail_out;
     crc = ::crc32_z(crc, out, produced);
     total += produced;
-    if (rc == Z_OK && produced == 0 && z.avail_in == 0) rc = Z_DATA_ERROR;  // truncated
+    if (rc == Z_OK && produced == 0 && z.avail_in == 0 && left == 0) rc = Z_DATA_ERROR;  // truncated
   }
   inflateEnd(&z);
   if (rc != Z_STREAM_END) return std::nullopt;
@@ -62,39 +69,68 @@ std::optional<std::size_t> end_of_directory(std::span<const std::uint8_t> bytes)
   }
 }
 
+// Whether `length` bytes at `offset` lie inside `size` (without overflowing).
+bool inside(std::uint64_t offset, std::uint64_t length, std::uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
 }  // namespace
 
 std::string zip_problem(std::span<const std::uint8_t> bytes) {
-  const std::size_t size = bytes.size();
+  const std::uint64_t size = bytes.size();
   const std::uint8_t* data = bytes.data();
   const std::optional<std::size_t> found = end_of_directory(bytes);
   if (!found) return "no zip directory";
-  const std::size_t end = *found;
-  const std::uint32_t count = u16(data + end + 10);
-  const std::uint32_t directory_size = u32(data + end + 12);
-  const std::uint32_t directory = u32(data + end + 16);
-  if (count == 0xffff || directory_size == kZip64 || directory == kZip64) return {};  // ZIP64
-  if (std::size_t{directory} + directory_size > end) return "zip directory outside the file";
+  const std::uint64_t end = *found;
+  std::uint64_t count = u16(data + end + 10);
+  std::uint64_t directory_size = u32(data + end + 12);
+  std::uint64_t directory = u32(data + end + 16);
+  // A ZIP64 record (LibTorch writes one into every file) holds the directory's true place and
+  // count, and zip readers (LibTorch's miniz) take them from it when its locator is there.
+  if (end >= 20 && u32(data + end - 20) == kZip64Locator) {
+    const std::uint64_t record = u64(data + end - 20 + 8);
+    if (!inside(record, 56, end - 20) || u32(data + record) != kZip64EndOfDirectory) {
+      return "damaged ZIP64 directory record";
+    }
+    count = u64(data + record + 32);
+    directory_size = u64(data + record + 40);
+    directory = u64(data + record + 48);
+  }
+  if (!inside(directory, directory_size, end)) return "zip directory outside the file";
 
-  std::size_t at = directory;
-  for (std::uint32_t i = 0; i < count; ++i) {
-    if (at + 46 > end || u32(data + at) != kDirectoryEntry) return "damaged zip directory";
+  std::uint64_t at = directory;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    if (!inside(at, 46, end) || u32(data + at) != kDirectoryEntry) return "damaged zip directory";
     const std::uint32_t method = u16(data + at + 10);
     const std::uint32_t crc = u32(data + at + 16);
-    const std::uint32_t stored = u32(data + at + 20);
+    std::uint64_t stored = u32(data + at + 20);
+    std::uint64_t unpacked = u32(data + at + 24);
     const std::uint32_t name_size = u16(data + at + 28);
-    const std::size_t next = at + 46 + name_size + u16(data + at + 30) + u16(data + at + 32);
-    const std::uint32_t local = u32(data + at + 42);
+    const std::uint32_t extra_size = u16(data + at + 30);
+    std::uint64_t local = u32(data + at + 42);
+    const std::uint64_t next = at + 46 + name_size + extra_size + u16(data + at + 32);
     if (next > end) return "damaged zip directory";
     const std::string name(reinterpret_cast<const char*>(data + at + 46), name_size);
-    if (stored == kZip64 || local == kZip64) return {};  // ZIP64
-    if (std::size_t{local} + 30 > size || u32(data + local) != kLocalHeader) {
+    // Sizes and offsets of kZip64 are in the entry's ZIP64 extra field (id 1), in this order.
+    if (stored == kZip64 || unpacked == kZip64 || local == kZip64) {
+      std::uint64_t extra = at + 46 + name_size;
+      const std::uint64_t extra_end = extra + extra_size;
+      while (extra + 4 <= extra_end && u16(data + extra) != 1) extra += 4 + u16(data + extra + 2);
+      if (extra + 4 > extra_end) return "entry '" + name + "' has no ZIP64 field";
+      std::uint64_t field = extra + 4;
+      const std::uint64_t field_end = std::min(extra_end, field + u16(data + extra + 2));
+      for (std::uint64_t* value : {&unpacked, &stored, &local}) {
+        if (*value != kZip64) continue;
+        if (field + 8 > field_end) return "entry '" + name + "' has a damaged ZIP64 field";
+        *value = u64(data + field);
+        field += 8;
+      }
+    }
+    if (!inside(local, 30, size) || u32(data + local) != kLocalHeader) {
       return "entry '" + name + "' has no header";
     }
-    const std::size_t begin =
-        std::size_t{local} + 30 + u16(data + local + 26) + u16(data + local + 28);
-    if (begin + stored > size) return "entry '" + name + "' runs past the end of the file";
-    const std::uint32_t unpacked = u32(data + at + 24);
+    const std::uint64_t begin = local + 30 + u16(data + local + 26) + u16(data + local + 28);
+    if (!inside(begin, stored, size)) return "entry '" + name + "' runs past the end of the file";
     if (method == 0) {
       if (stored != unpacked || ::crc32_z(0, data + begin, stored) != crc) {
         return "entry '" + name + "' fails its CRC check";

@@ -146,6 +146,14 @@ TEST_CASE("Train.Checkpoint.DamagedFileIsOneLineNamingTheEntry") {
   CHECK_THROWS_WITH_AS(read_checkpoint(path),
                        doctest::Contains("final.pt: damaged checkpoint (entry '"), Error);
   CHECK_THROWS_WITH_AS(read_checkpoint(path), doctest::Contains("' fails its CRC check)"), Error);
+  // Found by fuzzing: with the end record's entry count saturated (0xffff, "see the ZIP64
+  // record"), the check used to leave the file to LibTorch, whose zip reader takes the count
+  // from the ZIP64 record LibTorch writes into every file; a damaged code entry then crashed it.
+  const std::size_t end = bytes.rfind("PK\x05\x06");
+  REQUIRE(end != std::string::npos);
+  bytes[end + 10] = bytes[end + 11] = '\xff';
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  CHECK_THROWS_WITH_AS(read_checkpoint(path), doctest::Contains("' fails its CRC check)"), Error);
 }
 
 TEST_CASE("Train.Checkpoint.ConfigLargerThanItsFileIsRefused") {
