@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -74,6 +75,26 @@ bool inside(std::uint64_t offset, std::uint64_t length, std::uint64_t size) {
   return offset <= size && length <= size - offset;
 }
 
+// An entry's sizes and offset of kZip64 are in its ZIP64 extra field (id 1), 8 bytes each in the
+// order given: replaces those of `values` from `extra` (the entry's extra fields). Returns the
+// problem, or an empty string (also when none of `values` is kZip64).
+std::string read_zip64_fields(std::span<const std::uint8_t> extra,
+                              std::initializer_list<std::uint64_t*> values) {
+  if (std::none_of(values.begin(), values.end(), [](auto* v) { return *v == kZip64; })) return {};
+  std::size_t at = 0;
+  while (at + 4 <= extra.size() && u16(&extra[at]) != 1) at += 4 + u16(&extra[at + 2]);
+  if (at + 4 > extra.size()) return "has no ZIP64 field";
+  const std::size_t end = std::min(extra.size(), at + 4 + u16(&extra[at + 2]));
+  at += 4;
+  for (std::uint64_t* value : values) {
+    if (*value != kZip64) continue;
+    if (at + 8 > end) return "has a damaged ZIP64 field";
+    *value = u64(&extra[at]);
+    at += 8;
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string zip_problem(std::span<const std::uint8_t> bytes) {
@@ -111,20 +132,10 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
     const std::uint64_t next = at + 46 + name_size + extra_size + u16(data + at + 32);
     if (next > end) return "damaged zip directory";
     const std::string name(reinterpret_cast<const char*>(data + at + 46), name_size);
-    // Sizes and offsets of kZip64 are in the entry's ZIP64 extra field (id 1), in this order.
-    if (stored == kZip64 || unpacked == kZip64 || local == kZip64) {
-      std::uint64_t extra = at + 46 + name_size;
-      const std::uint64_t extra_end = extra + extra_size;
-      while (extra + 4 <= extra_end && u16(data + extra) != 1) extra += 4 + u16(data + extra + 2);
-      if (extra + 4 > extra_end) return "entry '" + name + "' has no ZIP64 field";
-      std::uint64_t field = extra + 4;
-      const std::uint64_t field_end = std::min(extra_end, field + u16(data + extra + 2));
-      for (std::uint64_t* value : {&unpacked, &stored, &local}) {
-        if (*value != kZip64) continue;
-        if (field + 8 > field_end) return "entry '" + name + "' has a damaged ZIP64 field";
-        *value = u64(data + field);
-        field += 8;
-      }
+    if (const std::string problem = read_zip64_fields(
+            bytes.subspan(at + 46 + name_size, extra_size), {&unpacked, &stored, &local});
+        !problem.empty()) {
+      return "entry '" + name + "' " + problem;
     }
     if (!inside(local, 30, size) || u32(data + local) != kLocalHeader) {
       return "entry '" + name + "' has no header";
