@@ -124,4 +124,4 @@ sanitize-thread:
 	cd build-tsan && TSAN_OPTIONS="$(TSAN_OPTIONS)" ctest -j1 --output-on-failure -E '$(TSAN_TIMING_TESTS)'
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-libfuzzer
