@@ -13,6 +13,7 @@
 #include "distributed/job.hpp"
 #include "distributed/launch.hpp"
 #include "distributed/world.hpp"
+#include "graph/autotune.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 
@@ -124,11 +125,17 @@ PhasesOutcome run_phases(RunConfig& config,
     int signal = 0;
     {
       StopOnSignal stop_on_signal(*pipeline);
-      report = pipeline->run(phase.run);
+      report = autotune_run(*pipeline, phase.run, stage_decls(phase));
       signal = stop_on_signal.received();
     }
     if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
-    if (leader) std::cout << format_report(report) << std::flush;
+    if (leader) {
+      std::cout << format_report(report);
+      if (report.autotune && !report.autotune->overrides.empty()) {
+        std::cout << autotune_yaml(*report.autotune, phase.run.key_prefix);
+      }
+      std::cout << std::flush;
+    }
     if (report.stopped) {
       outcome.stopped = std::string(signal == SIGTERM ? "SIGTERM" : "SIGINT") + " during " +
                         (phase.name.empty() ? "the run" : what);

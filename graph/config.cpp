@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -15,8 +16,12 @@ namespace flowtrain {
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "stages", "phases"};
-const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "stages"};
+const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "autotune", "stages",
+                                           "phases"};
+const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "autotune",
+                                             "stages"};
+const std::vector<std::string> kAutotuneKeys = {"enabled", "warmup_s", "trial_s", "max_trials",
+                                                "min_gain"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace", "drops"};
 const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
                                              "queue_capacity", "ordered", "inputs",
@@ -328,7 +333,42 @@ void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
   loc.add_override(node[keys.back()], text);
 }
 
-// Sets `run` from a map's `threads`, `cores` and `metrics` keys; keys it lacks keep their value.
+// Reads `autotune`: true/false, or a map of AutotuneOptions (`enabled` defaults to true there).
+void read_autotune(const YAML::Node& node, const std::string& ctx, const Locator& loc,
+                   AutotuneOptions& out) {
+  if (node.IsScalar()) {
+    if (!scalar_as(node, out.enabled)) {
+      loc.fail(node, ctx + "autotune must be true, false or a map of its settings, got " +
+                         scalar_text(node));
+    }
+    return;
+  }
+  if (!node.IsMap()) loc.fail(node, ctx + "autotune must be true, false or a map of its settings");
+  check_keys(node, kAutotuneKeys, ctx + "autotune: ", loc);
+  out.enabled = true;
+  if (const YAML::Node enabled = node["enabled"]; enabled && !scalar_as(enabled, out.enabled)) {
+    loc.fail(enabled, ctx + "autotune.enabled must be true or false, got " + scalar_text(enabled));
+  }
+  const auto seconds = [&](const char* key, double& value, double low, double high) {
+    const YAML::Node n = node[key];
+    if (n && (!scalar_as(n, value) || value < low || value > high)) {
+      char range[64];
+      std::snprintf(range, sizeof range, " must be a number in [%g, %g], got ", low, high);
+      loc.fail(n, ctx + "autotune." + key + range + scalar_text(n));
+    }
+  };
+  seconds("warmup_s", out.warmup_s, 0, 600);
+  seconds("trial_s", out.trial_s, 0.1, 600);
+  seconds("min_gain", out.min_gain, 0, 1);
+  if (const YAML::Node n = node["max_trials"]) {
+    const std::int64_t trials = positive_int(n, ctx + "autotune.max_trials", loc);
+    if (trials > 1000) loc.fail(n, ctx + "autotune.max_trials must be at most 1000");
+    out.max_trials = static_cast<std::size_t>(trials);
+  }
+}
+
+// Sets `run` from a map's `threads`, `cores`, `metrics` and `autotune` keys; keys it lacks keep
+// their value.
 void read_run_options(const YAML::Node& map,
                       const std::string& ctx,
                       const Locator& loc,
@@ -339,6 +379,7 @@ void read_run_options(const YAML::Node& map,
   if (const YAML::Node cores = map["cores"]) {
     run.cores = static_cast<std::size_t>(positive_int(cores, ctx + "cores", loc));
   }
+  if (const YAML::Node autotune = map["autotune"]) read_autotune(autotune, ctx, loc, run.autotune);
   if (const YAML::Node metrics = map["metrics"]) {
     if (!metrics.IsMap()) loc.fail(metrics, ctx + "metrics must be a map");
     check_keys(metrics, kMetricsKeys, ctx + "metrics: ", loc);

@@ -456,7 +456,6 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
 }
 
 Pipeline::Pipeline() = default;
-Pipeline::~Pipeline() = default;
 
 std::vector<StageDecl> Pipeline::decls() const {
   std::vector<StageDecl> out;
@@ -538,7 +537,29 @@ struct JoinedParts {
 
 }  // namespace
 
-// One run of a pipeline: the TBB graph, the counters and the sampler.
+// What outlives one run of a pipeline, so that a paused run continues exactly: each stage's
+// counters (the report covers every run), the next sequence number of each numbering stage,
+// the drop log and the wall time of the runs before.
+struct Pipeline::RunState {
+  std::vector<std::unique_ptr<detail::StageCounters>> counters;
+  // Next sequence number a source, mix or FlatMap assigns (all are serial).
+  std::vector<std::uint64_t> next_seq;
+  std::optional<detail::DropLog> drop_log;  // the stages' counters point to it
+  double earlier_wall_s = 0;                // of the paused runs before this one
+
+  RunState(const std::vector<Node>& nodes, const RunOptions& options) : next_seq(nodes.size(), 0) {
+    if (!options.drops_path.empty()) drop_log.emplace(options.drops_path);
+    for (const Node& node : nodes) {
+      counters.push_back(std::make_unique<detail::StageCounters>());
+      counters.back()->name = node.name;
+      if (drop_log) counters.back()->drop_log = &*drop_log;
+    }
+  }
+};
+
+Pipeline::~Pipeline() = default;
+
+// One run of a pipeline: the TBB graph and the sampler; the counters are the pipeline's.
 //
 // Every stage with consumers has a limiter_node ("gate") in front of its body that admits an
 // item only while fewer than `out_capacity` items are in production in the stage or waiting
@@ -562,6 +583,11 @@ class Pipeline::Runtime {
       : nodes_(pipeline.nodes_),
         decls_(pipeline.decls()),
         stop_(pipeline.stop_),
+        pause_(pipeline.pause_),
+        counters_(pipeline.state_->counters),
+        next_seq_(pipeline.state_->next_seq),
+        drop_log_(pipeline.state_->drop_log),
+        earlier_wall_s_(pipeline.state_->earlier_wall_s),
         key_prefix_(options.key_prefix),
         threads_(threads_and_cores(options).first),
         cores_(threads_and_cores(options).second),
@@ -585,11 +611,13 @@ class Pipeline::Runtime {
         mix_alive_.assign(nodes_[i].inputs.size(), true);
       }
     }
-    if (!options.drops_path.empty()) drop_log_.emplace(options.drops_path);
+    // Where each numbering stage starts this run: sequencers and joins count from there.
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      counters_.push_back(std::make_unique<detail::StageCounters>());
-      counters_.back()->name = nodes_[i].name;
-      if (drop_log_) counters_.back()->drop_log = &*drop_log_;
+      if (!pulled(nodes_[i].shape.kind)) {
+        seq_base_[i] = next_seq_[numbered_by(decls_, nodes_[i].inputs.front().stage)];
+      }
+    }
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].options.token_from.empty()) continue;
       tokens_[i] = std::make_unique<TokenState>();
       for (std::size_t s = 0; s < nodes_.size(); ++s) {
@@ -613,14 +641,19 @@ class Pipeline::Runtime {
       try {
         graph.source->activate();
         graph.g.wait_for_all();
-        for (std::size_t i = 0; i < nodes_.size(); ++i) {
-          if (nodes_[i].shape.kind != Kind::kFlatMap) continue;
-          finish(i);
-          graph.g.wait_for_all();
-        }
         check_no_parked_items();
-        for (std::size_t i = 0; i < nodes_.size(); ++i) {
-          if (nodes_[i].shape.kind == Kind::kSink) finish_sink(i);
+        // A paused run is not over: the stages keep what they hold (a partial batch) for the
+        // next run, which continues the stream.
+        if (!paused()) {
+          for (std::size_t i = 0; i < nodes_.size(); ++i) {
+            if (nodes_[i].shape.kind != Kind::kFlatMap) continue;
+            finish(i);
+            graph.g.wait_for_all();
+          }
+          check_no_parked_items();
+          for (std::size_t i = 0; i < nodes_.size(); ++i) {
+            if (nodes_[i].shape.kind == Kind::kSink) finish_sink(i);
+          }
         }
       } catch (...) {
         error = std::current_exception();
@@ -634,8 +667,13 @@ class Pipeline::Runtime {
       trace_->write(options.trace_path, report);
       report.trace_path = options.trace_path;
     }
-    if (drop_log_) report.drops_path = drop_log_->close();
+    if (drop_log_ && !report.paused) report.drops_path = drop_log_->close();
     return report;
+  }
+
+  // Paused (Pipeline::request_pause) rather than stopped or run to its end.
+  bool paused() const {
+    return pause_.load(std::memory_order_relaxed) && !stop_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -683,9 +721,10 @@ class Pipeline::Runtime {
       const std::vector<Node>& nodes = rt.nodes_;
       const std::size_t n = nodes.size();
       const std::vector<bool> in_order = rt.ordered_inputs();
-      auto sequencer = [this] {
+      // A sequencer counts from 0: the item numbers of this run start at its stage's base.
+      auto sequencer = [this](std::uint64_t base) {
         return std::make_unique<Sequencer>(
-            g, [](const Message& m) { return static_cast<std::size_t>(m.seq); });
+            g, [base](const Message& m) { return static_cast<std::size_t>(m.seq - base); });
       };
       source = std::make_unique<tbb::flow::input_node<Message>>(
           g, [&rt](tbb::flow_control& fc) { return rt.produce(fc); });
@@ -706,10 +745,11 @@ class Pipeline::Runtime {
         if (pulled(nodes[i].shape.kind)) continue;
         if (has_ports(nodes[i].shape.kind)) {
           auto state = std::make_unique<JoinState>();
-          state->arrived.assign(nodes[i].inputs.size(), 0);
+          state->base = rt.seq_base_[i];
+          state->arrived.assign(nodes[i].inputs.size(), state->base);
           joins[i] = std::move(state);
           for (std::size_t port = 0; port < nodes[i].inputs.size(); ++port) {
-            ports[i].push_back(sequencer());
+            ports[i].push_back(sequencer(rt.seq_base_[i]));
             collectors[i].push_back(
                 std::make_unique<Worker>(g, tbb::flow::serial, [&rt, i, port](const Message& m) {
                   rt.collect(i, port, const_cast<Message&>(m));
@@ -720,7 +760,7 @@ class Pipeline::Runtime {
           // Complete sets are put in sequence order, under the collector's lock.
           buffers[i] = std::make_unique<Buffer>(g);
         } else if (in_order[i]) {
-          buffers[i] = sequencer();
+          buffers[i] = sequencer(rt.seq_base_[i]);
         } else {
           buffers[i] = std::make_unique<Buffer>(g);
         }
@@ -869,7 +909,7 @@ class Pipeline::Runtime {
   };
 
   Message produce(tbb::flow_control& fc) {
-    if (stop_.load(std::memory_order_relaxed)) {
+    if (stop_.load(std::memory_order_relaxed) || pause_.load(std::memory_order_relaxed)) {
       fc.stop();
       return {};
     }
@@ -1087,7 +1127,9 @@ class Pipeline::Runtime {
 
   RunReport make_report() {
     RunReport report;
-    report.wall_s = std::chrono::duration<double>(detail::Clock::now() - start_).count();
+    report.wall_s =
+        earlier_wall_s_ + std::chrono::duration<double>(detail::Clock::now() - start_).count();
+    report.paused = paused();
     report.threads = threads_;
     report.cores = cores_;
     report.peak_threads = peak_threads(decls_, threads_);
@@ -1125,6 +1167,11 @@ class Pipeline::Runtime {
   std::vector<Node>& nodes_;
   const std::vector<StageDecl> decls_;
   std::atomic<bool>& stop_;
+  std::atomic<bool>& pause_;
+  std::vector<std::unique_ptr<detail::StageCounters>>& counters_;
+  std::vector<std::uint64_t>& next_seq_;
+  std::optional<detail::DropLog>& drop_log_;
+  const double earlier_wall_s_;
   const std::string key_prefix_;
   const std::size_t threads_;
   const std::size_t cores_;
@@ -1135,26 +1182,75 @@ class Pipeline::Runtime {
       std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
   std::vector<std::vector<std::size_t>> token_receivers_ =
       std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
-  std::vector<std::unique_ptr<detail::StageCounters>> counters_;
-  // Next sequence number a source, mix or FlatMap assigns (all are serial).
-  std::vector<std::uint64_t> next_seq_ = std::vector<std::uint64_t>(nodes_.size(), 0);
+  // [i]: the number of the first item stage i receives in this run (its numbering stage's).
+  std::vector<std::uint64_t> seq_base_ = std::vector<std::uint64_t>(nodes_.size(), 0);
   std::size_t source_ = 0;            // the stage the graph pulls: the source, or the mix
   const MixStage* mix_ = nullptr;     // that mix, if any
   std::vector<bool> mix_alive_;       // [port]: that input of the mix is not exhausted yet
   std::optional<detail::TraceRecorder> trace_;
-  std::optional<detail::DropLog> drop_log_;  // the stages' counters point to it
   std::optional<detail::Sampler> sampler_;
   Graph* graph_ = nullptr;
 };
 
 RunReport Pipeline::run(const RunOptions& options) {
-  if (ran_) throw Error("a pipeline runs once; build a new one to run again");
+  if (ran_ && !paused_) throw Error("a pipeline runs once; build a new one to run again");
   std::vector<std::vector<InputLink>> links = resolve_inputs();
   for (std::size_t i = 0; i < nodes_.size(); ++i) nodes_[i].inputs = std::move(links[i]);
-  ran_ = true;
-  prepare();
+  if (!ran_) {
+    ran_ = true;
+    prepare();
+    state_ = std::make_unique<RunState>(nodes_, options);
+    const auto mix = std::find_if(nodes_.begin(), nodes_.end(),
+                                  [](const Node& n) { return n.shape.kind == Kind::kMix; });
+    const std::size_t source = mix == nodes_.end() ? 0 : static_cast<std::size_t>(mix - nodes_.begin());
+    produced_.store(&state_->counters[source]->items_out, std::memory_order_release);
+  }
+  pause_.store(false, std::memory_order_relaxed);
   Runtime runtime(*this, options);
-  return runtime.run(options);
+  RunReport report = runtime.run(options);
+  paused_ = report.paused;
+  state_->earlier_wall_s = report.wall_s;
+  return report;
+}
+
+void Pipeline::set_concurrency(const std::string& stage, std::size_t concurrency) {
+  Node& node = node_to_change(stage);
+  StageOptions options = node.options;
+  options.concurrency = concurrency;
+  if (std::string problem = options_problem(node.shape, options); !problem.empty()) {
+    throw Error("stage '" + stage + "': " + problem);
+  }
+  node.options = std::move(options);
+}
+
+void Pipeline::set_queue_capacity(const std::string& stage, std::size_t capacity) {
+  Node& node = node_to_change(stage);
+  StageOptions options = node.options;
+  options.queue_capacity = capacity;
+  if (std::string problem = options_problem(node.shape, options); !problem.empty()) {
+    throw Error("stage '" + stage + "': " + problem);
+  }
+  node.options = std::move(options);
+}
+
+bool Pipeline::set_threads_per_invocation(const std::string& stage, std::size_t threads) {
+  if (threads < 1) throw Error("stage '" + stage + "': threads per invocation must be >= 1");
+  return node_to_change(stage).stage->set_threads_per_invocation(threads);
+}
+
+std::uint64_t Pipeline::produced() const {
+  const std::atomic<std::uint64_t>* count = produced_.load(std::memory_order_acquire);
+  return count ? count->load(std::memory_order_relaxed) : 0;
+}
+
+Pipeline::Node& Pipeline::node_to_change(const std::string& stage) {
+  if (ran_ && !paused_) {
+    throw Error("stage '" + stage + "': a pipeline that ran to its end cannot change its layout");
+  }
+  for (Node& node : nodes_) {
+    if (node.name == stage) return node;
+  }
+  throw Error("no stage '" + stage + "' in this pipeline");
 }
 
 void Pipeline::prepare() {

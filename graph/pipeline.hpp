@@ -39,6 +39,15 @@ struct StageOptions {
   std::string token_from;
 };
 
+/// How a pipeline tunes its layout before the rest of its run (graph/autotune.hpp).
+struct AutotuneOptions {
+  bool enabled = false;
+  double warmup_s = 1;          // of each trial, not measured (queues filling, caches warming)
+  double trial_s = 3;           // measured window of each trial
+  std::size_t max_trials = 10;  // trials in all, the starting layout's included
+  double min_gain = 0.03;       // a change is kept if its layout is this much faster (3%)
+};
+
 /// How a pipeline runs.
 struct RunOptions {
   std::size_t threads = 0;        // TBB threads for the graph (0: one per hardware thread)
@@ -57,6 +66,8 @@ struct RunOptions {
   /// verdict's advice: "phases.distill." for a phase of a multi-phase config (its
   /// PipelineConfig::run has it), empty for a single pipeline.
   std::string key_prefix;
+  /// Tune the layout first (autotune_run; config key `autotune`). Pipeline::run ignores it.
+  AutotuneOptions autotune;
 };
 
 /// An input that takes every item of its stage (not one output of a router).
@@ -268,12 +279,39 @@ class Pipeline {
   /// Runs the graph to completion (sources exhausted or stopped, every item drained).
   /// Before it starts: seeks the source where a stage restored from a checkpoint asks
   /// (Stage::resume_position), tells each stage how many items to expect (Stage::plan), and
-  /// checks the thread budget. A pipeline runs once.
+  /// checks the thread budget. A pipeline runs once, unless its run was paused.
   RunReport run(const RunOptions& options = {});
 
   /// Asks the sources to stop; items already produced are finished. Async-signal-safe, may be
   /// called from any thread or a signal handler, before or during run().
   void request_stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
+
+  /// Pauses a running graph: the sources stop, every item produced is finished, and run()
+  /// returns a report with `paused` set, without `finish` being called on any stage (a batcher
+  /// keeps its partial batch). The layout may then change (set_concurrency, ...) and run()
+  /// continues the same stream: the items, their numbers and every stage's state carry on as
+  /// if the run had not paused, so the results are those of one run. The report of each run
+  /// counts every item since the first (its wall time too); its sampled figures (starved,
+  /// blocked, queues, CPU) are that run's. Autotune trials are such runs.
+  ///   std::thread timer([&] { sleep(3); p.request_pause(); });
+  ///   RunReport first = p.run(options);           // first.paused
+  ///   timer.join();
+  ///   p.set_concurrency("decode", 2);
+  ///   RunReport rest = p.run(options);            // to the end
+  void request_pause() noexcept { pause_.store(true, std::memory_order_relaxed); }
+
+  /// Between runs (before the first, or after a paused one): stage `stage`'s concurrency or
+  /// input queue capacity from now on. Throws Error naming the stage if it does not exist or
+  /// cannot take the value; the edges are checked again when run() starts.
+  void set_concurrency(const std::string& stage, std::size_t concurrency);
+  void set_queue_capacity(const std::string& stage, std::size_t capacity);
+  /// The same for the intra-op threads of one invocation (Stage::set_threads_per_invocation):
+  /// false if the stage cannot change them (its count is fixed, or changes its results).
+  bool set_threads_per_invocation(const std::string& stage, std::size_t threads);
+
+  /// Items the source (or the mix) has produced since the first run started; safe to call
+  /// from any thread while a run lasts (a tuner's rate window).
+  std::uint64_t produced() const;
 
   std::size_t size() const { return nodes_.size(); }
 
@@ -286,6 +324,8 @@ class Pipeline {
     std::vector<InputLink> inputs;  // the stages (and router outputs) it takes items from
   };
   class Runtime;
+  struct RunState;
+  Node& node_to_change(const std::string& stage);
   void add_node(const std::string& name, std::unique_ptr<Stage> stage, StageOptions options);
   void add_input(const std::string& stage, const std::string& input);
   static void check_options(const std::string& name,
@@ -298,7 +338,11 @@ class Pipeline {
 
   std::vector<Node> nodes_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> pause_{false};
   bool ran_ = false;
+  bool paused_ = false;              // the last run was paused: run() continues it
+  std::unique_ptr<RunState> state_;  // made by the first run
+  std::atomic<const std::atomic<std::uint64_t>*> produced_{nullptr};  // the source's count
   std::uint64_t expected_ = 0;  // items the last sink expects, from prepare() (0: unknown)
 };
 

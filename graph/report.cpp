@@ -102,6 +102,33 @@ std::string RunReport::layout() const {
   return line + "; at most " + count(peak_threads, "thread") + " busy at once";
 }
 
+std::string format_autotune(const AutotuneReport& a) {
+  std::string out;
+  char buf[256];
+  std::size_t chosen = 0;
+  for (std::size_t i = 0; i < a.trials.size(); ++i) chosen = a.trials[i].kept ? i : chosen;
+  std::snprintf(buf, sizeof buf,
+                "autotune: %zu trial(s) in %.1f s, on the run's own work (%llu source items)\n",
+                a.trials.size(), a.tuning_s, static_cast<unsigned long long>(a.tuning_items));
+  out += buf;
+  out += "  trial    items/s  kept  change\n";
+  for (std::size_t i = 0; i < a.trials.size(); ++i) {
+    const AutotuneTrial& t = a.trials[i];
+    std::snprintf(buf, sizeof buf, "  %5zu %10.1f  %-4s  ", i + 1, t.items_per_s,
+                  t.kept ? "yes" : "");
+    out += buf + t.change + "\n";
+  }
+  if (!a.trials.empty()) out += "  chosen (trial " + std::to_string(chosen + 1) + "): " + a.trials[chosen].layout + "\n";
+  if (a.overrides.empty()) {
+    out += "  settings: the config's own layout was the fastest tried\n";
+  } else {
+    out += "  settings:";
+    for (const std::string& o : a.overrides) out += " " + o;
+    out += "\n";
+  }
+  return out;
+}
+
 std::string format_report(const RunReport& r) {
   std::string out;
   char buf[512];
@@ -161,6 +188,7 @@ std::string format_report(const RunReport& r) {
     out += "\n";
   }
   if (!r.cpu.core_mean.empty()) out += "cpu: " + cpu_text(r) + "\n";
+  if (r.autotune) out += format_autotune(*r.autotune);
   out += "layout: " + r.layout() + "\n";
   out += "verdict: " + r.verdict() + "\n";
   if (!r.trace_path.empty()) out += "trace: " + r.trace_path + " (open in ui.perfetto.dev)\n";

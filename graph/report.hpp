@@ -79,6 +79,24 @@ struct StageReport {
   static constexpr std::size_t kMaxDropRecords = 100;
 };
 
+/// One trial of autotune: a layout run for a measured window of real work.
+struct AutotuneTrial {
+  std::string change;  // from the layout kept before it: "start", "'decode' concurrency 1 -> 2"
+  std::string layout;  // the whole layout: "2 graph threads; decode 2; teacher 2 x 1 intra-op"
+  double items_per_s = 0;  // source items per second in the measured window
+  bool kept = false;       // better than the layout kept before it, by the minimum gain
+};
+
+/// What autotune tried and chose (RunReport::autotune).
+struct AutotuneReport {
+  std::vector<AutotuneTrial> trials;
+  /// The chosen layout's settings that differ from the config's, as overrides with the
+  /// report's key_prefix ("phases.distill.stages.decode.concurrency=2"); empty: nothing better.
+  std::vector<std::string> overrides;
+  double tuning_s = 0;  // wall time of the trials (real work, included in the run's wall)
+  std::uint64_t tuning_items = 0;  // source items produced during the trials
+};
+
 /// What a whole run did. `format_report` renders it as the table printed after a run.
 struct RunReport {
   double wall_s = 0;
@@ -86,12 +104,15 @@ struct RunReport {
   std::size_t cores = 0;    // cores the run was granted
   std::size_t peak_threads = 0;  // most threads the graph could keep busy at once (<= cores)
   bool stopped = false;     // stopped early by request_stop() (SIGINT)
+  bool paused = false;      // paused by request_pause(): Pipeline::run continues it
   std::vector<StageReport> stages;
   std::string trace_path;  // Chrome trace written, if asked for
   std::string drops_path;  // every dropped item listed there, if asked for and any was dropped
   CpuReport cpu;
   /// Prefix of config keys in the verdict ("phases.distill." for a phase of a multi-phase config).
   std::string key_prefix;
+  /// Set when the run tuned its layout first (RunOptions::autotune).
+  std::optional<AutotuneReport> autotune;
 
   /// Index of the stage with the highest busy fraction per worker, if any work was done.
   std::optional<std::size_t> bottleneck() const;
@@ -102,5 +123,14 @@ struct RunReport {
 };
 
 std::string format_report(const RunReport& report);
+
+/// The trials of autotune as a table, the chosen layout and its settings (format_report
+/// includes it):
+///   autotune: 5 trial(s) in 21.3 s, on the run's own work (2112 source items)
+///     trial    items/s  kept  change
+///         1      412.0  yes   start
+///         2      598.2  yes   'decode' concurrency 1 -> 2, graph threads 1 -> 2
+///   ...
+std::string format_autotune(const AutotuneReport& report);
 
 }  // namespace flowtrain

@@ -119,6 +119,11 @@ class Stage {
   /// step): more intra-op threads, not more workers, speed a serial one up. The report's advice
   /// uses it.
   virtual bool intra_op_parallel() const { return false; }
+  /// Between runs of a paused pipeline (autotune): use `threads` intra-op threads per
+  /// invocation from now on. Returns false if the stage cannot: its count is fixed, or changes
+  /// its results (a training step's gradient sums depend on how its threads split them; an
+  /// inference forward's do not).
+  virtual bool set_threads_per_invocation(std::size_t /*threads*/) { return false; }
 
   /// Called once before the run, in chain order, with the number of items the stage will
   /// probably receive (std::nullopt: unknown); returns how many it will probably emit. Sources

@@ -1,0 +1,387 @@
+#include "graph/autotune.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "graph/error.hpp"
+
+namespace flowtrain {
+
+namespace {
+
+using Kind = StageShape::Kind;
+using Clock = std::chrono::steady_clock;
+
+// What the tuner may change of one stage, and what it is now.
+struct Knobs {
+  bool tunable = false;           // a config entry (not an expansion), not a source or sink
+  bool takes_threads = false;     // accepts new intra-op threads between runs
+  std::size_t concurrency = 1;
+  std::size_t queue_capacity = 1;
+  std::size_t threads = 1;        // intra-op threads of one invocation
+  std::string threads_param;      // the config param that sets them
+};
+
+// A layout: the graph threads and every stage's knobs, in pipeline order.
+struct Layout {
+  std::size_t threads = 1;
+  std::vector<Knobs> stages;
+  bool operator==(const Layout& o) const {
+    if (threads != o.threads) return false;
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      const Knobs& a = stages[i];
+      const Knobs& b = o.stages[i];
+      if (a.concurrency != b.concurrency || a.queue_capacity != b.queue_capacity ||
+          a.threads != b.threads) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+std::string plural(std::size_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+class Tuner {
+ public:
+  Tuner(Pipeline& pipeline, const RunOptions& options, const std::vector<StageDecl>& config_decls)
+      : pipeline_(pipeline), options_(options), decls_(pipeline.decls()) {
+    const std::size_t hardware = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    cores_ = options.cores > 0 ? options.cores : hardware;
+    start_.threads = options.threads > 0 ? options.threads : hardware;
+    for (const StageDecl& d : decls_) {
+      Knobs k;
+      k.concurrency = d.options.concurrency;
+      k.queue_capacity = d.options.queue_capacity;
+      k.threads = d.threads_per_invocation;
+      const auto declared = std::find_if(config_decls.begin(), config_decls.end(),
+                                         [&](const StageDecl& c) { return c.name == d.name; });
+      const Kind kind = d.shape.kind;
+      k.tunable = declared != config_decls.end() && d.name.find('/') == std::string::npos &&
+                  kind != Kind::kSource && kind != Kind::kMix && kind != Kind::kSink &&
+                  kind != Kind::kMerge && k.concurrency != kUnlimited;
+      if (k.tunable && declared->threads_param.size() > 0) {
+        k.threads_param = declared->threads_param;
+        // Asking for the count it has tells whether it takes another, and changes nothing.
+        k.takes_threads = pipeline.set_threads_per_invocation(d.name, k.threads);
+      }
+      start_.stages.push_back(k);
+    }
+  }
+
+  RunReport run() {
+    const Clock::time_point begin = Clock::now();
+    AutotuneReport tuning;
+    Layout best = start_;
+    double best_rate = 0;
+    std::vector<double> busy(decls_.size(), 0.0);  // each stage's busy seconds so far
+    double wall = 0;
+    std::vector<double> load;                      // best layout's busy share per worker
+    std::vector<Layout> tried;
+    std::vector<std::pair<Layout, std::string>> round = {{start_, "start"}};
+    RunReport report;
+    while (!round.empty()) {
+      std::optional<std::size_t> winner;
+      double winner_rate = 0;
+      std::vector<double> winner_load;
+      for (std::size_t c = 0; c < round.size(); ++c) {
+        if (tuning.trials.size() >= options_.autotune.max_trials) break;
+        const Layout& layout = round[c].first;
+        tried.push_back(layout);
+        double rate = 0;
+        report = trial(layout, rate);
+        // Each stage's share of its workers' time in this trial alone.
+        const double trial_wall = report.wall_s - wall;
+        std::vector<double> share(decls_.size(), 0.0);
+        for (std::size_t i = 0; i < report.stages.size(); ++i) {
+          const StageReport& s = report.stages[i];
+          if (trial_wall > 0 && s.workers > 0) {
+            share[i] = (s.busy_s - busy[i]) / (trial_wall * static_cast<double>(s.workers));
+          }
+          busy[i] = s.busy_s;
+        }
+        wall = report.wall_s;
+        tuning.trials.push_back({round[c].second, describe(layout), rate, false});
+        if (!report.paused) break;  // the run ended (its data, or a signal): nothing to tune
+        const double bar = (winner ? winner_rate : best_rate) * (1 + options_.autotune.min_gain);
+        if (tuning.trials.size() == 1 || rate > bar) {
+          winner = c;
+          winner_rate = rate;
+          winner_load = share;
+        }
+      }
+      if (!report.paused || !winner) break;
+      best = round[*winner].first;
+      best_rate = winner_rate;
+      load = winner_load;
+      tuning.trials[tuning.trials.size() - round.size() + *winner].kept = true;
+      if (tuning.trials.size() >= options_.autotune.max_trials) break;
+      round = candidates(best, load, tried);
+    }
+    tuning.tuning_s = std::chrono::duration<double>(Clock::now() - begin).count();
+    tuning.tuning_items = pipeline_.produced();
+    tuning.overrides = overrides(best);
+    if (report.paused) {
+      apply(best);
+      RunOptions rest = options_;
+      rest.threads = best.threads;
+      report = pipeline_.run(rest);
+    }
+    report.autotune = std::move(tuning);
+    return report;
+  }
+
+ private:
+  // Runs `layout` for the warm-up and the measured window, then pauses; `rate` is the source's
+  // items per second in the window (0 if the run ended first).
+  RunReport trial(const Layout& layout, double& rate) {
+    apply(layout);
+    RunOptions run = options_;
+    run.threads = layout.threads;
+    run.trace_path.clear();  // the trace shows the run after tuning
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool done = false;
+    const auto seconds = [](double s) {
+      return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    std::thread timer([&] {
+      std::unique_lock lock(mutex);
+      if (wake.wait_for(lock, seconds(options_.autotune.warmup_s), [&] { return done; })) return;
+      const Clock::time_point t0 = Clock::now();
+      const std::uint64_t n0 = pipeline_.produced();
+      if (wake.wait_for(lock, seconds(options_.autotune.trial_s), [&] { return done; })) return;
+      rate = static_cast<double>(pipeline_.produced() - n0) /
+             std::chrono::duration<double>(Clock::now() - t0).count();
+      pipeline_.request_pause();
+    });
+    const auto finish = [&] {
+      {
+        std::lock_guard lock(mutex);
+        done = true;
+      }
+      wake.notify_all();
+      timer.join();
+    };
+    RunReport report;
+    try {
+      report = pipeline_.run(run);
+    } catch (...) {
+      finish();
+      throw;
+    }
+    finish();
+    return report;
+  }
+
+  void apply(const Layout& layout) {
+    for (std::size_t i = 0; i < decls_.size(); ++i) {
+      const Knobs& k = layout.stages[i];
+      const std::string& name = decls_[i].name;
+      const Kind kind = decls_[i].shape.kind;
+      // A consumer of a tuned stage (a sink, say) may have had its queue raised.
+      if (kind != Kind::kSource && kind != Kind::kMix) {
+        pipeline_.set_queue_capacity(name, k.queue_capacity);
+      }
+      if (!k.tunable) continue;
+      pipeline_.set_concurrency(name, k.concurrency);
+      if (k.takes_threads) pipeline_.set_threads_per_invocation(name, k.threads);
+    }
+  }
+
+  bool fits(const Layout& layout) const {
+    std::vector<StageDecl> decls = decls_;
+    for (std::size_t i = 0; i < decls.size(); ++i) {
+      decls[i].options.concurrency = layout.stages[i].concurrency;
+      decls[i].options.queue_capacity = layout.stages[i].queue_capacity;
+      decls[i].threads_per_invocation = layout.stages[i].threads;
+    }
+    RunOptions run;
+    run.threads = layout.threads;
+    run.cores = cores_;
+    return thread_budget_problem(decls, run).empty();
+  }
+
+  // The stages taking stage i's output.
+  std::vector<std::size_t> consumers(std::size_t i) const {
+    std::vector<std::size_t> out;
+    for (std::size_t c = i + 1; c < decls_.size(); ++c) {
+      const std::vector<std::string>& in = decls_[c].options.inputs;
+      const bool takes = in.empty() ? c == i + 1 : std::any_of(in.begin(), in.end(), [&](const std::string& n) {
+        return n == decls_[i].name || n.rfind(decls_[i].name + ".", 0) == 0;
+      });
+      if (takes) out.push_back(c);
+    }
+    return out;
+  }
+
+  // The next round's layouts: one change each from `best`, for its busiest stages first (by
+  // their share of their workers' time), then the graph threads. A change that does not fit
+  // the cores takes a thread from elsewhere (the graph, or another stage's intra-op threads).
+  std::vector<std::pair<Layout, std::string>> candidates(const Layout& best,
+                                                         const std::vector<double>& load,
+                                                         const std::vector<Layout>& tried) const {
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < decls_.size(); ++i) {
+      if (best.stages[i].tunable && load[i] > 0.05) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
+    if (order.size() > 3) order.resize(3);
+
+    std::vector<std::pair<Layout, std::string>> out;
+    const auto add = [&](Layout layout, std::string change) {
+      if (!fits(layout)) {
+        // Make room: one graph thread fewer, or one intra-op thread fewer for another stage.
+        std::vector<std::pair<Layout, std::string>> room;
+        if (layout.threads > 1 && layout.threads == best.threads) {
+          Layout l = layout;
+          --l.threads;
+          room.push_back({l, ", graph threads " + std::to_string(best.threads) + " -> " +
+                                 std::to_string(l.threads)});
+        }
+        for (std::size_t j = 0; j < decls_.size(); ++j) {
+          const Knobs& k = layout.stages[j];
+          if (!k.takes_threads || k.threads <= 1 || k.threads != best.stages[j].threads) continue;
+          Layout l = layout;
+          --l.stages[j].threads;
+          room.push_back({l, ", '" + decls_[j].name + "' intra-op " + std::to_string(k.threads) +
+                                 " -> " + std::to_string(k.threads - 1)});
+        }
+        const auto fitting = std::find_if(room.begin(), room.end(),
+                                          [&](const auto& r) { return fits(r.first); });
+        if (fitting == room.end()) return;
+        layout = fitting->first;
+        change += fitting->second;
+      }
+      const bool seen = std::find(tried.begin(), tried.end(), layout) != tried.end() ||
+                        std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.first == layout; });
+      if (!seen) out.push_back({std::move(layout), std::move(change)});
+    };
+    for (const std::size_t i : order) {
+      const Knobs& k = best.stages[i];
+      const std::string& name = decls_[i].name;
+      if (k.takes_threads && k.threads < cores_) {
+        Layout l = best;
+        ++l.stages[i].threads;
+        add(l, "'" + name + "' intra-op " + std::to_string(k.threads) + " -> " +
+                   std::to_string(k.threads + 1));
+      }
+      if (decls_[i].shape.max_concurrency != kSerial && k.concurrency < cores_) {
+        Layout l = best;
+        const std::size_t c = ++l.stages[i].concurrency;
+        // Each consumer's queue must hold what the stage's workers may produce at once.
+        for (const std::size_t j : consumers(i)) {
+          l.stages[j].queue_capacity = std::max(l.stages[j].queue_capacity, c);
+        }
+        std::string change = "'" + name + "' concurrency " + std::to_string(c - 1) + " -> " +
+                             std::to_string(c);
+        if (c > l.threads) {  // workers beyond the graph threads would never run
+          ++l.threads;
+          change += ", graph threads " + std::to_string(l.threads - 1) + " -> " +
+                    std::to_string(l.threads);
+        }
+        add(l, change);
+      }
+    }
+    if (best.threads < cores_) {
+      Layout l = best;
+      ++l.threads;
+      add(l, "graph threads " + std::to_string(best.threads) + " -> " + std::to_string(l.threads));
+    }
+    return out;
+  }
+
+  std::string describe(const Layout& layout) const {
+    std::string text = plural(layout.threads, "graph thread");
+    for (std::size_t i = 0; i < decls_.size(); ++i) {
+      const Knobs& k = layout.stages[i];
+      if (!k.tunable) continue;
+      text += "; " + decls_[i].name + " x" + std::to_string(k.concurrency);
+      if (k.takes_threads || k.threads > 1) text += " (" + std::to_string(k.threads) + " intra-op)";
+    }
+    return text;
+  }
+
+  std::vector<std::string> overrides(const Layout& best) const {
+    const std::string& prefix = options_.key_prefix;
+    std::vector<std::string> out;
+    if (best.threads != start_.threads) {
+      out.push_back(prefix + "threads=" + std::to_string(best.threads));
+    }
+    for (std::size_t i = 0; i < decls_.size(); ++i) {
+      const Knobs& a = start_.stages[i];
+      const Knobs& b = best.stages[i];
+      const std::string key = prefix + "stages." + decls_[i].name + ".";
+      if (a.concurrency != b.concurrency) {
+        out.push_back(key + "concurrency=" + std::to_string(b.concurrency));
+      }
+      if (a.queue_capacity != b.queue_capacity) {
+        out.push_back(key + "queue_capacity=" + std::to_string(b.queue_capacity));
+      }
+      if (a.threads != b.threads) {
+        out.push_back(key + "params." + b.threads_param + "=" + std::to_string(b.threads));
+      }
+    }
+    return out;
+  }
+
+  Pipeline& pipeline_;
+  const RunOptions& options_;
+  const std::vector<StageDecl> decls_;
+  std::size_t cores_ = 1;
+  Layout start_;
+};
+
+}  // namespace
+
+std::string autotune_yaml(const AutotuneReport& report, const std::string& key_prefix) {
+  // "stages.NAME.KEY=V" and "stages.NAME.params.P=V" gathered per stage, in order.
+  std::string threads;
+  std::vector<std::pair<std::string, std::string>> stages;  // name, "{concurrency: 2, ...}" body
+  std::map<std::string, std::string> params;
+  for (const std::string& o : report.overrides) {
+    const std::string key = o.substr(key_prefix.size(), o.find('=') - key_prefix.size());
+    const std::string value = o.substr(o.find('=') + 1);
+    if (key == "threads") {
+      threads = value;
+      continue;
+    }
+    const std::size_t dot = key.find('.', 7);  // after "stages."
+    const std::string name = key.substr(7, dot - 7);
+    const std::string rest = key.substr(dot + 1);
+    auto it = std::find_if(stages.begin(), stages.end(), [&](const auto& s) { return s.first == name; });
+    if (it == stages.end()) it = stages.insert(stages.end(), {name, ""});
+    if (rest.rfind("params.", 0) == 0) {
+      params[name] += (params[name].empty() ? "" : ", ") + rest.substr(7) + ": " + value;
+    } else {
+      it->second += (it->second.empty() ? "" : ", ") + rest + ": " + value;
+    }
+  }
+  std::string out = "# chosen by autotune" +
+                    (key_prefix.empty() ? std::string() : " for " + key_prefix.substr(0, key_prefix.size() - 1)) +
+                    ": set these keys (stages by name)\n";
+  if (!threads.empty()) out += "threads: " + threads + "\n";
+  if (!stages.empty()) out += "stages:\n";
+  for (const auto& [name, body] : stages) {
+    std::string line = body;
+    if (!params[name].empty()) line += (line.empty() ? "" : ", ") + std::string("params: {") + params[name] + "}";
+    out += "  " + name + ": {" + line + "}\n";
+  }
+  return out;
+}
+
+RunReport autotune_run(Pipeline& pipeline,
+                       const RunOptions& options,
+                       const std::vector<StageDecl>& decls) {
+  if (!options.autotune.enabled) return pipeline.run(options);
+  return Tuner(pipeline, options, decls).run();
+}
+
+}  // namespace flowtrain

@@ -1,0 +1,201 @@
+// Paused runs that continue with another layout, and autotune, which is made of them.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "graph/autotune.hpp"
+#include "graph/config.hpp"
+#include "graph/error.hpp"
+#include "graph/pipeline.hpp"
+#include "stages/util/batch.hpp"
+#include "tests/test_stages.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::testing;
+
+namespace {
+
+// Adds its parts.
+class SumJoin final : public Join<std::uint64_t, std::uint64_t> {
+ protected:
+  std::optional<std::uint64_t> process(std::vector<std::uint64_t>&& parts, ItemContext&) override {
+    return std::accumulate(parts.begin(), parts.end(), std::uint64_t{0});
+  }
+};
+
+// source -> scramble (drops multiples of 97) -+-> join -> batch (10) -> sink
+//                    -> double ---------------+
+// `pause_at`: the scramble stage asks for a pause when it sees these values. Returns the
+// batches and the reports of every run; between runs the concurrency and threads change.
+struct PausedRuns {
+  std::vector<std::vector<std::uint64_t>> batches;
+  std::vector<RunReport> reports;
+};
+
+PausedRuns run_with_pauses(const std::vector<std::uint64_t>& pause_at) {
+  PausedRuns out;
+  Pipeline p;
+  const auto jitter = [](std::uint64_t v) {
+    sleep_us(static_cast<std::int64_t>((v * 7919) % 40));
+  };
+  p.add("source", std::make_unique<CountSource<>>(2005));
+  p.add("scramble", std::make_unique<ProbeMap<>>([&, jitter](std::uint64_t&& v, ItemContext& ctx)
+                                                     -> std::optional<std::uint64_t> {
+          jitter(v);
+          if (std::find(pause_at.begin(), pause_at.end(), v) != pause_at.end()) p.request_pause();
+          if (v % 97 == 0) return ctx.drop("multiple of 97: " + std::to_string(v));
+          return v;
+        }),
+        {.concurrency = 1, .queue_capacity = 8});
+  p.add("double", std::make_unique<ProbeMap<>>([jitter](std::uint64_t&& v, ItemContext&) {
+          jitter(v + 1);
+          return std::optional<std::uint64_t>(2 * v);
+        }),
+        {.concurrency = 1, .queue_capacity = 8, .inputs = {"source"}});
+  p.add("join", std::make_unique<SumJoin>(), {.queue_capacity = 8, .inputs = {"scramble", "double"}});
+  p.add<stages::BatchStage>("batch", {.size = 10}, {.queue_capacity = 8});
+  p.add("sink",
+        std::make_unique<ProbeSink<std::vector<std::uint64_t>>>(
+            [&](std::vector<std::uint64_t>&& b, ItemContext&) { out.batches.push_back(b); }),
+        {.queue_capacity = 4});
+  const std::size_t layouts[][2] = {{1, 1}, {3, 4}, {2, 2}, {4, 3}};  // concurrency, threads
+  for (std::size_t run = 0;; ++run) {
+    const auto [concurrency, threads] = layouts[run % 4];
+    p.set_concurrency("scramble", concurrency);
+    p.set_concurrency("double", concurrency);
+    p.set_concurrency("join", concurrency);
+    out.reports.push_back(p.run({.threads = threads, .cores = 16}));
+    if (!out.reports.back().paused) break;
+  }
+  return out;
+}
+
+const StageReport& stage_of(const RunReport& r, const std::string& name) {
+  for (const StageReport& s : r.stages) {
+    if (s.name == name) return s;
+  }
+  throw Error("no stage " + name);
+}
+
+}  // namespace
+
+TEST_CASE("Pipeline.Pause.ContinuesTheStreamWithAnotherLayout" * doctest::timeout(60)) {
+  const PausedRuns once = run_with_pauses({});
+  const PausedRuns paused = run_with_pauses({400, 1000, 1700});
+  REQUIRE(once.reports.size() == 1);
+  REQUIRE(paused.reports.size() == 4);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(paused.reports[i].paused);
+  CHECK_FALSE(paused.reports.back().paused);
+  CHECK_FALSE(paused.reports.back().stopped);
+
+  // The same batches as one run: nothing lost or repeated at a pause, partial batches carried
+  // over, the join paired by item across runs.
+  CHECK(paused.batches == once.batches);
+  std::uint64_t items = 0;
+  for (const auto& b : once.batches) items += b.size();
+  CHECK(items == 2005 - 21);  // 0, 97, ..., 1940 dropped
+  CHECK(once.batches.front() == std::vector<std::uint64_t>{3, 6, 9, 12, 15, 18, 21, 24, 27, 30});
+
+  // The last report counts every run: items, drops (listed with their item numbers, which
+  // run on across the pauses) and wall time.
+  const RunReport& last = paused.reports.back();
+  CHECK(last.stages[0].items_out == 2005);
+  const StageReport& scramble = stage_of(last, "scramble");
+  CHECK(scramble.items_in == 2005);
+  CHECK(scramble.dropped == 21);
+  REQUIRE(scramble.drops.size() == 21);
+  for (std::size_t k = 0; k < scramble.drops.size(); ++k) CHECK(scramble.drops[k].seq % 97 == 0);
+  CHECK(stage_of(last, "sink").items_in == once.batches.size());
+  CHECK(last.wall_s >= paused.reports[2].wall_s);
+  // Each paused run stopped early: fewer items than the whole stream.
+  CHECK(paused.reports[0].stages[0].items_out < 2005);
+  CHECK(last.threads == 3);
+}
+
+TEST_CASE("Pipeline.Pause.OnlyBetweenRunsOfAPausedPipeline" * doctest::timeout(60)) {
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(50));
+  p.add("work", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
+          return std::optional<std::uint64_t>(v);
+        }));
+  p.add("sink", std::make_unique<ProbeSink<>>([](std::uint64_t&&, ItemContext&) {}));
+  CHECK_THROWS_WITH_AS(p.set_concurrency("nope", 2), "no stage 'nope' in this pipeline", Error);
+  CHECK_THROWS_WITH_AS(p.set_concurrency("source", 2),
+                       doctest::Contains("stage 'source'"), Error);
+  CHECK_FALSE(p.set_threads_per_invocation("work", 2));  // a plain map keeps its one thread
+  const RunReport r = p.run({.threads = 2});
+  CHECK_FALSE(r.paused);
+  CHECK(p.produced() == 50);
+  CHECK_THROWS_WITH_AS(p.set_concurrency("work", 2),
+                       "stage 'work': a pipeline that ran to its end cannot change its layout",
+                       Error);
+  CHECK_THROWS_WITH_AS(p.run(), "a pipeline runs once; build a new one to run again", Error);
+}
+
+// source -> slow (sleeps 2 ms an item: twice the workers, twice the rate) -> sink, started on
+// one graph thread and concurrency 1, with 2 cores.
+TEST_CASE("Autotune.RaisesTheSlowStagesConcurrencyWithinTheCores" * doctest::timeout(120)) {
+  std::mutex mutex;
+  std::vector<std::uint64_t> seen;
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(4000));
+  p.add("slow", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
+          sleep_us(2000);
+          return std::optional<std::uint64_t>(v);
+        }),
+        {.concurrency = 1, .queue_capacity = 1});
+  p.add("sink", std::make_unique<ProbeSink<>>([&](std::uint64_t&& v, ItemContext&) {
+          std::lock_guard lock(mutex);
+          seen.push_back(v);
+        }),
+        {.queue_capacity = 1});
+  RunOptions options{.threads = 1, .cores = 2, .key_prefix = "phases.x."};
+  options.autotune = {.enabled = true, .warmup_s = 0.2, .trial_s = 0.6, .max_trials = 4};
+  const RunReport r = autotune_run(p, options, p.decls());
+
+  REQUIRE(r.autotune);
+  const AutotuneReport& a = *r.autotune;
+  REQUIRE(a.trials.size() >= 2);
+  CHECK(a.trials[0].change == "start");
+  CHECK(a.trials[0].kept);
+  CHECK(a.trials[1].change == "'slow' concurrency 1 -> 2, graph threads 1 -> 2");
+  CHECK(a.trials[1].kept);
+  CHECK(a.trials[1].items_per_s > 1.5 * a.trials[0].items_per_s);
+  // Nothing beyond the 2 cores was tried: 2 graph threads x 1 is the most.
+  for (const AutotuneTrial& t : a.trials) CHECK(t.layout.find("3") == std::string::npos);
+  CHECK(a.overrides == std::vector<std::string>{"phases.x.threads=2",
+                                                "phases.x.stages.slow.concurrency=2",
+                                                "phases.x.stages.sink.queue_capacity=2"});
+  CHECK(autotune_yaml(a, "phases.x.") ==
+        "# chosen by autotune for phases.x: set these keys (stages by name)\n"
+        "threads: 2\n"
+        "stages:\n"
+        "  slow: {concurrency: 2}\n"
+        "  sink: {queue_capacity: 2}\n");
+  // The rest of the run used the chosen layout, and every item arrived once.
+  CHECK_FALSE(r.paused);
+  CHECK(r.threads == 2);
+  CHECK(stage_of(r, "slow").workers == 2);
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::uint64_t> expected(4000);
+  std::iota(expected.begin(), expected.end(), 0);
+  CHECK(seen == expected);
+  const std::string text = format_report(r);
+  CHECK(text.find("autotune: " + std::to_string(a.trials.size()) + " trial(s)") != std::string::npos);
+  CHECK(text.find("settings: phases.x.threads=2 phases.x.stages.slow.concurrency=2") !=
+        std::string::npos);
+}
+
+TEST_CASE("Autotune.OffRunsAsConfigured" * doctest::timeout(60)) {
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(100));
+  p.add("sink", std::make_unique<ProbeSink<>>([](std::uint64_t&&, ItemContext&) {}));
+  const RunReport r = autotune_run(p, {.threads = 1}, p.decls());
+  CHECK_FALSE(r.autotune);
+  CHECK(r.stages[1].items_in == 100);
+}
