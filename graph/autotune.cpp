@@ -72,6 +72,7 @@ class Tuner {
         // Asking for the count it has tells whether it takes another, and changes nothing.
         k.takes_threads = pipeline.set_threads_per_invocation(d.name, k.threads);
       }
+      k.tunable = k.tunable && (d.shape.max_concurrency != kSerial || k.takes_threads);
       start_.stages.push_back(k);
     }
   }
@@ -88,7 +89,8 @@ class Tuner {
     std::vector<std::pair<Layout, std::string>> round = {{start_, "start"}};
     RunReport report;
     while (!round.empty()) {
-      std::optional<std::size_t> winner;
+      std::optional<std::size_t> winner;  // in `round`
+      std::size_t winner_trial = 0;       // in tuning.trials
       double winner_rate = 0;
       std::vector<double> winner_load;
       for (std::size_t c = 0; c < round.size(); ++c) {
@@ -113,6 +115,7 @@ class Tuner {
         const double bar = (winner ? winner_rate : best_rate) * (1 + options_.autotune.min_gain);
         if (tuning.trials.size() == 1 || rate > bar) {
           winner = c;
+          winner_trial = tuning.trials.size() - 1;
           winner_rate = rate;
           winner_load = share;
         }
@@ -121,7 +124,7 @@ class Tuner {
       best = round[*winner].first;
       best_rate = winner_rate;
       load = winner_load;
-      tuning.trials[tuning.trials.size() - round.size() + *winner].kept = true;
+      tuning.trials[winner_trial].kept = true;
       if (tuning.trials.size() >= options_.autotune.max_trials) break;
       round = candidates(best, load, tried);
     }

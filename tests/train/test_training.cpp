@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "graph/autotune.hpp"
 #include "graph/error.hpp"
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
@@ -474,4 +475,56 @@ TEST_CASE("Train.TrainStep.WritersWriteStepsAndCheckpoints" * doctest::timeout(1
   int rows = 0;
   while (std::getline(csv, line)) ++rows;
   CHECK(rows == 11);  // header + 10 steps
+}
+
+// Autotune changes only what cannot change the results (graph threads, stage concurrency, the
+// teacher's intra-op threads), and its trials are the run's own steps: the tuned run's weights
+// equal, bit for bit, those of the config as written and of the config with the chosen settings.
+TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeout(300)) {
+  TempDir runs;
+  write_tiny_teacher(runs / "teacher.pt");
+  // Naive: one graph thread, every stage at concurrency 1 and 1 intra-op thread; dropout on,
+  // so the random state matters too.
+  const auto config = [&](const std::string& dir, const std::string& autotune) {
+    return "threads: 1\ncores: 2\n" + autotune +
+           "stages:\n"
+           "  - {type: image_folder, name: source, params: {root: " + synthetic_images() +
+           "/train, epochs: 30, seed: 3}}\n"
+           "  - {type: jpeg_decode}\n"
+           "  - {type: augment, params: {size: 32, scale: [0.6, 1.0]}}\n"
+           "  - {type: collate, params: {batch_size: 32, pool_size: 8}}\n"
+           "  - {type: teacher_infer, queue_capacity: 2, params: {model: " + (runs / "teacher.pt") +
+           "}}\n"
+           "  - {type: train_step, queue_capacity: 2, params: {" + tiny_vit(32, 1, 2) +
+           ", dropout: 0.1, alpha: 0.5, temperature: 2, lr: 0.003, warmup_steps: 5, "
+           "checkpoint_dir: " + (runs / dir) + "}}\n";
+  };
+  const PipelineConfig tuned_config = parse_pipeline_config(
+      config("tuned", "autotune: {warmup_s: 0.1, trial_s: 0.3, max_trials: 4}\n"), "tuned.yaml");
+  REQUIRE(tuned_config.run.autotune.enabled);
+  std::unique_ptr<Pipeline> pipeline = build_pipeline(tuned_config);
+  const RunReport tuned = autotune_run(*pipeline, tuned_config.run, stage_decls(tuned_config));
+  REQUIRE(tuned.autotune);
+  const AutotuneReport& a = *tuned.autotune;
+  MESSAGE(format_autotune(a));
+  CHECK(a.trials.size() >= 2);           // it paused mid-run and tried another layout
+  CHECK(a.tuning_items < 30 * 320);      // ... before the run's end
+  CHECK(result(tuned, "train_step", "steps") == 300);  // 30 epochs x 10 batches, none lost
+
+  run_config(config("plain", ""));
+  const PipelineConfig chosen = parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
+  build_pipeline(chosen)->run(chosen.run);
+
+  const auto weights = [&](const std::string& dir) {
+    return load_model(read_checkpoint(runs / (dir + "/final.pt")))->named_parameters();
+  };
+  const auto tuned_weights = weights("tuned");
+  for (const std::string other : {"plain", "chosen"}) {
+    CAPTURE(other);
+    const auto w = weights(other);
+    REQUIRE(w.size() == tuned_weights.size());
+    std::size_t equal = 0;
+    for (const auto& item : tuned_weights) equal += torch::equal(item.value(), w[item.key()]) ? 1 : 0;
+    CHECK(equal == w.size());
+  }
 }
