@@ -673,3 +673,38 @@ TEST_CASE("Config.Interpolation.ReferencesResolveAfterOverrides") {
                        doctest::Contains("'${data.fodler}' names no key with a value"), Error);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("Config.Autotune.BoolOrMapAtTheTopOrPerPhase") {
+  const auto run_of = [](const std::string& text, const std::vector<std::string>& overrides = {}) {
+    return parse_pipeline_config(text, "cfg.yaml", overrides, test_registry()).run.autotune;
+  };
+  CHECK_FALSE(run_of(kGood).enabled);
+  CHECK(run_of("autotune: true\n" + std::string(kGood)).enabled);
+  CHECK(run_of(kGood, {"autotune=true"}).enabled);
+  const AutotuneOptions a =
+      run_of("autotune: {trial_s: 5, warmup_s: 0, max_trials: 6, min_gain: 0.1}\n" + std::string(kGood));
+  CHECK(a.enabled);  // a map turns it on unless it says `enabled: false`
+  CHECK(a.trial_s == 5);
+  CHECK(a.warmup_s == 0);
+  CHECK(a.max_trials == 6);
+  CHECK(a.min_gain == doctest::Approx(0.1));
+  CHECK_FALSE(run_of("autotune: {enabled: false}\n" + std::string(kGood)).enabled);
+
+  CHECK(error_of("autotune: sometimes\n" + std::string(kGood)) ==
+        "cfg.yaml:1: autotune must be true, false or a map of its settings, got 'sometimes'");
+  CHECK(error_of("autotune: {trial_ms: 5}\n" + std::string(kGood)) ==
+        "cfg.yaml:1: autotune: unknown key 'trial_ms' (did you mean 'trial_s'?)");
+  CHECK(error_of("autotune: {trial_s: 0}\n" + std::string(kGood)) ==
+        "cfg.yaml:1: autotune.trial_s must be a number in [0.1, 600], got '0'");
+  CHECK(error_of("autotune: {max_trials: 0}\n" + std::string(kGood)) ==
+        "cfg.yaml:1: autotune.max_trials must be a whole number >= 1, got '0'");
+
+  // Per phase, over the top level's.
+  const RunConfig phases = parse_run_config(
+      "autotune: true\nphases:\n"
+      "  - {name: a, stages: [{type: sequence, params: {count: 5}}, {type: discard}]}\n"
+      "  - {name: b, autotune: false, stages: [{type: sequence, params: {count: 5}}, {type: discard}]}\n",
+      "kd.yaml", {}, test_registry());
+  CHECK(phases.phases[0].run.autotune.enabled);
+  CHECK_FALSE(phases.phases[1].run.autotune.enabled);
+}
