@@ -18,6 +18,10 @@
 //              warm-up is a full run that fills the cache with the views the timed runs show
 //              (the same source, seed and epochs), so every timed run is all hits: the student
 //              against a warm cache. Not in the default list.
+//   N "naive"  1 graph thread, every stage at concurrency 1 and 1 intra-op thread.
+//   T "naive, autotuned"  N with `autotune: {warmup_s: 0.5, trial_s: 1.5, max_trials: 8}`: its
+//              images/s include the trials (real steps); the rate after them is listed too.
+//              Give it --steps 60 or more, so tuning is a part of the run, not all of it.
 // Each layout has one warm-up run (first touch of memory is slow on these VMs); then the layouts
 // run in turn, A, B, C, A, B, C, ... for --reps rounds, each run a freshly built pipeline of
 // --steps batches. Figures are medians over the rounds; the ratios to the first layout listed
@@ -53,6 +57,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "graph/autotune.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "stages/data/synthetic.hpp"
@@ -77,6 +82,8 @@ struct Layout {
   int teacher_concurrency;
   int student_intraop;
   bool cached = false;
+  int data_concurrency = 2;  // jpeg_decode and augment
+  bool autotune = false;
 };
 
 const std::vector<Layout>& all_layouts() {
@@ -85,6 +92,8 @@ const std::vector<Layout>& all_layouts() {
       {"B", "split", 2, 1, 1, 1},
       {"C", "split, teacher x2", 2, 1, 2, 1},
       {"D", "cached", 1, 2, 1, 2, true},
+      {"N", "naive", 1, 1, 1, 1, false, 1},
+      {"T", "naive, autotuned", 1, 1, 1, 1, false, 1, true},
   };
   return layouts;
 }
@@ -102,6 +111,9 @@ struct Sample {
   double cpu_per_wall = 0;     // this process's CPU time / wall: cores it kept busy
   double others_per_wall = 0;  // CPU time of everything else on the machine / wall
   std::string layout, verdict;
+  double tuned_images_per_s = 0;  // autotune: images/s after the trials
+  double tuning_s = 0;            // autotune: the trials' wall time
+  std::string chosen;             // autotune: what it kept
 };
 
 // A fresh folder under the system temp dir, removed with everything in it at scope exit.
@@ -154,13 +166,14 @@ std::string config_yaml(const Layout& l,
   // 1 stepping, 1 being filled.
   const std::string pool = l.cached ? "12" : "8";
   return "threads: " + s(l.threads) +
-         "\ncores: 2\n"
+         "\ncores: 2\n" +
+         (l.autotune ? "autotune: {warmup_s: 0.5, trial_s: 1.5, max_trials: 8}\n" : "") +
          "stages:\n"
          "  - {type: image_folder, name: source, params: {root: '" +
          data + "', epochs: " + s(epochs) + ", limit: " + s(limit) +
          ", seed: 1}}\n"
-         "  - {type: jpeg_decode, concurrency: 2}\n"
-         "  - {type: augment, concurrency: 2, params: {size: " +
+         "  - {type: jpeg_decode, concurrency: " + s(l.data_concurrency) + "}\n" +
+         "  - {type: augment, concurrency: " + s(l.data_concurrency) + ", params: {size: " +
          s(kImageSize) +
          ", scale: [0.5, 1.0], seed: 1}}\n"
          "  - {type: collate, params: {batch_size: " +
@@ -221,7 +234,8 @@ Sample run_once(const Layout& l,
       config_yaml(l, data, teacher, limit, epochs, autocast), "layout " + l.key);
   std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
   const double machine_before = machine_busy_s(), cpu_before = process_cpu_s();
-  const flowtrain::RunReport r = pipeline->run(config.run);
+  const flowtrain::RunReport r =
+      flowtrain::autotune_run(*pipeline, config.run, flowtrain::stage_decls(config));
   const double cpu = process_cpu_s() - cpu_before, machine = machine_busy_s() - machine_before;
 
   const flowtrain::StageReport& t = stage(r, "teacher_infer");
@@ -242,6 +256,17 @@ Sample run_once(const Layout& l,
   s.others_per_wall = std::max(0.0, machine - cpu) / r.wall_s;
   s.layout = r.layout();
   s.verdict = r.verdict();
+  if (r.autotune) {
+    const flowtrain::AutotuneReport& a = *r.autotune;
+    // The rate once tuned: the images and time after the trials.
+    s.tuned_images_per_s = (s.steps * kBatch - static_cast<double>(a.tuning_items)) /
+                           (r.wall_s - a.tuning_s);
+    s.tuning_s = a.tuning_s;
+    s.chosen = a.trials.size() > 0 ? "chosen in " + std::to_string(a.trials.size()) + " trials: " : "";
+    for (const flowtrain::AutotuneTrial& t : a.trials) {
+      if (t.kept) s.chosen = "chosen in " + std::to_string(a.trials.size()) + " trials: " + t.layout;
+    }
+  }
   return s;
 }
 
@@ -309,7 +334,7 @@ int main(int argc, char** argv) {
     const auto it = std::find_if(all_layouts().begin(), all_layouts().end(),
                                  [&](const Layout& l) { return l.key == key; });
     if (it == all_layouts().end()) {
-      std::cerr << "bench_kd: unknown layout '" << key << "' (known: A, B, C, D)\n";
+      std::cerr << "bench_kd: unknown layout '" << key << "' (known: A, B, C, D, N, T)\n";
       return 2;
     }
     layouts.push_back(*it);
@@ -447,6 +472,16 @@ int main(int argc, char** argv) {
       const Sample& m = v[v.size() / 2];
       std::printf("- **%s %s** (%.0f steps, %.1f s): layout: %s; verdict: %s\n", l.key.c_str(),
                   l.name.c_str(), m.steps, m.wall_s, m.layout.c_str(), m.verdict.c_str());
+      if (l.autotune) {
+        const auto med = [&](double Sample::*field) {
+          std::vector<double> x;
+          for (const Sample& s : v) x.push_back(s.*field);
+          return median(x);
+        };
+        std::printf("  autotune (medians): %.1f s of trials; %.1f images/s after them; median "
+                    "run %s\n",
+                    med(&Sample::tuning_s), med(&Sample::tuned_images_per_s), m.chosen.c_str());
+      }
     }
     std::printf("\nLoad average at end: %s; total %.0f s\n", load_average().c_str(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

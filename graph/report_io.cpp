@@ -310,6 +310,23 @@ std::string report_to_yaml(const RunReport& r) {
   for (const std::vector<double>& core : r.cpu.cores) emit_numbers(out, core);
   out << YAML::EndSeq;
   out << YAML::EndMap;
+  if (r.autotune) {
+    const AutotuneReport& a = *r.autotune;
+    key("autotune") << YAML::BeginMap;
+    key("tuning_s") << number(a.tuning_s);
+    key("tuning_items") << a.tuning_items;
+    key("overrides") << YAML::Flow << a.overrides;
+    key("trials") << YAML::BeginSeq;
+    for (const AutotuneTrial& t : a.trials) {
+      out << YAML::BeginMap;
+      key("change") << t.change;
+      key("layout") << t.layout;
+      key("items_per_s") << number(t.items_per_s);
+      key("kept") << t.kept;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::EndMap;
+  }
   out << YAML::EndMap;
   if (!out.good()) throw Error("cannot write the run report as YAML: " + out.GetLastError());
   return std::string(out.c_str()) + "\n";
@@ -349,6 +366,27 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
         read_stage(in, in.entry(stages, i, "stages"), "stages[" + std::to_string(i) + "]."));
   }
   r.cpu = read_cpu(in, in.map_at(root, "cpu", ""));
+  if (root["autotune"]) {
+    const YAML::Node map = in.map_at(root, "autotune", "");
+    AutotuneReport& a = r.autotune.emplace();
+    in.field(map, "tuning_s", a.tuning_s, "autotune.");
+    in.field(map, "tuning_items", a.tuning_items, "autotune.");
+    const YAML::Node overrides = in.list(map, "overrides", "autotune.");
+    for (std::size_t i = 0; i < overrides.size(); ++i) {
+      if (!overrides[i].IsScalar()) in.fail(overrides[i], "'autotune.overrides' must hold strings");
+      a.overrides.push_back(overrides[i].Scalar());
+    }
+    const YAML::Node trials = in.list(map, "trials", "autotune.");
+    for (std::size_t i = 0; i < trials.size(); ++i) {
+      const YAML::Node t = in.entry(trials, i, "autotune.trials");
+      const std::string at = "autotune.trials[" + std::to_string(i) + "].";
+      AutotuneTrial& trial = a.trials.emplace_back();
+      in.field(t, "change", trial.change, at);
+      in.field(t, "layout", trial.layout, at);
+      in.field(t, "items_per_s", trial.items_per_s, at);
+      in.field(t, "kept", trial.kept, at);
+    }
+  }
   return r;
 }
 

@@ -51,6 +51,12 @@ RunReport full_report() {
   r.stopped = true;
   r.stages[0].busy_fraction = std::numeric_limits<double>::infinity();  // survives as .inf
   r.stages[1].kind = StageShape::Kind::kJoin;  // a graph's kinds read back, not only a chain's
+  r.autotune = AutotuneReport{{{"start", "2 graph threads; filter x2", 412.5, true},
+                                {"'filter' concurrency 2 -> 3, graph threads 2 -> 3",
+                                 "3 graph threads; filter x3", 398.25, false}},
+                               {"phases.distill.threads=3"},
+                               2.5,
+                               1234};
   if (r.cpu.core_mean.empty()) {  // no /proc/stat here: fill it by hand
     r.cpu = {0.25, {0.25, 0.5}, {{0.9, 1}, {0, 0.125}}, {0.95, 0.0625}, 0.7};
   }
@@ -66,6 +72,8 @@ void check_same(const RunReport& a, const RunReport& b) {
   CHECK(a.trace_path == b.trace_path);
   CHECK(a.drops_path == b.drops_path);
   CHECK(a.key_prefix == b.key_prefix);
+  REQUIRE(a.autotune.has_value() == b.autotune.has_value());
+  if (a.autotune) CHECK(format_autotune(*a.autotune) == format_autotune(*b.autotune));
   CHECK(a.cpu.interval_s == b.cpu.interval_s);
   CHECK(a.cpu.times_s == b.cpu.times_s);
   CHECK(a.cpu.cores == b.cpu.cores);

@@ -390,6 +390,7 @@ void run_phases(const Context& ctx, const std::string& command) {
   flowtrain::RunConfig& config = plan.config;
   const Params& output = ctx.section("output");
   flowtrain::dist::PhaseHooks hooks;
+  std::vector<std::string> tuned;  // the settings autotune chose, as overrides
   hooks.joined = [&](bool leader) {
     if (leader) {
       flowtrain::write_file_atomically((ctx.out_dir / "config.yaml").string(),
@@ -416,6 +417,22 @@ void run_phases(const Context& ctx, const std::string& command) {
     if (const std::string cache = cache_summary(report); !cache.empty()) std::cout << cache << "\n";
     std::cout << std::flush;
     flowtrain::write_report_file(report, ctx.profile(phase.name).string());
+    if (report.autotune && !report.autotune->overrides.empty()) {
+      // The saved config takes the chosen layout (and no more tuning there): the next run
+      // from it starts tuned.
+      tuned.insert(tuned.end(), report.autotune->overrides.begin(),
+                   report.autotune->overrides.end());
+      tuned.push_back(phase.run.key_prefix + "autotune=false");
+      std::vector<std::string> overrides = ctx.in.overrides;
+      overrides.insert(overrides.end(), tuned.begin(), tuned.end());
+      const fs::path saved = ctx.out_dir / "config.yaml";
+      flowtrain::write_file_atomically(
+          saved.string(),
+          flowtrain::load_run_config(ctx.in.config_path, overrides, sections()).effective_text);
+      std::cout << saved.string() << ": saved with the layout autotune chose for phase "
+                << phase.name << " (autotune off there), to start the next run tuned\n"
+                << std::flush;
+    }
   };
   const flowtrain::dist::PhasesOutcome outcome =
       flowtrain::dist::run_phases(config,
