@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "graph/error.hpp"
 
@@ -53,9 +55,7 @@ class Tuner {
  public:
   Tuner(Pipeline& pipeline, const RunOptions& options, const std::vector<StageDecl>& config_decls)
       : pipeline_(pipeline), options_(options), decls_(pipeline.decls()) {
-    const std::size_t hardware = std::max<std::size_t>(1, std::thread::hardware_concurrency());
-    cores_ = options.cores > 0 ? options.cores : hardware;
-    start_.threads = options.threads > 0 ? options.threads : hardware;
+    start_.threads = options.threads;  // 0 (the default) until the first trial says
     for (const StageDecl& d : decls_) {
       Knobs k;
       k.concurrency = d.options.concurrency;
@@ -95,10 +95,14 @@ class Tuner {
       std::vector<double> winner_load;
       for (std::size_t c = 0; c < round.size(); ++c) {
         if (tuning.trials.size() >= options_.autotune.max_trials) break;
-        const Layout& layout = round[c].first;
-        tried.push_back(layout);
+        Layout& layout = round[c].first;
         double rate = 0;
         report = trial(layout, rate);
+        if (tuning.trials.empty()) {  // what the pipeline resolved `threads: 0` and `cores` to
+          cores_ = report.cores;
+          layout.threads = start_.threads = report.threads;
+        }
+        tried.push_back(layout);
         // Each stage's share of its workers' time in this trial alone.
         const double trial_wall = report.wall_s - wall;
         std::vector<double> share(decls_.size(), 0.0);
@@ -155,15 +159,29 @@ class Tuner {
     const auto seconds = [](double s) {
       return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
     };
+    // The rate is the last stage's, between its first and its last completion in the window:
+    // queues filling after the pause do not count, and a slow stage (a training step) is not
+    // rounded to whole items per window.
     std::thread timer([&] {
       std::unique_lock lock(mutex);
       if (wake.wait_for(lock, seconds(options_.autotune.warmup_s), [&] { return done; })) return;
-      const Clock::time_point t0 = Clock::now();
-      const std::uint64_t n0 = pipeline_.produced();
-      if (wake.wait_for(lock, seconds(options_.autotune.trial_s), [&] { return done; })) return;
-      rate = static_cast<double>(pipeline_.produced() - n0) /
-             std::chrono::duration<double>(Clock::now() - t0).count();
-      pipeline_.request_pause();
+      const Clock::time_point end = Clock::now() + seconds(options_.autotune.trial_s);
+      std::uint64_t seen = pipeline_.completed(), first = 0, last = 0;
+      Clock::time_point first_at, last_at;
+      while (!wake.wait_for(lock, std::chrono::milliseconds(2), [&] { return done; })) {
+        const Clock::time_point now = Clock::now();
+        if (const std::uint64_t n = pipeline_.completed(); n != seen) {
+          if (first_at == Clock::time_point()) std::tie(first, first_at) = std::pair(n, now);
+          std::tie(last, last_at) = std::pair(n, now);
+          seen = n;
+        }
+        if (now >= end && last > first) {
+          rate = static_cast<double>(last - first) /
+                 std::chrono::duration<double>(last_at - first_at).count();
+          pipeline_.request_pause();
+          return;
+        }
+      }
     });
     const auto finish = [&] {
       {

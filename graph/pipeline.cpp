@@ -1204,8 +1204,10 @@ RunReport Pipeline::run(const RunOptions& options) {
                                   [](const Node& n) { return n.shape.kind == Kind::kMix; });
     const std::size_t source = mix == nodes_.end() ? 0 : static_cast<std::size_t>(mix - nodes_.begin());
     produced_.store(&state_->counters[source]->items_out, std::memory_order_release);
+    completed_.store(&state_->counters.back()->items_in, std::memory_order_release);
   }
   pause_.store(false, std::memory_order_relaxed);
+  paused_ = false;  // a run that fails leaves stages that cannot go on
   Runtime runtime(*this, options);
   RunReport report = runtime.run(options);
   paused_ = report.paused;
@@ -1214,19 +1216,18 @@ RunReport Pipeline::run(const RunOptions& options) {
 }
 
 void Pipeline::set_concurrency(const std::string& stage, std::size_t concurrency) {
-  Node& node = node_to_change(stage);
-  StageOptions options = node.options;
-  options.concurrency = concurrency;
-  if (std::string problem = options_problem(node.shape, options); !problem.empty()) {
-    throw Error("stage '" + stage + "': " + problem);
-  }
-  node.options = std::move(options);
+  change_options(stage, [&](StageOptions& options) { options.concurrency = concurrency; });
 }
 
 void Pipeline::set_queue_capacity(const std::string& stage, std::size_t capacity) {
+  change_options(stage, [&](StageOptions& options) { options.queue_capacity = capacity; });
+}
+
+void Pipeline::change_options(const std::string& stage,
+                              const std::function<void(StageOptions&)>& change) {
   Node& node = node_to_change(stage);
   StageOptions options = node.options;
-  options.queue_capacity = capacity;
+  change(options);
   if (std::string problem = options_problem(node.shape, options); !problem.empty()) {
     throw Error("stage '" + stage + "': " + problem);
   }
@@ -1240,6 +1241,11 @@ bool Pipeline::set_threads_per_invocation(const std::string& stage, std::size_t 
 
 std::uint64_t Pipeline::produced() const {
   const std::atomic<std::uint64_t>* count = produced_.load(std::memory_order_acquire);
+  return count ? count->load(std::memory_order_relaxed) : 0;
+}
+
+std::uint64_t Pipeline::completed() const {
+  const std::atomic<std::uint64_t>* count = completed_.load(std::memory_order_acquire);
   return count ? count->load(std::memory_order_relaxed) : 0;
 }
 

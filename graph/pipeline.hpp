@@ -312,6 +312,8 @@ class Pipeline {
   /// Items the source (or the mix) has produced since the first run started; safe to call
   /// from any thread while a run lasts (a tuner's rate window).
   std::uint64_t produced() const;
+  /// Items the last stage (a sink) has taken since the first run started; the same.
+  std::uint64_t completed() const;
 
   std::size_t size() const { return nodes_.size(); }
 
@@ -326,6 +328,7 @@ class Pipeline {
   class Runtime;
   struct RunState;
   Node& node_to_change(const std::string& stage);
+  void change_options(const std::string& stage, const std::function<void(StageOptions&)>& change);
   void add_node(const std::string& name, std::unique_ptr<Stage> stage, StageOptions options);
   void add_input(const std::string& stage, const std::string& input);
   static void check_options(const std::string& name,
@@ -342,7 +345,8 @@ class Pipeline {
   bool ran_ = false;
   bool paused_ = false;              // the last run was paused: run() continues it
   std::unique_ptr<RunState> state_;  // made by the first run
-  std::atomic<const std::atomic<std::uint64_t>*> produced_{nullptr};  // the source's count
+  std::atomic<const std::atomic<std::uint64_t>*> produced_{nullptr};   // the source's count
+  std::atomic<const std::atomic<std::uint64_t>*> completed_{nullptr};  // the last stage's
   std::uint64_t expected_ = 0;  // items the last sink expects, from prepare() (0: unknown)
 };
 

@@ -83,7 +83,7 @@ struct StageReport {
 struct AutotuneTrial {
   std::string change;  // from the layout kept before it: "start", "'decode' concurrency 1 -> 2"
   std::string layout;  // the whole layout: "2 graph threads; decode 2; teacher 2 x 1 intra-op"
-  double items_per_s = 0;  // source items per second in the measured window
+  double items_per_s = 0;  // the last stage's items per second (steps, in training)
   bool kept = false;       // better than the layout kept before it, by the minimum gain
 };
 
