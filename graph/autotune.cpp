@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -19,32 +20,26 @@ namespace {
 using Kind = StageShape::Kind;
 using Clock = std::chrono::steady_clock;
 
-// What the tuner may change of one stage, and what it is now.
+// What the tuner may change of one stage, in a layout.
 struct Knobs {
-  bool tunable = false;           // a config entry (not an expansion), not a source or sink
-  bool takes_threads = false;     // accepts new intra-op threads between runs
   std::size_t concurrency = 1;
   std::size_t queue_capacity = 1;
-  std::size_t threads = 1;        // intra-op threads of one invocation
-  std::string threads_param;      // the config param that sets them
+  std::size_t threads = 1;  // intra-op threads of one invocation
+  bool operator==(const Knobs&) const = default;
 };
 
 // A layout: the graph threads and every stage's knobs, in pipeline order.
 struct Layout {
   std::size_t threads = 1;
   std::vector<Knobs> stages;
-  bool operator==(const Layout& o) const {
-    if (threads != o.threads) return false;
-    for (std::size_t i = 0; i < stages.size(); ++i) {
-      const Knobs& a = stages[i];
-      const Knobs& b = o.stages[i];
-      if (a.concurrency != b.concurrency || a.queue_capacity != b.queue_capacity ||
-          a.threads != b.threads) {
-        return false;
-      }
-    }
-    return true;
-  }
+  bool operator==(const Layout&) const = default;
+};
+
+// Which knobs of a stage the tuner may turn (the same in every layout).
+struct Tunable {
+  bool stage = false;          // a config entry (not an expansion), not a source or sink
+  bool threads = false;        // accepts new intra-op threads between runs
+  std::string threads_param;   // the config param that sets them
 };
 
 std::string plural(std::size_t n, const char* noun) {
@@ -57,23 +52,22 @@ class Tuner {
       : pipeline_(pipeline), options_(options), decls_(pipeline.decls()) {
     start_.threads = options.threads;  // 0 (the default) until the first trial says
     for (const StageDecl& d : decls_) {
-      Knobs k;
-      k.concurrency = d.options.concurrency;
-      k.queue_capacity = d.options.queue_capacity;
-      k.threads = d.threads_per_invocation;
+      start_.stages.push_back(
+          {d.options.concurrency, d.options.queue_capacity, d.threads_per_invocation});
       const auto declared = std::find_if(config_decls.begin(), config_decls.end(),
                                          [&](const StageDecl& c) { return c.name == d.name; });
       const Kind kind = d.shape.kind;
-      k.tunable = declared != config_decls.end() && d.name.find('/') == std::string::npos &&
-                  kind != Kind::kSource && kind != Kind::kMix && kind != Kind::kSink &&
-                  kind != Kind::kMerge && k.concurrency != kUnlimited;
-      if (k.tunable && declared->threads_param.size() > 0) {
-        k.threads_param = declared->threads_param;
+      Tunable t;
+      t.stage = declared != config_decls.end() && d.name.find('/') == std::string::npos &&
+                kind != Kind::kSource && kind != Kind::kMix && kind != Kind::kSink &&
+                kind != Kind::kMerge && d.options.concurrency != kUnlimited;
+      if (t.stage && !declared->threads_param.empty()) {
+        t.threads_param = declared->threads_param;
         // Asking for the count it has tells whether it takes another, and changes nothing.
-        k.takes_threads = pipeline.set_threads_per_invocation(d.name, k.threads);
+        t.threads = pipeline.set_threads_per_invocation(d.name, d.threads_per_invocation);
       }
-      k.tunable = k.tunable && (d.shape.max_concurrency != kSerial || k.takes_threads);
-      start_.stages.push_back(k);
+      t.stage = t.stage && (d.shape.max_concurrency != kSerial || t.threads);
+      tunable_.push_back(t);
     }
   }
 
@@ -146,8 +140,8 @@ class Tuner {
   }
 
  private:
-  // Runs `layout` for the warm-up and the measured window, then pauses; `rate` is the source's
-  // items per second in the window (0 if the run ended first).
+  // Runs `layout` for the warm-up and the measured window, then pauses; `rate` is the last
+  // stage's items per second in the window (0 if the run ended first).
   RunReport trial(const Layout& layout, double& rate) {
     apply(layout);
     RunOptions run = options_;
@@ -211,9 +205,9 @@ class Tuner {
       if (kind != Kind::kSource && kind != Kind::kMix) {
         pipeline_.set_queue_capacity(name, k.queue_capacity);
       }
-      if (!k.tunable) continue;
+      if (!tunable_[i].stage) continue;
       pipeline_.set_concurrency(name, k.concurrency);
-      if (k.takes_threads) pipeline_.set_threads_per_invocation(name, k.threads);
+      if (tunable_[i].threads) pipeline_.set_threads_per_invocation(name, k.threads);
     }
   }
 
@@ -230,19 +224,6 @@ class Tuner {
     return thread_budget_problem(decls, run).empty();
   }
 
-  // The stages taking stage i's output.
-  std::vector<std::size_t> consumers(std::size_t i) const {
-    std::vector<std::size_t> out;
-    for (std::size_t c = i + 1; c < decls_.size(); ++c) {
-      const std::vector<std::string>& in = decls_[c].options.inputs;
-      const bool takes = in.empty() ? c == i + 1 : std::any_of(in.begin(), in.end(), [&](const std::string& n) {
-        return n == decls_[i].name || n.rfind(decls_[i].name + ".", 0) == 0;
-      });
-      if (takes) out.push_back(c);
-    }
-    return out;
-  }
-
   // The next round's layouts: one change each from `best`, for its busiest stages first (by
   // their share of their workers' time), then the graph threads. A change that does not fit
   // the cores takes a thread from elsewhere (the graph, or another stage's intra-op threads).
@@ -251,7 +232,7 @@ class Tuner {
                                                          const std::vector<Layout>& tried) const {
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < decls_.size(); ++i) {
-      if (best.stages[i].tunable && load[i] > 0.05) order.push_back(i);
+      if (tunable_[i].stage && load[i] > 0.05) order.push_back(i);
     }
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
     if (order.size() > 3) order.resize(3);
@@ -269,7 +250,7 @@ class Tuner {
         }
         for (std::size_t j = 0; j < decls_.size(); ++j) {
           const Knobs& k = layout.stages[j];
-          if (!k.takes_threads || k.threads <= 1 || k.threads != best.stages[j].threads) continue;
+          if (!tunable_[j].threads || k.threads <= 1 || k.threads != best.stages[j].threads) continue;
           Layout l = layout;
           --l.stages[j].threads;
           room.push_back({l, ", '" + decls_[j].name + "' intra-op " + std::to_string(k.threads) +
@@ -288,7 +269,7 @@ class Tuner {
     for (const std::size_t i : order) {
       const Knobs& k = best.stages[i];
       const std::string& name = decls_[i].name;
-      if (k.takes_threads && k.threads < cores_) {
+      if (tunable_[i].threads && k.threads < cores_) {
         Layout l = best;
         ++l.stages[i].threads;
         add(l, "'" + name + "' intra-op " + std::to_string(k.threads) + " -> " +
@@ -298,7 +279,7 @@ class Tuner {
         Layout l = best;
         const std::size_t c = ++l.stages[i].concurrency;
         // Each consumer's queue must hold what the stage's workers may produce at once.
-        for (const std::size_t j : consumers(i)) {
+        for (const std::size_t j : consumers_of(decls_, i)) {
           l.stages[j].queue_capacity = std::max(l.stages[j].queue_capacity, c);
         }
         std::string change = "'" + name + "' concurrency " + std::to_string(c - 1) + " -> " +
@@ -323,9 +304,9 @@ class Tuner {
     std::string text = plural(layout.threads, "graph thread");
     for (std::size_t i = 0; i < decls_.size(); ++i) {
       const Knobs& k = layout.stages[i];
-      if (!k.tunable) continue;
+      if (!tunable_[i].stage) continue;
       text += "; " + decls_[i].name + " x" + std::to_string(k.concurrency);
-      if (k.takes_threads || k.threads > 1) text += " (" + std::to_string(k.threads) + " intra-op)";
+      if (tunable_[i].threads || k.threads > 1) text += " (" + std::to_string(k.threads) + " intra-op)";
     }
     return text;
   }
@@ -347,7 +328,7 @@ class Tuner {
         out.push_back(key + "queue_capacity=" + std::to_string(b.queue_capacity));
       }
       if (a.threads != b.threads) {
-        out.push_back(key + "params." + b.threads_param + "=" + std::to_string(b.threads));
+        out.push_back(key + "params." + tunable_[i].threads_param + "=" + std::to_string(b.threads));
       }
     }
     return out;
@@ -356,6 +337,7 @@ class Tuner {
   Pipeline& pipeline_;
   const RunOptions& options_;
   const std::vector<StageDecl> decls_;
+  std::vector<Tunable> tunable_;  // [i]: of decls_[i]
   std::size_t cores_ = 1;
   Layout start_;
 };
@@ -363,7 +345,8 @@ class Tuner {
 }  // namespace
 
 std::string autotune_yaml(const AutotuneReport& report, const std::string& key_prefix) {
-  // "stages.NAME.KEY=V" and "stages.NAME.params.P=V" gathered per stage, in order.
+  // "stages.NAME.KEY=V" and "stages.NAME.params.P=V" (Tuner::overrides) gathered per stage.
+  constexpr std::string_view kStages = "stages.", kParams = "params.";
   std::string threads;
   std::vector<std::pair<std::string, std::string>> stages;  // name, "{concurrency: 2, ...}" body
   std::map<std::string, std::string> params;
@@ -374,13 +357,14 @@ std::string autotune_yaml(const AutotuneReport& report, const std::string& key_p
       threads = value;
       continue;
     }
-    const std::size_t dot = key.find('.', 7);  // after "stages."
-    const std::string name = key.substr(7, dot - 7);
+    const std::size_t begin = kStages.size();  // "stages.NAME.KEY"
+    const std::size_t dot = key.find('.', begin);
+    const std::string name = key.substr(begin, dot - begin);
     const std::string rest = key.substr(dot + 1);
     auto it = std::find_if(stages.begin(), stages.end(), [&](const auto& s) { return s.first == name; });
     if (it == stages.end()) it = stages.insert(stages.end(), {name, ""});
-    if (rest.rfind("params.", 0) == 0) {
-      params[name] += (params[name].empty() ? "" : ", ") + rest.substr(7) + ": " + value;
+    if (rest.rfind(kParams, 0) == 0) {
+      params[name] += (params[name].empty() ? "" : ", ") + rest.substr(kParams.size()) + ": " + value;
     } else {
       it->second += (it->second.empty() ? "" : ", ") + rest + ": " + value;
     }

@@ -156,10 +156,11 @@ ItemType emitted(const std::vector<StageDecl>& stages, std::size_t p) {
   return stages[p].shape.output;
 }
 
-// The stages among `stages` that take output `output` of stages[p] (kAllOutputs: any).
+}  // namespace
+
 std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages,
                                       std::size_t p,
-                                      std::size_t output = kAllOutputs) {
+                                      std::size_t output) {
   std::vector<std::size_t> out;
   for (std::size_t i = p + 1; i < stages.size(); ++i) {
     for (const InputLink& link : links_of(stages, i)) {
@@ -168,6 +169,8 @@ std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages,
   }
   return out;
 }
+
+namespace {
 
 bool has_ports(Kind kind) { return kind == Kind::kJoin || kind == Kind::kMerge; }
 
@@ -541,6 +544,7 @@ struct JoinedParts {
 // counters (the report covers every run), the next sequence number of each numbering stage,
 // the drop log and the wall time of the runs before.
 struct Pipeline::RunState {
+  std::size_t source = 0;  // the stage the graph pulls: the source, or the mix
   std::vector<std::unique_ptr<detail::StageCounters>> counters;
   // Next sequence number a source, mix or FlatMap assigns (all are serial).
   std::vector<std::uint64_t> next_seq;
@@ -548,6 +552,9 @@ struct Pipeline::RunState {
   double earlier_wall_s = 0;                // of the paused runs before this one
 
   RunState(const std::vector<Node>& nodes, const RunOptions& options) : next_seq(nodes.size(), 0) {
+    const auto mix = std::find_if(nodes.begin(), nodes.end(),
+                                  [](const Node& n) { return n.shape.kind == Kind::kMix; });
+    if (mix != nodes.end()) source = static_cast<std::size_t>(mix - nodes.begin());
     if (!options.drops_path.empty()) drop_log.emplace(options.drops_path);
     for (const Node& node : nodes) {
       counters.push_back(std::make_unique<detail::StageCounters>());
@@ -582,12 +589,12 @@ class Pipeline::Runtime {
   Runtime(Pipeline& pipeline, const RunOptions& options)
       : nodes_(pipeline.nodes_),
         decls_(pipeline.decls()),
-        stop_(pipeline.stop_),
-        pause_(pipeline.pause_),
+        halt_(pipeline.halt_),
         counters_(pipeline.state_->counters),
         next_seq_(pipeline.state_->next_seq),
         drop_log_(pipeline.state_->drop_log),
         earlier_wall_s_(pipeline.state_->earlier_wall_s),
+        source_(pipeline.state_->source),
         key_prefix_(options.key_prefix),
         threads_(threads_and_cores(options).first),
         cores_(threads_and_cores(options).second),
@@ -604,12 +611,9 @@ class Pipeline::Runtime {
     if (std::string problem = thread_budget_problem(decls_, options); !problem.empty()) {
       throw Error(problem);
     }
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      if (nodes_[i].shape.kind == Kind::kMix) {
-        source_ = i;
-        mix_ = static_cast<const MixStage*>(nodes_[i].stage.get());
-        mix_alive_.assign(nodes_[i].inputs.size(), true);
-      }
+    if (nodes_[source_].shape.kind == Kind::kMix) {
+      mix_ = static_cast<const MixStage*>(nodes_[source_].stage.get());
+      mix_alive_.assign(nodes_[source_].inputs.size(), true);
     }
     // Where each numbering stage starts this run: sequencers and joins count from there.
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -671,9 +675,11 @@ class Pipeline::Runtime {
     return report;
   }
 
+  // Stopped early on request (request_stop: SIGINT, SIGTERM).
+  bool stopped() const { return (halt_.load(std::memory_order_relaxed) & kStopped) != 0; }
   // Paused (Pipeline::request_pause) rather than stopped or run to its end.
   bool paused() const {
-    return pause_.load(std::memory_order_relaxed) && !stop_.load(std::memory_order_relaxed);
+    return halt_.load(std::memory_order_relaxed) == kPaused;
   }
 
  private:
@@ -899,7 +905,7 @@ class Pipeline::Runtime {
       rt_.counters_[stage_]->items_out.fetch_add(1, std::memory_order_relaxed);
       rt_.push(stage_, Message{rt_.next_seq_[stage_]++, std::move(value)});
     }
-    bool stopped() const override { return rt_.stop_.load(std::memory_order_relaxed); }
+    bool stopped() const override { return rt_.stopped(); }
     void send_token() override { rt_.send_token(stage_); }
 
    private:
@@ -909,7 +915,7 @@ class Pipeline::Runtime {
   };
 
   Message produce(tbb::flow_control& fc) {
-    if (stop_.load(std::memory_order_relaxed) || pause_.load(std::memory_order_relaxed)) {
+    if (halt_.load(std::memory_order_relaxed) != 0) {
       fc.stop();
       return {};
     }
@@ -1133,7 +1139,7 @@ class Pipeline::Runtime {
     report.threads = threads_;
     report.cores = cores_;
     report.peak_threads = peak_threads(decls_, threads_);
-    report.stopped = stop_.load();
+    report.stopped = stopped();
     report.key_prefix = key_prefix_;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       detail::StageCounters& c = *counters_[i];
@@ -1166,12 +1172,12 @@ class Pipeline::Runtime {
 
   std::vector<Node>& nodes_;
   const std::vector<StageDecl> decls_;
-  std::atomic<bool>& stop_;
-  std::atomic<bool>& pause_;
+  std::atomic<unsigned>& halt_;
   std::vector<std::unique_ptr<detail::StageCounters>>& counters_;
   std::vector<std::uint64_t>& next_seq_;
   std::optional<detail::DropLog>& drop_log_;
   const double earlier_wall_s_;
+  const std::size_t source_;  // the stage the graph pulls: the source, or the mix
   const std::string key_prefix_;
   const std::size_t threads_;
   const std::size_t cores_;
@@ -1184,7 +1190,6 @@ class Pipeline::Runtime {
       std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
   // [i]: the number of the first item stage i receives in this run (its numbering stage's).
   std::vector<std::uint64_t> seq_base_ = std::vector<std::uint64_t>(nodes_.size(), 0);
-  std::size_t source_ = 0;            // the stage the graph pulls: the source, or the mix
   const MixStage* mix_ = nullptr;     // that mix, if any
   std::vector<bool> mix_alive_;       // [port]: that input of the mix is not exhausted yet
   std::optional<detail::TraceRecorder> trace_;
@@ -1200,13 +1205,9 @@ RunReport Pipeline::run(const RunOptions& options) {
     ran_ = true;
     prepare();
     state_ = std::make_unique<RunState>(nodes_, options);
-    const auto mix = std::find_if(nodes_.begin(), nodes_.end(),
-                                  [](const Node& n) { return n.shape.kind == Kind::kMix; });
-    const std::size_t source = mix == nodes_.end() ? 0 : static_cast<std::size_t>(mix - nodes_.begin());
-    produced_.store(&state_->counters[source]->items_out, std::memory_order_release);
-    completed_.store(&state_->counters.back()->items_in, std::memory_order_release);
+    published_.store(state_.get(), std::memory_order_release);
   }
-  pause_.store(false, std::memory_order_relaxed);
+  halt_.fetch_and(~kPaused, std::memory_order_relaxed);
   paused_ = false;  // a run that fails leaves stages that cannot go on
   Runtime runtime(*this, options);
   RunReport report = runtime.run(options);
@@ -1240,13 +1241,13 @@ bool Pipeline::set_threads_per_invocation(const std::string& stage, std::size_t 
 }
 
 std::uint64_t Pipeline::produced() const {
-  const std::atomic<std::uint64_t>* count = produced_.load(std::memory_order_acquire);
-  return count ? count->load(std::memory_order_relaxed) : 0;
+  const RunState* state = published_.load(std::memory_order_acquire);
+  return state ? state->counters[state->source]->items_out.load(std::memory_order_relaxed) : 0;
 }
 
 std::uint64_t Pipeline::completed() const {
-  const std::atomic<std::uint64_t>* count = completed_.load(std::memory_order_acquire);
-  return count ? count->load(std::memory_order_relaxed) : 0;
+  const RunState* state = published_.load(std::memory_order_acquire);
+  return state ? state->counters.back()->items_in.load(std::memory_order_relaxed) : 0;
 }
 
 Pipeline::Node& Pipeline::node_to_change(const std::string& stage) {

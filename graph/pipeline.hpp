@@ -106,6 +106,12 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
 /// sink; an output nobody consumes), else an empty string.
 std::string graph_problem(const std::vector<StageDecl>& stages);
 
+/// The stages among `stages` that take output `output` of stages[p] (kAllOutputs: any of its
+/// outputs), in order.
+std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages,
+                                      std::size_t p,
+                                      std::size_t output = kAllOutputs);
+
 /// The most threads the graph of `stages` can keep busy at once on `threads` graph threads:
 /// that many invocations running together, the ones using the most threads (intra-op math)
 /// first, each stage at the concurrency it can reach.
@@ -284,7 +290,7 @@ class Pipeline {
 
   /// Asks the sources to stop; items already produced are finished. Async-signal-safe, may be
   /// called from any thread or a signal handler, before or during run().
-  void request_stop() noexcept { stop_.store(true, std::memory_order_relaxed); }
+  void request_stop() noexcept { halt_.fetch_or(kStopped, std::memory_order_relaxed); }
 
   /// Pauses a running graph: the sources stop, every item produced is finished, and run()
   /// returns a report with `paused` set, without `finish` being called on any stage (a batcher
@@ -298,7 +304,7 @@ class Pipeline {
   ///   timer.join();
   ///   p.set_concurrency("decode", 2);
   ///   RunReport rest = p.run(options);            // to the end
-  void request_pause() noexcept { pause_.store(true, std::memory_order_relaxed); }
+  void request_pause() noexcept { halt_.fetch_or(kPaused, std::memory_order_relaxed); }
 
   /// Between runs (before the first, or after a paused one): stage `stage`'s concurrency or
   /// input queue capacity from now on. Throws Error naming the stage if it does not exist or
@@ -340,13 +346,13 @@ class Pipeline {
   void prepare();
 
   std::vector<Node> nodes_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> pause_{false};
+  // Why the sources stop: request_stop and request_pause set their bit; one load per item.
+  static constexpr unsigned kStopped = 1, kPaused = 2;
+  std::atomic<unsigned> halt_{0};
   bool ran_ = false;
   bool paused_ = false;              // the last run was paused: run() continues it
   std::unique_ptr<RunState> state_;  // made by the first run
-  std::atomic<const std::atomic<std::uint64_t>*> produced_{nullptr};   // the source's count
-  std::atomic<const std::atomic<std::uint64_t>*> completed_{nullptr};  // the last stage's
+  std::atomic<const RunState*> published_{nullptr};  // state_, for produced() and completed()
   std::uint64_t expected_ = 0;  // items the last sink expects, from prepare() (0: unknown)
 };
 

@@ -391,11 +391,9 @@ void run_phases(const Context& ctx, const std::string& command) {
   const Params& output = ctx.section("output");
   flowtrain::dist::PhaseHooks hooks;
   std::vector<std::string> tuned;  // the settings autotune chose, as overrides
+  const fs::path saved_config = ctx.out_dir / "config.yaml";
   hooks.joined = [&](bool leader) {
-    if (leader) {
-      flowtrain::write_file_atomically((ctx.out_dir / "config.yaml").string(),
-                                       config.effective_text);
-    }
+    if (leader) flowtrain::write_file_atomically(saved_config.string(), config.effective_text);
   };
   hooks.progress = [](const flowtrain::PipelineConfig& phase) {
     auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
@@ -425,11 +423,10 @@ void run_phases(const Context& ctx, const std::string& command) {
       tuned.push_back(phase.run.key_prefix + "autotune=false");
       std::vector<std::string> overrides = ctx.in.overrides;
       overrides.insert(overrides.end(), tuned.begin(), tuned.end());
-      const fs::path saved = ctx.out_dir / "config.yaml";
       flowtrain::write_file_atomically(
-          saved.string(),
+          saved_config.string(),
           flowtrain::load_run_config(ctx.in.config_path, overrides, sections()).effective_text);
-      std::cout << saved.string() << ": saved with the layout autotune chose for phase "
+      std::cout << saved_config.string() << ": saved with the layout autotune chose for phase "
                 << phase.name << " (autotune off there), to start the next run tuned\n"
                 << std::flush;
     }
