@@ -2,7 +2,10 @@
 
 #include <zlib.h>
 
+#include <caffe2/serialize/versions.h>  // two constants, no LibTorch
+
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -95,6 +98,52 @@ std::string read_zip64_fields(std::span<const std::uint8_t> extra,
   return {};
 }
 
+// Names as LibTorch's zip reader (miniz) looks them up: ASCII case ignored.
+bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// What LibTorch's reader requires of an archive before it parses anything: a first entry in a
+// folder, and a "version" entry in that folder holding a number it supports. LibTorch 1.13
+// throws from its reader's constructor when one is missing, after its zip reader has allocated
+// the directory (the destructor that frees it never runs: a leak per damaged file), so these
+// are checked here. `entries` are (name, stored contents or empty if compressed).
+std::string libtorch_layout_problem(
+    const std::vector<std::pair<std::string, std::span<const std::uint8_t>>>& entries) {
+  if (entries.empty()) return "no entries";
+  const std::string& first = entries.front().first;
+  const std::size_t slash = first.find('/');
+  if (slash == std::string::npos) return "entry '" + first + "' is not in a folder";
+  const std::string folder = first.substr(0, slash + 1);
+  // LibTorch 1.13 reads ".data/version" if there is one, else "version".
+  const auto find = [&](const std::string& name) {
+    return std::find_if(entries.begin(), entries.end(),
+                        [&](const auto& e) { return same_name(e.first, folder + name); });
+  };
+  auto version = find(".data/version");
+  if (version == entries.end()) version = find("version");
+  if (version == entries.end()) return "no entry '" + folder + "version'";
+  // The number as std::stoull reads it: blanks, then digits (anything after them is ignored).
+  const std::span<const std::uint8_t> text = version->second;
+  std::size_t at = 0;
+  while (at < text.size() && std::isspace(text[at])) ++at;
+  std::uint64_t number = 0;
+  std::size_t digits = 0;
+  for (; at < text.size() && std::isdigit(text[at]) && digits < 19; ++at, ++digits) {
+    number = number * 10 + (text[at] - '0');
+  }
+  if (digits == 0 || number < caffe2::serialize::kMinSupportedFileFormatVersion ||
+      number > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+    return "entry '" + version->first + "' does not hold a format version LibTorch reads (" +
+           std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
+           std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")";
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string zip_problem(std::span<const std::uint8_t> bytes) {
@@ -119,6 +168,7 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
   }
   if (!inside(directory, directory_size, end)) return "zip directory outside the file";
 
+  std::vector<std::pair<std::string, std::span<const std::uint8_t>>> entries;
   std::uint64_t at = directory;
   for (std::uint64_t i = 0; i < count; ++i) {
     if (!inside(at, 46, end) || u32(data + at) != kDirectoryEntry) return "damaged zip directory";
@@ -155,9 +205,11 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
     } else {
       return "entry '" + name + "' is stored by an unknown method " + std::to_string(method);
     }
+    entries.emplace_back(
+        name, method == 0 ? bytes.subspan(begin, stored) : std::span<const std::uint8_t>{});
     at = next;
   }
-  return {};
+  return libtorch_layout_problem(entries);
 }
 
 void read_checked_archive(const std::string& path,

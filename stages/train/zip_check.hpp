@@ -13,10 +13,11 @@
 namespace flowtrain::train {
 
 /// Empty if `bytes` is a zip archive whose entries (stored, or deflated as LibTorch's code
-/// entries are) all match their CRC-32 and size; else what is wrong ("entry 'x/data/3' fails its
-/// CRC check", "no zip directory"). ZIP64 records (LibTorch writes one into every file) are
-/// read as LibTorch's zip reader reads them: the record's count and place of the directory, and
-/// each entry's ZIP64 sizes and offset.
+/// entries are) all match their CRC-32 and size, laid out as LibTorch reads them (entries in one
+/// folder with a "version" entry holding a format version it supports); else what is wrong
+/// ("entry 'x/data/3' fails its CRC check", "no zip directory", "no entry 'x/version'"). ZIP64
+/// records (LibTorch writes one into every file) are read as LibTorch's zip reader reads them:
+/// the record's count and place of the directory, and each entry's ZIP64 sizes and offset.
 std::string zip_problem(std::span<const std::uint8_t> bytes);
 
 /// Reads `path` whole into `buffer` (bytes views it) and checks it as zip_problem does, if it is
