@@ -59,6 +59,7 @@ JobPlacement job_placement_from_env() {
     p.world_size = env_int("WORLD_SIZE", 1, 1);
     p.rank = env_int("RANK", 0, 0);
     p.local_rank = env_int("LOCAL_RANK", p.rank, 0);
+    p.local_world_size = env_int("LOCAL_WORLD_SIZE", 1, 1);
     p.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
     p.master_port = env_int("MASTER_PORT", 0, 0);
     p.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";

@@ -11,6 +11,9 @@ struct JobPlacement {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;       // rank on this machine
+  /// Ranks on this machine sharing its cores (LOCAL_WORLD_SIZE, which torchrun and --nproc set;
+  /// 1 under Slurm, which binds each task to its own --cpus-per-task).
+  int local_world_size = 1;
   std::string master_addr;  // rendezvous host (rank 0's)
   int master_port = 0;      // rendezvous port (0: not given)
   std::string launcher;     // "torchrun", "slurm", or "" for a single process
@@ -22,7 +25,8 @@ struct JobPlacement {
 };
 
 /// Reads the launcher's environment:
-///  - torchrun / flowtrain --nproc: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+///  - torchrun / flowtrain --nproc: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+///    MASTER_PORT;
 ///  - Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first host of
 ///    SLURM_JOB_NODELIST ("node[03-05,07]" -> "node03"), MASTER_PORT if set;
 ///  - neither: a single process (rank 0 of 1).

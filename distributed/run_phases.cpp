@@ -78,9 +78,15 @@ PhasesOutcome run_phases(RunConfig& config,
                          const RunPhasesOptions& options,
                          const PhaseHooks& hooks) {
   const std::vector<PipelineConfig*> phases = selected(config, options);
-  for (const PipelineConfig* phase : phases) check_thread_budget(*phase);  // all, before any runs
+  const JobPlacement placement = job_placement_from_env();
+  for (PipelineConfig* phase : phases) {  // all, before any runs
+    // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
+    phase->run.local_ranks = static_cast<std::size_t>(placement.local_world_size);
+    resolve_auto_threads(*phase);
+    check_thread_budget(*phase);
+  }
   World* world = nullptr;
-  if (const JobPlacement placement = job_placement_from_env(); placement.distributed()) {
+  if (placement.distributed()) {
     WorldOptions world_options;
     world_options.timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1000));

@@ -498,6 +498,11 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
         if (!spec) {
           loc.fail_key(it, stage_ctx + "unknown param '" + key + "'" + suggestion(key, declared));
         }
+        if (key == info->doc.threads_param && it->second.IsScalar() &&
+            it->second.Scalar() == "auto") {
+          stage.auto_threads = true;  // the default until resolve_auto_threads
+          continue;
+        }
         stage.params.set(
             key, parse_param(*spec, it->second, stage_ctx + "param '" + key + "' ", base_dir, loc));
       }
@@ -534,6 +539,7 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
   if (std::string problem = graph_problem(stage_decls(config, registry)); !problem.empty()) {
     loc.fail(stages, ctx + problem);
   }
+  resolve_auto_threads(config, registry);
   return config;
 }
 
@@ -980,6 +986,18 @@ std::vector<StageDecl> stage_decls(const PipelineConfig& config, const Registry&
     out.push_back(std::move(decl));
   }
   return out;
+}
+
+void resolve_auto_threads(PipelineConfig& phase, const Registry& registry) {
+  std::vector<std::pair<StageConfig*, std::string>> autos;  // stage, its threads param
+  for (StageConfig& stage : phase.stages) {
+    if (stage.auto_threads) autos.emplace_back(&stage, registered(stage, registry).doc.threads_param);
+  }
+  if (autos.empty()) return;
+  for (std::size_t n = threads_and_cores(phase.run).second;; --n) {
+    for (auto& [stage, param] : autos) stage->params.set(param, static_cast<std::int64_t>(n));
+    if (n == 1 || thread_budget_problem(stage_decls(phase, registry), phase.run).empty()) return;
+  }
 }
 
 void check_thread_budget(const PipelineConfig& phase, const Registry& registry) {

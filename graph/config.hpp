@@ -18,6 +18,8 @@ struct StageConfig {
   StageOptions options;
   Params params;
   std::string location;  // "demo.yaml:12", for messages about this stage
+  /// Its threads param (StageDoc::threads_param) was `auto`: resolve_auto_threads sets it.
+  bool auto_threads = false;
 };
 
 /// A pipeline config, fully validated against the registry: building it cannot fail on
@@ -132,6 +134,14 @@ PipelineConfig parse_pipeline_config(const std::string& text,
 /// configured for another machine share.
 ///   for (const PipelineConfig& phase : config.phases) check_thread_budget(phase);
 void check_thread_budget(const PipelineConfig& phase, const Registry& registry = Registry::global());
+
+/// Sets the threads param of every stage configured with `intraop_threads: auto` to the most
+/// threads that keep the phase within its cores granted (thread_budget_problem; all such stages
+/// alike, at least 1). Done when a config is read, and again by run_phases once it knows how
+/// many ranks share the machine (RunOptions::local_ranks).
+///   phase.run.local_ranks = 2;
+///   resolve_auto_threads(phase);
+void resolve_auto_threads(PipelineConfig& phase, const Registry& registry = Registry::global());
 
 /// Constructs the stages of a validated config (one phase). Errors thrown by a stage's
 /// constructor (a file it cannot open, say) come back as Error prefixed with the stage's

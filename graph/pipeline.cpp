@@ -380,12 +380,6 @@ namespace {
 
 std::size_t hardware_threads() { return static_cast<std::size_t>(tbb::info::default_concurrency()); }
 
-// Graph threads and cores of a run: the options', or one per hardware thread (cores: at least
-// the threads).
-std::pair<std::size_t, std::size_t> threads_and_cores(const RunOptions& options) {
-  const std::size_t threads = options.threads > 0 ? options.threads : hardware_threads();
-  return {threads, options.cores > 0 ? options.cores : std::max(hardware_threads(), threads)};
-}
 
 // The output slots of stages[i]: the smallest queue_capacity among its consumers (0: none).
 std::size_t out_capacity(const std::vector<StageDecl>& stages, std::size_t i) {
@@ -406,6 +400,13 @@ std::size_t reachable_workers(std::size_t concurrency, std::size_t threads, std:
 
 }  // namespace
 
+std::pair<std::size_t, std::size_t> threads_and_cores(const RunOptions& options) {
+  const std::size_t machine = options.cores > 0 ? options.cores : hardware_threads();
+  const std::size_t share = std::max<std::size_t>(machine / std::max<std::size_t>(options.local_ranks, 1), 1);
+  const std::size_t threads = options.threads > 0 ? options.threads : share;
+  return {threads, options.cores > 0 ? share : std::max(share, threads)};
+}
+
 std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threads) {
   std::vector<std::size_t> slots;
   for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -421,6 +422,15 @@ std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threa
 }
 
 std::string thread_budget_problem(const std::vector<StageDecl>& stages, const RunOptions& options) {
+  const std::size_t machine = options.cores > 0 ? options.cores : hardware_threads();
+  const std::string shared = options.local_ranks > 1
+                                 ? " (" + std::to_string(machine) + " shared by " +
+                                       std::to_string(options.local_ranks) + " ranks on this machine)"
+                                 : "";
+  if (machine < options.local_ranks) {
+    return "thread budget: no core for each rank" + shared + "; start fewer ranks" +
+           (options.cores > 0 ? " or raise cores" : "");
+  }
   const auto [threads, cores] = threads_and_cores(options);
   const std::size_t peak = peak_threads(stages, threads);
   if (peak <= cores) return {};
@@ -433,7 +443,7 @@ std::string thread_budget_problem(const std::vector<StageDecl>& stages, const Ru
   }
   return "thread budget: up to " + std::to_string(peak) + " threads could run at once (" +
          std::to_string(threads) + " graph threads" + heavy + "), more than the " +
-         std::to_string(cores) + " cores granted; lower threads" +
+         std::to_string(cores) + " cores granted" + shared + "; lower threads" +
          (param.empty() ? std::string() : " or a stage's " + param) + ", or raise cores";
 }
 
@@ -451,6 +461,9 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
     line += from.empty() ? "" : "<- " + from + "  ";
     line += "concurrency " + concurrency_text(s.options.concurrency);
     if (!pulled(s.shape.kind)) line += ", queue " + std::to_string(s.options.queue_capacity);
+    if (!s.threads_param.empty()) {
+      line += ", " + s.threads_param + " " + std::to_string(s.threads_per_invocation);
+    }
     if (s.options.ordered) line += ", ordered";
     if (!s.options.token_from.empty()) line += ", tokens from " + s.options.token_from;
     out += line + "\n";

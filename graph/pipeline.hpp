@@ -50,10 +50,15 @@ struct AutotuneOptions {
 
 /// How a pipeline runs.
 struct RunOptions {
-  std::size_t threads = 0;        // TBB threads for the graph (0: one per hardware thread)
-  /// Cores the run may use (0: one per hardware thread). The busiest moment the graph can reach
-  /// (`threads` invocations at once, each using its stage's threads_per_invocation()) must fit.
+  std::size_t threads = 0;        // TBB threads for the graph (0: one per core granted)
+  /// Cores of this machine the job may use (0: one per hardware thread), shared evenly by its
+  /// `local_ranks`: the run is granted its share (threads_and_cores). The busiest moment the
+  /// graph can reach (`threads` invocations at once, each using its stage's
+  /// threads_per_invocation()) must fit the cores granted.
   std::size_t cores = 0;
+  /// Ranks of the job on this machine, each running one such pipeline (LOCAL_WORLD_SIZE; set by
+  /// run_phases).
+  std::size_t local_ranks = 1;
   double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
   std::string trace_path;         // write a Chrome trace-event JSON here when not empty
   /// List every dropped item here (CSV: stage,item,reason) when not empty; the report lists the
@@ -116,6 +121,11 @@ std::vector<std::size_t> consumers_of(const std::vector<StageDecl>& stages,
 /// that many invocations running together, the ones using the most threads (intra-op math)
 /// first, each stage at the concurrency it can reach.
 std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threads);
+
+/// The graph threads and the cores granted to a run with `options`: the cores are its share of
+/// `cores` (or of the hardware threads) among `local_ranks`, at least 1; the threads default to
+/// the cores granted. Without `cores`, explicit `threads` beyond the share raise it to them.
+std::pair<std::size_t, std::size_t> threads_and_cores(const RunOptions& options);
 
 /// Returns a one-line problem if the busiest moment of `stages` run with `options` (threads and
 /// cores; 0: one per hardware thread) would need more threads than the cores granted, else an

@@ -398,6 +398,62 @@ TEST_CASE("Config.Phases.ThreadBudgetCheckedPerPhase") {
   check_thread_budget(more.phases[2], test_registry());
 }
 
+TEST_CASE("Config.Threads.AutoFillsTheCoresGrantedAndRanksShareThem") {
+  const auto threads_of = [](const PipelineConfig& phase) {
+    std::vector<std::int64_t> out;
+    for (const StageConfig& s : phase.stages) {
+      if (s.type == "heavy") out.push_back(s.params.get_int("intraop_threads"));
+    }
+    return out;
+  };
+  // One graph thread: the compute stage takes every core; two graph threads that may run both
+  // heavy stages at once: one each; an explicit count next to `auto` leaves it the rest.
+  const std::string text =
+      "cores: 4\nphases:\n"
+      "  - {name: one, threads: 1, stages: [{type: sequence}, "
+      "{type: heavy, params: {intraop_threads: auto}}, {type: discard}]}\n"
+      "  - {name: two, threads: 2, stages: [{type: sequence}, "
+      "{type: heavy, name: a, params: {intraop_threads: auto}}, "
+      "{type: heavy, name: b, params: {intraop_threads: auto}}, {type: discard}]}\n"
+      "  - {name: mixed, threads: 2, stages: [{type: sequence}, "
+      "{type: heavy, name: a, params: {intraop_threads: 3}}, "
+      "{type: heavy, name: b, params: {intraop_threads: auto}}, {type: discard}]}\n";
+  RunConfig config = parse_run_config(text, "auto.yaml", {}, test_registry());
+  CHECK(threads_of(config.phases[0]) == std::vector<std::int64_t>{4});
+  CHECK(threads_of(config.phases[1]) == std::vector<std::int64_t>{2, 2});
+  CHECK(threads_of(config.phases[2]) == std::vector<std::int64_t>{3, 1});
+  for (const PipelineConfig& phase : config.phases) check_thread_budget(phase, test_registry());
+
+  // Two ranks on the machine: each is granted 2 of the 4 cores, and `auto` follows.
+  for (PipelineConfig& phase : config.phases) {
+    phase.run.local_ranks = 2;
+    resolve_auto_threads(phase, test_registry());
+  }
+  CHECK(threads_and_cores(config.phases[0].run) == std::pair<std::size_t, std::size_t>{1, 2});
+  CHECK(threads_of(config.phases[0]) == std::vector<std::int64_t>{2});
+  CHECK(threads_of(config.phases[1]) == std::vector<std::int64_t>{1, 1});
+  check_thread_budget(config.phases[1], test_registry());
+  // An explicit count that no longer fits is reported, with the share.
+  CHECK_THROWS_WITH_AS(check_thread_budget(config.phases[2], test_registry()),
+                       doctest::Contains("more than the 2 cores granted (4 shared by 2 ranks on "
+                                         "this machine)"),
+                       Error);
+  // The graph threads default to the cores granted.
+  RunOptions options;
+  options.cores = 4;
+  options.local_ranks = 4;
+  CHECK(threads_and_cores(options) == std::pair<std::size_t, std::size_t>{1, 1});
+  options.local_ranks = 5;
+  CHECK(thread_budget_problem({}, options) ==
+        "thread budget: no core for each rank (4 shared by 5 ranks on this machine); start fewer "
+        "ranks or raise cores");
+  // `auto` is for the threads param only.
+  CHECK_THROWS_WITH_AS(
+      parse_run_config("stages: [{type: sequence, params: {count: auto}}, {type: discard}]\n",
+                       "auto.yaml", {}, test_registry()),
+      doctest::Contains("param 'count' must be an int, got 'auto'"), Error);
+}
+
 TEST_CASE("Config.Phases.Errors") {
   SUBCASE("both stages and phases") {
     CHECK(run_error_of(std::string(kPhases) + "stages: []\n") ==

@@ -53,7 +53,10 @@ int check(const std::string& path, const std::vector<std::string>& overrides) {
   if (!config.phases[0].name.empty()) std::cout << config.phases.size() << " phases, ";
   std::cout << stages << " stages)\n";
   for (const flowtrain::PipelineConfig& phase : config.phases) {
-    if (!phase.name.empty()) std::cout << "phase " << phase.name << ":\n";
+    const auto [threads, cores] = flowtrain::threads_and_cores(phase.run);
+    std::cout << (phase.name.empty() ? "graph" : "phase " + phase.name) << " (" << threads
+              << " graph thread" << (threads == 1 ? "" : "s") << ", " << cores << " core"
+              << (cores == 1 ? "" : "s") << "):\n";
     std::istringstream lines(flowtrain::graph_text(flowtrain::stage_decls(phase)));
     for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
   }

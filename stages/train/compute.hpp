@@ -51,7 +51,9 @@ class Autocast {
 template <class Declare>
 void declare_intraop_threads(Declare& d, int& intraop_threads) {
   d(intraop_threads, "intraop_threads",
-    "ATen/OpenMP threads of one invocation (counted in the run's cores)", {.min = 1});
+    "ATen/OpenMP threads of one invocation (counted in the run's cores); in a config, `auto`: "
+    "the most that fit the cores granted",
+    {.min = 1});
 }
 template <class Declare>
 void declare_autocast(Declare& d, std::string& autocast) {
