@@ -380,6 +380,10 @@ namespace {
 
 std::size_t hardware_threads() { return static_cast<std::size_t>(tbb::info::default_concurrency()); }
 
+// The cores of this machine a job's ranks share: the options', or one per hardware thread.
+std::size_t machine_cores(const RunOptions& options) {
+  return options.cores > 0 ? options.cores : hardware_threads();
+}
 
 // The output slots of stages[i]: the smallest queue_capacity among its consumers (0: none).
 std::size_t out_capacity(const std::vector<StageDecl>& stages, std::size_t i) {
@@ -401,8 +405,8 @@ std::size_t reachable_workers(std::size_t concurrency, std::size_t threads, std:
 }  // namespace
 
 std::pair<std::size_t, std::size_t> threads_and_cores(const RunOptions& options) {
-  const std::size_t machine = options.cores > 0 ? options.cores : hardware_threads();
-  const std::size_t share = std::max<std::size_t>(machine / std::max<std::size_t>(options.local_ranks, 1), 1);
+  const std::size_t ranks = std::max<std::size_t>(options.local_ranks, 1);
+  const std::size_t share = std::max<std::size_t>(machine_cores(options) / ranks, 1);
   const std::size_t threads = options.threads > 0 ? options.threads : share;
   return {threads, options.cores > 0 ? share : std::max(share, threads)};
 }
@@ -422,7 +426,7 @@ std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threa
 }
 
 std::string thread_budget_problem(const std::vector<StageDecl>& stages, const RunOptions& options) {
-  const std::size_t machine = options.cores > 0 ? options.cores : hardware_threads();
+  const std::size_t machine = machine_cores(options);
   const std::string shared = options.local_ranks > 1
                                  ? " (" + std::to_string(machine) + " shared by " +
                                        std::to_string(options.local_ranks) + " ranks on this machine)"
