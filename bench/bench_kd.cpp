@@ -262,8 +262,8 @@ Sample run_once(const Layout& l,
     s.tuned_images_per_s = (s.steps * kBatch - static_cast<double>(a.tuning_items)) /
                            (r.wall_s - a.tuning_s);
     s.tuning_s = a.tuning_s;
-    for (const flowtrain::AutotuneTrial& trial : a.trials) {
-      if (trial.kept) s.chosen = "chosen in " + std::to_string(a.trials.size()) + " trials: " + trial.layout;
+    if (const flowtrain::AutotuneTrial* chosen = a.chosen()) {
+      s.chosen = "chosen in " + std::to_string(a.trials.size()) + " trials: " + chosen->layout;
     }
   }
   return s;

@@ -37,14 +37,10 @@ struct Layout {
 
 // Which knobs of a stage the tuner may turn (the same in every layout).
 struct Tunable {
-  bool stage = false;          // a config entry (not an expansion), not a source or sink
-  bool threads = false;        // accepts new intra-op threads between runs
-  std::string threads_param;   // the config param that sets them
+  bool stage = false;         // a config entry (not an expansion), not a source or sink
+  bool threads = false;       // accepts new intra-op threads between runs
+  std::string threads_param;  // the config param that sets them
 };
-
-std::string plural(std::size_t n, const char* noun) {
-  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
-}
 
 class Tuner {
  public:
@@ -78,7 +74,7 @@ class Tuner {
     double best_rate = 0;
     std::vector<double> busy(decls_.size(), 0.0);  // each stage's busy seconds so far
     double wall = 0;
-    std::vector<double> load;                      // best layout's busy share per worker
+    std::vector<double> load;  // best layout's busy share per worker
     std::vector<Layout> tried;
     std::vector<std::pair<Layout, std::string>> round = {{start_, "start"}};
     RunReport report;
@@ -234,7 +230,8 @@ class Tuner {
     for (std::size_t i = 0; i < decls_.size(); ++i) {
       if (tunable_[i].stage && load[i] > 0.05) order.push_back(i);
     }
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
     if (order.size() > 3) order.resize(3);
 
     std::vector<std::pair<Layout, std::string>> out;
@@ -250,20 +247,22 @@ class Tuner {
         }
         for (std::size_t j = 0; j < decls_.size(); ++j) {
           const Knobs& k = layout.stages[j];
-          if (!tunable_[j].threads || k.threads <= 1 || k.threads != best.stages[j].threads) continue;
+          if (!tunable_[j].threads || k.threads <= 1 || k.threads != best.stages[j].threads)
+            continue;
           Layout l = layout;
           --l.stages[j].threads;
           room.push_back({l, ", '" + decls_[j].name + "' intra-op " + std::to_string(k.threads) +
                                  " -> " + std::to_string(k.threads - 1)});
         }
-        const auto fitting = std::find_if(room.begin(), room.end(),
-                                          [&](const auto& r) { return fits(r.first); });
+        const auto fitting =
+            std::find_if(room.begin(), room.end(), [&](const auto& r) { return fits(r.first); });
         if (fitting == room.end()) return;
         layout = fitting->first;
         change += fitting->second;
       }
-      const bool seen = std::find(tried.begin(), tried.end(), layout) != tried.end() ||
-                        std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.first == layout; });
+      const bool seen =
+          std::find(tried.begin(), tried.end(), layout) != tried.end() ||
+          std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.first == layout; });
       if (!seen) out.push_back({std::move(layout), std::move(change)});
     };
     for (const std::size_t i : order) {
@@ -282,8 +281,8 @@ class Tuner {
         for (const std::size_t j : consumers_of(decls_, i)) {
           l.stages[j].queue_capacity = std::max(l.stages[j].queue_capacity, c);
         }
-        std::string change = "'" + name + "' concurrency " + std::to_string(c - 1) + " -> " +
-                             std::to_string(c);
+        std::string change =
+            "'" + name + "' concurrency " + std::to_string(c - 1) + " -> " + std::to_string(c);
         if (c > l.threads) {  // workers beyond the graph threads would never run
           ++l.threads;
           change += ", graph threads " + std::to_string(l.threads - 1) + " -> " +
@@ -301,12 +300,13 @@ class Tuner {
   }
 
   std::string describe(const Layout& layout) const {
-    std::string text = plural(layout.threads, "graph thread");
+    std::string text = count_text(layout.threads, "graph thread");
     for (std::size_t i = 0; i < decls_.size(); ++i) {
       const Knobs& k = layout.stages[i];
       if (!tunable_[i].stage) continue;
       text += "; " + decls_[i].name + " x" + std::to_string(k.concurrency);
-      if (tunable_[i].threads || k.threads > 1) text += " (" + std::to_string(k.threads) + " intra-op)";
+      if (tunable_[i].threads || k.threads > 1)
+        text += " (" + std::to_string(k.threads) + " intra-op)";
     }
     return text;
   }
@@ -328,7 +328,8 @@ class Tuner {
         out.push_back(key + "queue_capacity=" + std::to_string(b.queue_capacity));
       }
       if (a.threads != b.threads) {
-        out.push_back(key + "params." + tunable_[i].threads_param + "=" + std::to_string(b.threads));
+        out.push_back(key + "params." + tunable_[i].threads_param + "=" +
+                      std::to_string(b.threads));
       }
     }
     return out;
@@ -361,22 +362,26 @@ std::string autotune_yaml(const AutotuneReport& report, const std::string& key_p
     const std::size_t dot = key.find('.', begin);
     const std::string name = key.substr(begin, dot - begin);
     const std::string rest = key.substr(dot + 1);
-    auto it = std::find_if(stages.begin(), stages.end(), [&](const auto& s) { return s.first == name; });
+    auto it =
+        std::find_if(stages.begin(), stages.end(), [&](const auto& s) { return s.first == name; });
     if (it == stages.end()) it = stages.insert(stages.end(), {name, ""});
     if (rest.rfind(kParams, 0) == 0) {
-      params[name] += (params[name].empty() ? "" : ", ") + rest.substr(kParams.size()) + ": " + value;
+      params[name] +=
+          (params[name].empty() ? "" : ", ") + rest.substr(kParams.size()) + ": " + value;
     } else {
       it->second += (it->second.empty() ? "" : ", ") + rest + ": " + value;
     }
   }
-  std::string out = "# chosen by autotune" +
-                    (key_prefix.empty() ? std::string() : " for " + key_prefix.substr(0, key_prefix.size() - 1)) +
-                    ": set these keys (stages by name)\n";
+  std::string out =
+      "# chosen by autotune" +
+      (key_prefix.empty() ? std::string() : " for " + key_prefix.substr(0, key_prefix.size() - 1)) +
+      ": set these keys (stages by name)\n";
   if (!threads.empty()) out += "threads: " + threads + "\n";
   if (!stages.empty()) out += "stages:\n";
   for (const auto& [name, body] : stages) {
     std::string line = body;
-    if (!params[name].empty()) line += (line.empty() ? "" : ", ") + std::string("params: {") + params[name] + "}";
+    if (!params[name].empty())
+      line += (line.empty() ? "" : ", ") + std::string("params: {") + params[name] + "}";
     out += "  " + name + ": {" + line + "}\n";
   }
   return out;

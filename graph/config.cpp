@@ -349,7 +349,7 @@ void read_autotune(const YAML::Node& node, const std::string& ctx, const Locator
   if (const YAML::Node enabled = node["enabled"]; enabled && !scalar_as(enabled, out.enabled)) {
     loc.fail(enabled, ctx + "autotune.enabled must be true or false, got " + scalar_text(enabled));
   }
-  const auto seconds = [&](const char* key, double& value, double low, double high) {
+  const auto number_in = [&](const char* key, double& value, double low, double high) {
     const YAML::Node n = node[key];
     if (n && (!scalar_as(n, value) || value < low || value > high)) {
       char range[64];
@@ -357,9 +357,9 @@ void read_autotune(const YAML::Node& node, const std::string& ctx, const Locator
       loc.fail(n, ctx + "autotune." + key + range + scalar_text(n));
     }
   };
-  seconds("warmup_s", out.warmup_s, 0, 600);
-  seconds("trial_s", out.trial_s, 0.1, 600);
-  seconds("min_gain", out.min_gain, 0, 1);
+  number_in("warmup_s", out.warmup_s, 0, 600);
+  number_in("trial_s", out.trial_s, 0.1, 600);
+  number_in("min_gain", out.min_gain, 0, 1);
   if (const YAML::Node n = node["max_trials"]) {
     const std::int64_t trials = positive_int(n, ctx + "autotune.max_trials", loc);
     if (trials > 1000) loc.fail(n, ctx + "autotune.max_trials must be at most 1000");

@@ -427,12 +427,13 @@ std::size_t peak_threads(const std::vector<StageDecl>& stages, std::size_t threa
 
 std::string thread_budget_problem(const std::vector<StageDecl>& stages, const RunOptions& options) {
   const std::size_t machine = machine_cores(options);
-  const std::string shared = options.local_ranks > 1
-                                 ? " (" + std::to_string(machine) + " shared by " +
-                                       std::to_string(options.local_ranks) + " ranks on this machine)"
-                                 : "";
+  const auto shared = [&]() -> std::string {
+    if (options.local_ranks <= 1) return "";
+    return " (" + std::to_string(machine) + " shared by " + std::to_string(options.local_ranks) +
+           " ranks on this machine)";
+  };
   if (machine < options.local_ranks) {
-    return "thread budget: no core for each rank" + shared + "; start fewer ranks" +
+    return "thread budget: no core for each rank" + shared() + "; start fewer ranks" +
            (options.cores > 0 ? " or raise cores" : "");
   }
   const auto [threads, cores] = threads_and_cores(options);
@@ -447,7 +448,7 @@ std::string thread_budget_problem(const std::vector<StageDecl>& stages, const Ru
   }
   return "thread budget: up to " + std::to_string(peak) + " threads could run at once (" +
          std::to_string(threads) + " graph threads" + heavy + "), more than the " +
-         std::to_string(cores) + " cores granted" + shared + "; lower threads" +
+         std::to_string(cores) + " cores granted" + shared() + "; lower threads" +
          (param.empty() ? std::string() : " or a stage's " + param) + ", or raise cores";
 }
 

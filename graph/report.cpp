@@ -6,6 +6,10 @@
 
 namespace flowtrain {
 
+std::string count_text(std::size_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 namespace {
 // Below this busy fraction no stage is called a bottleneck.
 constexpr double kSaturated = 0.5;
@@ -16,12 +20,7 @@ std::string percent(double fraction) {
   return buf;
 }
 
-// "1 thread", "2 threads".
-std::string count(std::size_t n, const char* noun) {
-  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
-}
-
-std::string workers_text(const StageReport& s) { return count(s.workers, "worker"); }
+std::string workers_text(const StageReport& s) { return count_text(s.workers, "worker"); }
 
 // "core 0 93%, core 1 88% (this process 1.78 CPU-s per wall-s)"
 std::string cpu_text(const RunReport& r) {
@@ -71,9 +70,10 @@ std::string RunReport::verdict() const {
   }
   if (s.max_concurrency == kSerial && s.intra_op_parallel) {
     // A serial compute stage (a training step): only its intra-op threads can speed it up.
-    line += "; it runs serially by design on " + count(s.threads_per_invocation, "intra-op thread") +
+    line += "; it runs serially by design on " +
+            count_text(s.threads_per_invocation, "intra-op thread") +
             (s.threads_per_invocation < cores
-                 ? ": make each item cheaper, or give it more of the " + count(cores, "core") +
+                 ? ": make each item cheaper, or give it more of the " + count_text(cores, "core") +
                        " (fewer graph threads, more intraop_threads)"
                  : ": make each item cheaper, or give the run more cores");
   } else if (s.max_concurrency == kSerial) {
@@ -93,20 +93,24 @@ std::string RunReport::verdict() const {
 }
 
 std::string RunReport::layout() const {
-  std::string line = count(cores, "core") + ": " + count(threads, "graph thread");
+  std::string line = count_text(cores, "core") + ": " + count_text(threads, "graph thread");
   for (const StageReport& s : stages) {
     if (s.threads_per_invocation <= 1) continue;
     line += ", '" + s.name + "' " + std::to_string(s.workers) + " x " +
             std::to_string(s.threads_per_invocation) + " intra-op threads";
   }
-  return line + "; at most " + count(peak_threads, "thread") + " busy at once";
+  return line + "; at most " + count_text(peak_threads, "thread") + " busy at once";
+}
+
+const AutotuneTrial* AutotuneReport::chosen() const {
+  const auto kept =
+      std::find_if(trials.rbegin(), trials.rend(), [](const AutotuneTrial& t) { return t.kept; });
+  return kept == trials.rend() ? nullptr : &*kept;
 }
 
 std::string format_autotune(const AutotuneReport& a) {
   std::string out;
   char buf[256];
-  std::size_t chosen = 0;
-  for (std::size_t i = 0; i < a.trials.size(); ++i) chosen = a.trials[i].kept ? i : chosen;
   std::snprintf(buf, sizeof buf,
                 "autotune: %zu trial(s) in %.1f s, on the run's own work (%llu source items)\n",
                 a.trials.size(), a.tuning_s, static_cast<unsigned long long>(a.tuning_items));
@@ -118,7 +122,13 @@ std::string format_autotune(const AutotuneReport& a) {
                   t.kept ? "yes" : "");
     out += buf + t.change + "\n";
   }
-  if (!a.trials.empty()) out += "  chosen (trial " + std::to_string(chosen + 1) + "): " + a.trials[chosen].layout + "\n";
+  // Before any trial is kept (the run ended during the first), the start is what ran.
+  const AutotuneTrial* chosen = a.chosen();
+  if (!chosen && !a.trials.empty()) chosen = &a.trials.front();
+  if (chosen) {
+    out += "  chosen (trial " + std::to_string(chosen - a.trials.data() + 1) +
+           "): " + chosen->layout + "\n";
+  }
   if (a.overrides.empty()) {
     out += "  settings: the config's own layout was the fastest tried\n";
   } else {
@@ -160,7 +170,7 @@ std::string format_report(const RunReport& r) {
     out += buf;
   }
   std::snprintf(buf, sizeof buf, "wall %.2f s on %s%s\n", r.wall_s,
-                count(r.threads, "thread").c_str(),
+                count_text(r.threads, "thread").c_str(),
                 r.stopped ? "; stopped early on request (SIGINT or SIGTERM): the counts above are what "
                             "was completed"
                           : "");

@@ -95,6 +95,9 @@ struct AutotuneReport {
   std::vector<std::string> overrides;
   double tuning_s = 0;  // wall time of the trials (real work, included in the run's wall)
   std::uint64_t tuning_items = 0;  // source items produced during the trials
+
+  /// The trial whose layout was chosen (the last one kept), or null if none was.
+  const AutotuneTrial* chosen() const;
 };
 
 /// What a whole run did. `format_report` renders it as the table printed after a run.
@@ -123,6 +126,9 @@ struct RunReport {
 };
 
 std::string format_report(const RunReport& report);
+
+/// `n` and its noun, plural unless n is 1: "1 core", "2 graph threads".
+std::string count_text(std::size_t n, const char* noun);
 
 /// The trials of autotune as a table, the chosen layout and its settings (format_report
 /// includes it):

@@ -54,9 +54,9 @@ int check(const std::string& path, const std::vector<std::string>& overrides) {
   std::cout << stages << " stages)\n";
   for (const flowtrain::PipelineConfig& phase : config.phases) {
     const auto [threads, cores] = flowtrain::threads_and_cores(phase.run);
-    std::cout << (phase.name.empty() ? "graph" : "phase " + phase.name) << " (" << threads
-              << " graph thread" << (threads == 1 ? "" : "s") << ", " << cores << " core"
-              << (cores == 1 ? "" : "s") << "):\n";
+    std::cout << (phase.name.empty() ? "graph" : "phase " + phase.name) << " ("
+              << flowtrain::count_text(threads, "graph thread") << ", "
+              << flowtrain::count_text(cores, "core") << "):\n";
     std::istringstream lines(flowtrain::graph_text(flowtrain::stage_decls(phase)));
     for (std::string line; std::getline(lines, line);) std::cout << "  " << line << "\n";
   }

@@ -112,12 +112,12 @@ bool same_name(std::string_view a, std::string_view b) {
 // the directory (the destructor that frees it never runs: a leak per damaged file), so these
 // are checked here. `entries` are (name, stored contents or empty if compressed).
 std::string libtorch_layout_problem(
-    const std::vector<std::pair<std::string, std::span<const std::uint8_t>>>& entries) {
+    const std::vector<std::pair<std::string_view, std::span<const std::uint8_t>>>& entries) {
   if (entries.empty()) return "no entries";
-  const std::string& first = entries.front().first;
+  const std::string_view first = entries.front().first;
   const std::size_t slash = first.find('/');
-  if (slash == std::string::npos) return "entry '" + first + "' is not in a folder";
-  const std::string folder = first.substr(0, slash + 1);
+  if (slash == std::string::npos) return "entry '" + std::string(first) + "' is not in a folder";
+  const std::string folder(first.substr(0, slash + 1));
   // LibTorch 1.13 reads ".data/version" if there is one, else "version".
   const auto find = [&](const std::string& name) {
     return std::find_if(entries.begin(), entries.end(),
@@ -137,7 +137,7 @@ std::string libtorch_layout_problem(
   }
   if (digits == 0 || number < caffe2::serialize::kMinSupportedFileFormatVersion ||
       number > caffe2::serialize::kMaxSupportedFileFormatVersion) {
-    return "entry '" + version->first + "' does not hold a format version LibTorch reads (" +
+    return "entry '" + std::string(version->first) + "' does not hold a format version LibTorch reads (" +
            std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
            std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")";
   }
@@ -168,7 +168,7 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
   }
   if (!inside(directory, directory_size, end)) return "zip directory outside the file";
 
-  std::vector<std::pair<std::string, std::span<const std::uint8_t>>> entries;
+  std::vector<std::pair<std::string_view, std::span<const std::uint8_t>>> entries;
   std::uint64_t at = directory;
   for (std::uint64_t i = 0; i < count; ++i) {
     if (!inside(at, 46, end) || u32(data + at) != kDirectoryEntry) return "damaged zip directory";
@@ -181,7 +181,8 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
     std::uint64_t local = u32(data + at + 42);
     const std::uint64_t next = at + 46 + name_size + extra_size + u16(data + at + 32);
     if (next > end) return "damaged zip directory";
-    const std::string name(reinterpret_cast<const char*>(data + at + 46), name_size);
+    const std::string_view name_in_file(reinterpret_cast<const char*>(data + at + 46), name_size);
+    const std::string name(name_in_file);
     if (const std::string problem = read_zip64_fields(
             bytes.subspan(at + 46 + name_size, extra_size), {&unpacked, &stored, &local});
         !problem.empty()) {
@@ -206,7 +207,7 @@ std::string zip_problem(std::span<const std::uint8_t> bytes) {
       return "entry '" + name + "' is stored by an unknown method " + std::to_string(method);
     }
     entries.emplace_back(
-        name, method == 0 ? bytes.subspan(begin, stored) : std::span<const std::uint8_t>{});
+        name_in_file, method == 0 ? bytes.subspan(begin, stored) : std::span<const std::uint8_t>{});
     at = next;
   }
   return libtorch_layout_problem(entries);
