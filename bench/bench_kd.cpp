@@ -20,7 +20,8 @@
 //              against a warm cache. Not in the default list.
 //   N "naive"  1 graph thread, every stage at concurrency 1 and 1 intra-op thread.
 //   T "naive, autotuned"  N with `autotune: {warmup_s: 0.5, trial_s: 1.5, max_trials: 8}`: its
-//              images/s include the trials (real steps); the rate after them is listed too.
+//              images/s include the trials (the rehearsals that fix the student's intra-op
+//              threads first, then any on real steps); the rate after them is listed too.
 //              Give it --steps 60 or more, so tuning is a part of the run, not all of it.
 // Each layout has one warm-up run (first touch of memory is slow on these VMs); then the layouts
 // run in turn, A, B, C, A, B, C, ... for --reps rounds, each run a freshly built pipeline of
@@ -230,12 +231,13 @@ Sample run_once(const Layout& l,
   const std::size_t need = batches * kBatch;
   const std::size_t limit = std::min(images, need);
   const std::size_t epochs = (need + limit - 1) / limit;
-  const flowtrain::PipelineConfig config = flowtrain::parse_pipeline_config(
+  flowtrain::PipelineConfig config = flowtrain::parse_pipeline_config(
       config_yaml(l, data, teacher, limit, epochs, autocast), "layout " + l.key);
-  std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
   const double machine_before = machine_busy_s(), cpu_before = process_cpu_s();
-  const flowtrain::RunReport r =
-      flowtrain::autotune_run(*pipeline, config.run, flowtrain::stage_decls(config));
+  std::optional<flowtrain::AutotuneReport> rehearsed = flowtrain::autotune_rehearse(config);
+  std::unique_ptr<flowtrain::Pipeline> pipeline = flowtrain::build_pipeline(config);
+  const flowtrain::RunReport r = flowtrain::autotune_run(
+      *pipeline, config.run, flowtrain::stage_decls(config), std::move(rehearsed));
   const double cpu = process_cpu_s() - cpu_before, machine = machine_busy_s() - machine_before;
 
   const flowtrain::StageReport& t = stage(r, "teacher_infer");
@@ -244,7 +246,10 @@ Sample run_once(const Layout& l,
   s.wall_s = r.wall_s;
   s.steps = result(st, "steps");
   if (s.steps <= 0) throw flowtrain::Error("layout " + l.key + ": the student took no step");
-  s.images_per_s = s.steps * kBatch / r.wall_s;
+  // Rehearsals (autotune timing the student's threads on throwaway copies) run before the
+  // run's own wall: the whole-run rate counts them.
+  const double rehearsal_s = r.autotune ? r.autotune->rehearsal_s : 0;
+  s.images_per_s = s.steps * kBatch / (r.wall_s + rehearsal_s);
   s.step_ms = 1e3 * r.wall_s / s.steps;
   s.student_wait_ms = 1e3 * st.starved_fraction * r.wall_s / s.steps;
   s.teacher_wait_ms = 1e3 * t.starved_fraction * r.wall_s / s.steps;
@@ -261,7 +266,7 @@ Sample run_once(const Layout& l,
     // The rate once tuned: the images and time after the trials.
     s.tuned_images_per_s = (s.steps * kBatch - static_cast<double>(a.tuning_items)) /
                            (r.wall_s - a.tuning_s);
-    s.tuning_s = a.tuning_s;
+    s.tuning_s = a.tuning_s + a.rehearsal_s;
     if (const flowtrain::AutotuneTrial* chosen = a.chosen()) {
       s.chosen = "chosen in " + std::to_string(a.trials.size()) + " trials: " + chosen->layout;
     }

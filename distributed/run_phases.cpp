@@ -114,6 +114,10 @@ PhasesOutcome run_phases(RunConfig& config,
     if (hooks.prepare) hooks.prepare(phase, leader);
     BuildContext context;
     if (world) context.provide(*world);
+    // Autotune fixes a training step's intra-op threads on rehearsals, before the phase is
+    // built. Each rank would choose its own, so with several they stay as configured.
+    std::optional<AutotuneReport> rehearsed;
+    if (!world) rehearsed = autotune_rehearse(phase, context);
     std::unique_ptr<Pipeline> pipeline = build_pipeline(phase, Registry::global(), context);
     if (leader) {
       // The nodes the report lists, the ones a `train_step` entry brings included.
@@ -131,7 +135,7 @@ PhasesOutcome run_phases(RunConfig& config,
     int signal = 0;
     {
       StopOnSignal stop_on_signal(*pipeline);
-      report = autotune_run(*pipeline, phase.run, stage_decls(phase));
+      report = autotune_run(*pipeline, phase.run, stage_decls(phase), std::move(rehearsed));
       signal = stop_on_signal.received();
     }
     if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");

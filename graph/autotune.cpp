@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "graph/config.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain {
@@ -67,28 +69,35 @@ class Tuner {
     }
   }
 
-  RunReport run() {
-    const Clock::time_point begin = Clock::now();
-    AutotuneReport tuning;
-    Layout best = start_;
-    double best_rate = 0;
+  // The outcome of a search: the fastest layout tried, its rate, and the last trial's report.
+  struct Search {
+    Layout best;
+    double rate = 0;
+    RunReport report;  // `paused` unless the run ended (its data, or a signal) during a trial
+  };
+
+  // Hill-climbs from the starting layout for at most `budget` trials, adding them to `tuning`.
+  Search search(std::size_t budget, AutotuneReport& tuning) {
+    const std::size_t first = tuning.trials.size();
+    Search out{start_, 0, {}};
     std::vector<double> busy(decls_.size(), 0.0);  // each stage's busy seconds so far
     double wall = 0;
     std::vector<double> load;  // best layout's busy share per worker
     std::vector<Layout> tried;
     std::vector<std::pair<Layout, std::string>> round = {{start_, "start"}};
-    RunReport report;
+    RunReport& report = out.report;
+    const auto trials = [&] { return tuning.trials.size() - first; };
     while (!round.empty()) {
       std::optional<std::size_t> winner;  // in `round`
       std::size_t winner_trial = 0;       // in tuning.trials
       double winner_rate = 0;
       std::vector<double> winner_load;
       for (std::size_t c = 0; c < round.size(); ++c) {
-        if (tuning.trials.size() >= options_.autotune.max_trials) break;
+        if (trials() >= budget) break;
         Layout& layout = round[c].first;
         double rate = 0;
         report = trial(layout, rate);
-        if (tuning.trials.empty()) {  // what the pipeline resolved `threads: 0` and `cores` to
+        if (trials() == 0) {  // what the pipeline resolved `threads: 0` and `cores` to
           cores_ = report.cores;
           layout.threads = start_.threads = report.threads;
         }
@@ -106,8 +115,8 @@ class Tuner {
         wall = report.wall_s;
         tuning.trials.push_back({round[c].second, describe(layout), rate, false});
         if (!report.paused) break;  // the run ended (its data, or a signal): nothing to tune
-        const double bar = (winner ? winner_rate : best_rate) * (1 + options_.autotune.min_gain);
-        if (tuning.trials.size() == 1 || rate > bar) {
+        const double bar = (winner ? winner_rate : out.rate) * (1 + options_.autotune.min_gain);
+        if (trials() == 1 || rate > bar) {
           winner = c;
           winner_trial = tuning.trials.size() - 1;
           winner_rate = rate;
@@ -115,24 +124,51 @@ class Tuner {
         }
       }
       if (!report.paused || !winner) break;
-      best = round[*winner].first;
-      best_rate = winner_rate;
+      out.best = round[*winner].first;
+      out.rate = winner_rate;
       load = winner_load;
       tuning.trials[winner_trial].kept = true;
-      if (tuning.trials.size() >= options_.autotune.max_trials) break;
-      round = candidates(best, load, tried);
+      if (trials() >= budget) break;
+      round = candidates(out.best, load, tried);
     }
+    return out;
+  }
+
+  // Tunes, then runs the rest of the stream on the chosen layout.
+  RunReport run() {
+    const Clock::time_point begin = Clock::now();
+    AutotuneReport tuning;
+    Search found = search(options_.autotune.max_trials, tuning);
     tuning.tuning_s = std::chrono::duration<double>(Clock::now() - begin).count();
     tuning.tuning_items = pipeline_.produced();
-    tuning.overrides = overrides(best);
+    tuning.overrides = overrides(found.best);
+    RunReport report = std::move(found.report);
     if (report.paused) {
-      apply(best);
+      apply(found.best);
       RunOptions rest = options_;
-      rest.threads = best.threads;
+      rest.threads = found.best.threads;
       report = pipeline_.run(rest);
     }
     report.autotune = std::move(tuning);
     return report;
+  }
+
+  // `config` (the phase this pipeline was built from) with `layout`'s graph threads and its
+  // entries' concurrency, queue capacity and intra-op threads (nodes an entry expands into
+  // keep theirs).
+  void set_layout(PipelineConfig& config, const Layout& layout) const {
+    config.run.threads = layout.threads;
+    for (std::size_t i = 0; i < decls_.size(); ++i) {
+      const auto entry = std::find_if(config.stages.begin(), config.stages.end(),
+                                      [&](const StageConfig& s) { return s.name == decls_[i].name; });
+      if (entry == config.stages.end()) continue;
+      entry->options.concurrency = layout.stages[i].concurrency;
+      entry->options.queue_capacity = layout.stages[i].queue_capacity;
+      if (tunable_[i].threads) {
+        entry->params.set(tunable_[i].threads_param,
+                          static_cast<std::int64_t>(layout.stages[i].threads));
+      }
+    }
   }
 
  private:
@@ -343,7 +379,134 @@ class Tuner {
   Layout start_;
 };
 
+// The changes from `from` to `to` (the same phase, another layout) as overrides with the
+// phase's key prefix: graph threads, and each entry's concurrency, queue capacity and threads.
+std::vector<std::string> layout_overrides(const PipelineConfig& from,
+                                          const PipelineConfig& to,
+                                          const Registry& registry) {
+  const std::string& prefix = from.run.key_prefix;
+  std::vector<std::string> out;
+  if (threads_and_cores(from.run).first != threads_and_cores(to.run).first) {
+    out.push_back(prefix + "threads=" + std::to_string(threads_and_cores(to.run).first));
+  }
+  for (std::size_t k = 0; k < from.stages.size(); ++k) {
+    const StageConfig& a = from.stages[k];
+    const StageConfig& b = to.stages[k];
+    const std::string key = prefix + "stages." + a.name + ".";
+    if (a.options.concurrency != b.options.concurrency) {
+      out.push_back(key + "concurrency=" + std::to_string(b.options.concurrency));
+    }
+    if (a.options.queue_capacity != b.options.queue_capacity) {
+      out.push_back(key + "queue_capacity=" + std::to_string(b.options.queue_capacity));
+    }
+    const std::string& param = registry.find(a.type)->doc.threads_param;
+    if (!param.empty() && a.params.get_int(param) != b.params.get_int(param)) {
+      out.push_back(key + "params." + param + "=" + std::to_string(b.params.get_int(param)));
+    }
+  }
+  return out;
+}
+
+// Makes `phase` fit its cores by taking threads from what may give them: the graph threads
+// first, then the intra-op threads of the stage with the most among those not in `keep`.
+// False if nothing is left to take.
+bool make_room(PipelineConfig& phase,
+               const std::vector<std::size_t>& keep,
+               const Registry& registry) {
+  while (!thread_budget_problem(stage_decls(phase, registry), phase.run).empty()) {
+    if (const std::size_t threads = threads_and_cores(phase.run).first; threads > 1) {
+      phase.run.threads = threads - 1;
+      continue;
+    }
+    StageConfig* most = nullptr;
+    std::int64_t most_threads = 1;
+    for (std::size_t k = 0; k < phase.stages.size(); ++k) {
+      const std::string& param = registry.find(phase.stages[k].type)->doc.threads_param;
+      if (param.empty() || std::find(keep.begin(), keep.end(), k) != keep.end()) continue;
+      if (const std::int64_t n = phase.stages[k].params.get_int(param); n > most_threads) {
+        most = &phase.stages[k];
+        most_threads = n;
+      }
+    }
+    if (most == nullptr) return false;
+    most->params.set(registry.find(most->type)->doc.threads_param, most_threads - 1);
+  }
+  return true;
+}
+
 }  // namespace
+
+std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
+                                                const BuildContext& context,
+                                                const Registry& registry) {
+  if (!phase.run.autotune.enabled) return std::nullopt;
+  std::vector<std::size_t> fixed;  // entries whose threads change their results
+  std::string names;
+  for (std::size_t k = 0; k < phase.stages.size(); ++k) {
+    const StageDoc& doc = registry.find(phase.stages[k].type)->doc;
+    if (!doc.threads_change_results || doc.threads_param.empty()) continue;
+    fixed.push_back(k);
+    names += (names.empty() ? "'" : ", '") + phase.stages[k].name + "'";
+  }
+  const std::size_t cores = threads_and_cores(phase.run).second;
+  if (fixed.empty() || cores < 2) return std::nullopt;
+  // The counts tried: the configured one first, then 1, 2, 4, ... and all the cores.
+  const std::string& param = registry.find(phase.stages[fixed.front()].type)->doc.threads_param;
+  std::vector<std::size_t> counts = {
+      static_cast<std::size_t>(phase.stages[fixed.front()].params.get_int(param))};
+  for (std::size_t n = 1; n <= cores; n = n * 2 >= cores && n < cores ? cores : n * 2) {
+    if (std::find(counts.begin(), counts.end(), n) == counts.end()) counts.push_back(n);
+  }
+  BuildContext rehearsal = context;
+  rehearsal.set_rehearsal(true);
+  const Clock::time_point begin = Clock::now();
+  const std::size_t budget =
+      std::max<std::size_t>(3, phase.run.autotune.max_trials / counts.size());
+  AutotuneReport tuning;
+  std::optional<PipelineConfig> best;
+  double best_rate = 0;
+  std::size_t best_first = 0, best_last = 0;  // its trials, in tuning.trials
+  for (const std::size_t n : counts) {
+    PipelineConfig copy = phase;
+    copy.run.on_progress = nullptr;  // the run's progress is the real run's
+    copy.run.drops_path.clear();     // and its files too
+    for (const std::size_t k : fixed) {
+      StageConfig& stage = copy.stages[k];
+      stage.params.set(registry.find(stage.type)->doc.threads_param, static_cast<std::int64_t>(n));
+      stage.auto_threads = false;
+    }
+    if (!make_room(copy, fixed, registry)) continue;
+    std::unique_ptr<Pipeline> pipeline = build_pipeline(copy, registry, rehearsal);
+    const std::size_t first = tuning.trials.size();
+    StopOnSignal stop(*pipeline);
+    Tuner tuner(*pipeline, copy.run, stage_decls(copy, registry));
+    const Tuner::Search found = tuner.search(budget, tuning);
+    if (const int signal = stop.received()) {
+      throw Error(std::string("stopped by ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") +
+                  " during autotune's rehearsals (they write nothing)");
+    }
+    const std::string what = "rehearsal, " + names + " intra-op " + std::to_string(n) + ": ";
+    for (std::size_t t = first; t < tuning.trials.size(); ++t) {
+      tuning.trials[t].change = what + tuning.trials[t].change;
+      tuning.trials[t].rehearsal = true;
+    }
+    if (!best || found.rate > best_rate) {
+      tuner.set_layout(copy, found.best);
+      best = std::move(copy);
+      best_rate = found.rate;
+      std::tie(best_first, best_last) = std::pair(first, tuning.trials.size());
+    }
+  }
+  if (!best) return std::nullopt;
+  // Only the chosen count's winners stay kept: AutotuneReport::chosen is the last of them.
+  for (std::size_t t = 0; t < tuning.trials.size(); ++t) {
+    if (t < best_first || t >= best_last) tuning.trials[t].kept = false;
+  }
+  tuning.overrides = layout_overrides(phase, *best, registry);
+  tuning.rehearsal_s = std::chrono::duration<double>(Clock::now() - begin).count();
+  phase = std::move(*best);
+  return tuning;
+}
 
 std::string autotune_yaml(const AutotuneReport& report, const std::string& key_prefix) {
   // "stages.NAME.KEY=V" and "stages.NAME.params.P=V" (Tuner::overrides) gathered per stage.
@@ -389,9 +552,14 @@ std::string autotune_yaml(const AutotuneReport& report, const std::string& key_p
 
 RunReport autotune_run(Pipeline& pipeline,
                        const RunOptions& options,
-                       const std::vector<StageDecl>& decls) {
+                       const std::vector<StageDecl>& decls,
+                       std::optional<AutotuneReport> rehearsed) {
   if (!options.autotune.enabled) return pipeline.run(options);
-  return Tuner(pipeline, options, decls).run();
+  if (!rehearsed) return Tuner(pipeline, options, decls).run();
+  // The rehearsals chose the whole layout, which the pipeline was built with.
+  RunReport report = pipeline.run(options);
+  report.autotune = std::move(rehearsed);
+  return report;
 }
 
 }  // namespace flowtrain

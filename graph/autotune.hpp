@@ -1,7 +1,10 @@
 #pragma once
 
+#include <optional>
 #include <vector>
 
+#include "graph/build_context.hpp"
+#include "graph/config.hpp"
 #include "graph/pipeline.hpp"
 #include "graph/report.hpp"
 
@@ -23,10 +26,29 @@ namespace flowtrain {
 /// `decls` are the stages as the config declares them (stage_decls), which name each one's
 /// threads param for the chosen settings' keys; entries a config expands into ("student/step_log")
 /// and sources are not tuned. The report's `autotune` lists the trials and the chosen settings.
-///   const RunReport report = autotune_run(*pipeline, phase.run, stage_decls(phase));
+/// With `rehearsed` (what autotune_rehearse chose, the pipeline built with it) no trial runs:
+/// the layout is already chosen, and the report's `autotune` is the rehearsals'.
+///   std::optional<AutotuneReport> rehearsed = autotune_rehearse(phase, context);
+///   std::unique_ptr<Pipeline> pipeline = build_pipeline(phase, Registry::global(), context);
+///   const RunReport report = autotune_run(*pipeline, phase.run, stage_decls(phase), rehearsed);
 RunReport autotune_run(Pipeline& pipeline,
                        const RunOptions& options,
-                       const std::vector<StageDecl>& decls);
+                       const std::vector<StageDecl>& decls,
+                       std::optional<AutotuneReport> rehearsed = std::nullopt);
+
+/// Before `phase` is built, with autotune on: fixes the intra-op threads of the stages whose
+/// results depend on them (StageDoc::threads_change_results: a training step's gradient sums),
+/// which must not change once the first step is committed. For each count that fits the cores
+/// (the configured one, then 1, 2, 4, ... and all of them) it builds a throwaway copy of the
+/// phase (a rehearsal: BuildContext::rehearsal, whose stages write nothing and whose updates
+/// are never committed), tunes the rest of its layout there as autotune_run does, and keeps the
+/// fastest: `phase` is changed to that count and layout, and the run built from it is then
+/// bit-identical to one configured so. Returns the trials (each `rehearsal`) and the chosen
+/// settings, or nothing (leaving `phase` as it was) if autotune is off, no stage's threads
+/// change its results, or there is one core. Throws Error if a SIGINT or SIGTERM stops it.
+std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
+                                                const BuildContext& context = {},
+                                                const Registry& registry = Registry::global());
 
 /// The chosen settings as YAML to paste into the phase (or the top level) of a config:
 ///   threads: 2

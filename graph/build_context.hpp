@@ -25,6 +25,15 @@ class BuildContext {
     return *this;
   }
 
+  /// Marks the pipeline as a rehearsal: built only to time a layout (autotune, before the real
+  /// run), its work thrown away. Its stages must leave nothing behind: they may read their
+  /// files, but write, append to, lock or create none (no checkpoint, log or cache entry).
+  BuildContext& set_rehearsal(bool rehearsal) {
+    rehearsal_ = rehearsal;
+    return *this;
+  }
+  bool rehearsal() const { return rehearsal_; }
+
   /// The service of type T, or nullptr if none was provided.
   template <class T>
   T* find() const {
@@ -34,6 +43,7 @@ class BuildContext {
 
  private:
   std::map<std::type_index, void*> services_;
+  bool rehearsal_ = false;
 };
 
 }  // namespace flowtrain

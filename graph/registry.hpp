@@ -21,6 +21,9 @@ struct StageDoc {
   /// e.g. "intraop_threads"; empty if always 1. Lets a config's thread budget be checked before
   /// anything is built.
   std::string threads_param;
+  /// Its results depend on how many threads compute them (a training step's gradient sums):
+  /// autotune times its counts on rehearsals only and fixes one before the run's first item.
+  bool threads_change_results = false;
 };
 
 /// A node a config entry brings with it (see StageInfo::expand).

@@ -111,10 +111,26 @@ const AutotuneTrial* AutotuneReport::chosen() const {
 std::string format_autotune(const AutotuneReport& a) {
   std::string out;
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "autotune: %zu trial(s) in %.1f s, on the run's own work (%llu source items)\n",
-                a.trials.size(), a.tuning_s, static_cast<unsigned long long>(a.tuning_items));
-  out += buf;
+  const auto rehearsals = static_cast<std::size_t>(std::count_if(
+      a.trials.begin(), a.trials.end(), [](const AutotuneTrial& t) { return t.rehearsal; }));
+  if (rehearsals > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "autotune: %zu rehearsal(s) in %.1f s before the run, on throwaway copies "
+                  "(their updates not committed)",
+                  rehearsals, a.rehearsal_s);
+    out += buf;
+    if (rehearsals < a.trials.size()) {
+      std::snprintf(buf, sizeof buf, "; %zu trial(s) in %.1f s on the run's own work",
+                    a.trials.size() - rehearsals, a.tuning_s);
+      out += buf;
+    }
+    out += "\n";
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "autotune: %zu trial(s) in %.1f s, on the run's own work (%llu source items)\n",
+                  a.trials.size(), a.tuning_s, static_cast<unsigned long long>(a.tuning_items));
+    out += buf;
+  }
   out += "  trial    items/s  kept  change\n";
   for (std::size_t i = 0; i < a.trials.size(); ++i) {
     const AutotuneTrial& t = a.trials[i];

@@ -85,6 +85,9 @@ struct AutotuneTrial {
   std::string layout;  // the whole layout: "2 graph threads; decode 2; teacher 2 x 1 intra-op"
   double items_per_s = 0;  // the last stage's items per second (steps, in training)
   bool kept = false;       // better than the layout kept before it, by the minimum gain
+  /// Run on a throwaway copy of the pipeline whose updates were never committed (to time the
+  /// intra-op threads of a training step, which change its sums: autotune_rehearse).
+  bool rehearsal = false;
 };
 
 /// What autotune tried and chose (RunReport::autotune).
@@ -95,6 +98,7 @@ struct AutotuneReport {
   std::vector<std::string> overrides;
   double tuning_s = 0;  // wall time of the trials (real work, included in the run's wall)
   std::uint64_t tuning_items = 0;  // source items produced during the trials
+  double rehearsal_s = 0;  // wall time of the rehearsals, before the run (not in its wall)
 
   /// The trial whose layout was chosen (the last one kept), or null if none was.
   const AutotuneTrial* chosen() const;

@@ -315,6 +315,7 @@ std::string report_to_yaml(const RunReport& r) {
     key("autotune") << YAML::BeginMap;
     key("tuning_s") << number(a.tuning_s);
     key("tuning_items") << a.tuning_items;
+    key("rehearsal_s") << number(a.rehearsal_s);
     key("overrides") << YAML::Flow << a.overrides;
     key("trials") << YAML::BeginSeq;
     for (const AutotuneTrial& t : a.trials) {
@@ -323,6 +324,7 @@ std::string report_to_yaml(const RunReport& r) {
       key("layout") << t.layout;
       key("items_per_s") << number(t.items_per_s);
       key("kept") << t.kept;
+      key("rehearsal") << t.rehearsal;
       out << YAML::EndMap;
     }
     out << YAML::EndSeq << YAML::EndMap;
@@ -371,6 +373,7 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
     AutotuneReport& a = r.autotune.emplace();
     in.field(map, "tuning_s", a.tuning_s, "autotune.");
     in.field(map, "tuning_items", a.tuning_items, "autotune.");
+    in.field(map, "rehearsal_s", a.rehearsal_s, "autotune.");
     const YAML::Node overrides = in.list(map, "overrides", "autotune.");
     for (std::size_t i = 0; i < overrides.size(); ++i) {
       if (!overrides[i].IsScalar()) in.fail(overrides[i], "'autotune.overrides' must hold strings");
@@ -385,6 +388,7 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
       in.field(t, "layout", trial.layout, at);
       in.field(t, "items_per_s", trial.items_per_s, at);
       in.field(t, "kept", trial.kept, at);
+      in.field(t, "rehearsal", trial.rehearsal, at);
     }
   }
   return r;

@@ -687,6 +687,28 @@ std::string stage_table(const RunReport& r) {
   return out + "</table>\n</figure>\n";
 }
 
+// The layouts autotune tried, with their rates, and the settings it chose.
+std::string autotune_table(const flowtrain::AutotuneReport& a) {
+  std::string caption = "Autotune: " + std::to_string(a.trials.size()) + " trial(s)";
+  if (a.rehearsal_s > 0) caption += ", " + fixed(a.rehearsal_s, 1) + " s of rehearsals before the run";
+  if (a.tuning_s > 0) caption += ", " + fixed(a.tuning_s, 1) + " s on the run's own work";
+  std::string out = "<figure><figcaption>" + escape(caption) +
+                    "</figcaption>\n<table class=\"stages\">\n" +
+                    cells({"trial", "on", "items/s", "kept", "change", "layout"}, "th");
+  const flowtrain::AutotuneTrial* chosen = a.chosen();
+  for (std::size_t i = 0; i < a.trials.size(); ++i) {
+    const flowtrain::AutotuneTrial& t = a.trials[i];
+    out += cells({std::to_string(i + 1), t.rehearsal ? "rehearsal" : "the run", rate_text(t.items_per_s),
+                  t.kept ? "yes" : "", t.change, t.layout},
+                 "td", &t == chosen ? "chosen" : "");
+  }
+  std::string settings;
+  for (const std::string& o : a.overrides) settings += (settings.empty() ? "" : " ") + o;
+  if (settings.empty()) settings = "the config's own layout was the fastest tried";
+  return out + "</table>\n<p class=\"facts\"><b>chosen settings:</b> " + escape(settings) +
+         "</p>\n</figure>\n";
+}
+
 std::string phase_section(const PhaseProfile& phase, std::size_t index) {
   const RunReport& r = phase.report;
   const std::string n = std::to_string(index);
@@ -709,7 +731,7 @@ std::string phase_section(const PhaseProfile& phase, std::size_t index) {
   }
   out += "<div class=\"charts\">\n" + utilisation_chart(r, "utilisation-chart-" + n) +
          queue_chart(r, "queue-chart-" + n) + cpu_chart(r.cpu, "cpu-chart-" + n) + stage_table(r) +
-         "</div>\n";
+         (r.autotune ? autotune_table(*r.autotune) : std::string()) + "</div>\n";
   return out + "</section>\n";
 }
 
@@ -725,6 +747,7 @@ h2 { font-size: 20px; margin: 30px 0 10px; padding-bottom: 4px; border-bottom: 1
 .facts { margin: 4px 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 22px 20px; align-items: flex-start; margin-top: 12px; }
 figure { margin: 0; }
+tr.chosen td { font-weight: bold; }
 figcaption { font-weight: bold; margin-bottom: 4px; }
 svg.chart { display: block; }
 svg.chart text { font-size: 12px; fill: #333; }

@@ -18,7 +18,9 @@ void create_folder(const fs::path& dir) {
 }
 }  // namespace
 
-StepLogStage::StepLogStage(const Options& options) : dir_(options.dir) {}
+// A rehearsal's writers (autotune timing a layout on a throwaway copy) write nothing.
+StepLogStage::StepLogStage(const Options& options, const BuildContext& context)
+    : dir_(context.rehearsal() ? std::string() : options.dir) {}
 
 StageDoc StepLogStage::describe() {
   return {
@@ -48,7 +50,8 @@ void StepLogStage::consume(StepRecord&& record, ItemContext&) {
   if (!file_) throw Error("cannot write " + (fs::path(dir_) / "steps.csv").string());
 }
 
-CheckpointStage::CheckpointStage(const Options& options) : dir_(options.dir), keep_(options.keep) {
+CheckpointStage::CheckpointStage(const Options& options, const BuildContext& context)
+    : dir_(options.dir), keep_(options.keep), rehearsal_(context.rehearsal()) {
   if (dir_.empty()) throw Error("param 'dir' is required");
 }
 
@@ -61,7 +64,7 @@ StageDoc CheckpointStage::describe() {
 }
 
 void CheckpointStage::consume(StepRecord&& record, ItemContext&) {
-  if (!record.checkpoint) return;
+  if (!record.checkpoint || rehearsal_) return;
   create_folder(dir_);
   // Each rank writes its own file: its data position, and with ZeRO its optimizer shard.
   write_file_atomically(rank_file((fs::path(dir_) / record.checkpoint_name).string(), record.rank),
@@ -78,7 +81,8 @@ std::vector<StageResult> CheckpointStage::results() const {
   return {{"written", static_cast<double>(written_)}};
 }
 
-SnapshotStage::SnapshotStage(const Options& options) : dir_(options.dir) {
+SnapshotStage::SnapshotStage(const Options& options, const BuildContext& context)
+    : dir_(options.dir), rehearsal_(context.rehearsal()) {
   if (dir_.empty()) throw Error("param 'dir' is required");
 }
 
@@ -90,7 +94,7 @@ StageDoc SnapshotStage::describe() {
 }
 
 void SnapshotStage::consume(StepRecord&& record, ItemContext&) {
-  if (!record.snapshot) return;
+  if (!record.snapshot || rehearsal_) return;
   const fs::path dir = fs::path(dir_) / "snapshots";
   create_folder(dir);
   write_file_atomically((dir / step_checkpoint_name(record.step)).string(), *record.snapshot);

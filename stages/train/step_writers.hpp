@@ -27,7 +27,8 @@ struct StepLogOptions {
 class StepLogStage final : public SerialSink<StepRecord> {
  public:
   using Options = StepLogOptions;
-  explicit StepLogStage(const Options& options);
+  /// Built for a rehearsal (BuildContext::rehearsal) it writes nothing.
+  explicit StepLogStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
 
  protected:
@@ -53,7 +54,8 @@ struct CheckpointOptions {
 class CheckpointStage final : public SerialSink<StepRecord> {
  public:
   using Options = CheckpointOptions;
-  explicit CheckpointStage(const Options& options);
+  /// Built for a rehearsal (BuildContext::rehearsal) it writes nothing.
+  explicit CheckpointStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
   std::vector<StageResult> results() const override;
 
@@ -63,6 +65,7 @@ class CheckpointStage final : public SerialSink<StepRecord> {
  private:
   std::string dir_;
   std::uint64_t keep_;
+  bool rehearsal_;
   std::uint64_t written_ = 0;
 };
 
@@ -79,7 +82,8 @@ struct SnapshotOptions {
 class SnapshotStage final : public SerialSink<StepRecord> {
  public:
   using Options = SnapshotOptions;
-  explicit SnapshotStage(const Options& options);
+  /// Built for a rehearsal (BuildContext::rehearsal) it writes nothing.
+  explicit SnapshotStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
   std::vector<StageResult> results() const override;
 
@@ -88,6 +92,7 @@ class SnapshotStage final : public SerialSink<StepRecord> {
 
  private:
   std::string dir_;
+  bool rehearsal_;
   std::uint64_t written_ = 0;
 };
 

@@ -130,6 +130,7 @@ std::uint64_t teacher_fingerprint(const std::string& model, bool bf16) {
 TeacherCacheStage::TeacherCacheStage(const Options& options, const BuildContext& context)
     : o_(options) {
   if (o_.path.empty()) throw Error("param 'path' is required: the cache file");
+  read_only_ = context.rehearsal();
   if (const dist::World* world = context.find<dist::World>(); world && world->size() > 1) {
     std::filesystem::path path(o_.path);
     const std::string ext = path.extension().string();
@@ -168,6 +169,7 @@ TeacherOutputCache& TeacherCacheStage::cache_for(const data::Batch& batch) {
       o_.dtype == "bfloat16" ? EntryFormat::Dtype::kBFloat16 : EntryFormat::Dtype::kFloat16;
   options.replace_on_mismatch = o_.on_mismatch == "replace";
   options.wait_timeout_s = o_.wait_timeout_s;
+  options.read_only = read_only_;
   cache_ = std::make_shared<TeacherOutputCache>(std::move(options));
   return *cache_;
 }

@@ -92,6 +92,7 @@ class TeacherCacheStage final : public Router<data::Batch, data::Batch> {
   Options o_;
   std::shared_ptr<TeacherOutputCache> cache_;  // opened by the first batch, which has the recipe
   std::uint64_t teacher_ = 0;
+  bool read_only_ = false;  // built for a rehearsal: the file is never changed
   std::atomic<std::uint64_t> hits_{0}, misses_{0};
 };
 

@@ -195,10 +195,16 @@ void TeacherOutputCache::open_file() {
   namespace fs = std::filesystem;
   const fs::path path(o_.path);
   std::error_code ec;
-  const fs::path folder = path.parent_path().empty() ? fs::path(".") : path.parent_path();
-  fs::create_directories(folder, ec);
-  lock_ = std::make_unique<FolderLock>(folder.string(), path.filename().string() + ".lock");
-  fd_ = ::open(o_.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (o_.read_only) {
+    // A rehearsal's cache: what the file holds, never a change to it (nor a lock on it).
+    if (!fs::exists(path)) return;
+    fd_ = ::open(o_.path.c_str(), O_RDONLY | O_CLOEXEC);
+  } else {
+    const fs::path folder = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+    fs::create_directories(folder, ec);
+    lock_ = std::make_unique<FolderLock>(folder.string(), path.filename().string() + ".lock");
+    fd_ = ::open(o_.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  }
   if (fd_ < 0) throw Error(o_.path + ": cannot open the teacher cache: " + errno_text());
   struct stat st {};
   ::fstat(fd_, &st);
@@ -206,7 +212,7 @@ void TeacherOutputCache::open_file() {
 
   auto start_afresh = [&](bool replaced) {
     stats_.replaced = replaced;
-    if (::ftruncate(fd_, 0) != 0) {
+    if (!o_.read_only && ::ftruncate(fd_, 0) != 0) {
       throw Error(o_.path + ": cannot empty the teacher cache: " + errno_text());
     }
     end_ = 0;
@@ -269,7 +275,7 @@ void TeacherOutputCache::open_file() {
   load_records(sizeof header + header.text_bytes);
   if (end_ < size) {
     stats_.dropped_bytes = size - end_;
-    if (::ftruncate(fd_, static_cast<off_t>(end_)) != 0) {
+    if (!o_.read_only && ::ftruncate(fd_, static_cast<off_t>(end_)) != 0) {
       throw Error(o_.path + ": cannot cut the torn end off the teacher cache: " + errno_text());
     }
   }
@@ -316,7 +322,7 @@ void TeacherOutputCache::write_header(const EntryFormat& format) {
   std::vector<std::uint8_t> bytes(sizeof header + text.size());
   std::memcpy(bytes.data(), &header, sizeof header);
   std::copy(text.begin(), text.end(), bytes.begin() + sizeof header);
-  write_all(fd_, bytes.data(), bytes.size(), 0, o_.path);
+  if (!o_.read_only) write_all(fd_, bytes.data(), bytes.size(), 0, o_.path);
   end_ = bytes.size();
 }
 
@@ -373,7 +379,7 @@ void TeacherOutputCache::store(std::span<const ViewDigest> keys,
   const std::uint64_t checksum = hash_bytes({record.data(), body});
   std::memcpy(record.data() + body, &checksum, 8);
   try {
-    write_all(fd_, record.data(), record.size(), end_, o_.path);
+    if (!o_.read_only) write_all(fd_, record.data(), record.size(), end_, o_.path);
   } catch (...) {
     written_.pop_back();
     for (const ViewDigest& key : keys) pending_[key] = true;  // their waiters fail, not hang

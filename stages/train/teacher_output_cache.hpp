@@ -89,6 +89,9 @@ class TeacherOutputCache {
     EntryFormat::Dtype dtype = EntryFormat::Dtype::kFloat16;
     bool replace_on_mismatch = false;
     double wait_timeout_s = 600;  // how long entry() waits for a view another batch computes
+    /// Use the entries the file holds (if it exists and matches), but never create, lock or
+    /// change it: new entries stay in memory (an autotune rehearsal's cache, thrown away).
+    bool read_only = false;
   };
   struct Stats {
     std::uint64_t entries = 0;

@@ -88,7 +88,8 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   dist::World* world = context.find<dist::World>();
   const int rank = world ? world->rank() : 0;
   const int world_size = world ? world->size() : 1;
-  if (!checkpoint_dir.empty()) {
+  // A rehearsal (autotune timing a layout) writes nothing, so it takes no lock either.
+  if (!checkpoint_dir.empty() && !context.rehearsal()) {
     std::error_code ec;
     fs::create_directories(checkpoint_dir, ec);
     if (ec) throw Error("cannot create checkpoint_dir " + checkpoint_dir + ": " + ec.message());
@@ -120,7 +121,7 @@ StageDoc TrainStepStage::describe() {
       "`<name>/step_log`, `<name>/checkpoint` (with a checkpoint_dir) and `<name>/snapshot` "
       "(with snapshot_every), which write steps.csv, checkpoints and snapshots off the "
       "step's critical path.",
-      option_specs<Options>(), "intraop_threads"};
+      option_specs<Options>(), "intraop_threads", /*threads_change_results=*/true};
 }
 
 std::vector<ExpandedNode> TrainStepStage::expand(const Params& params) {

@@ -89,10 +89,11 @@ RunReport run_cached(
     const TeacherCacheOptions& cache,
     const std::string& teacher,
     int batches,
-    std::function<int(int)> view_of = [](int n) { return n; }) {
+    std::function<int(int)> view_of = [](int n) { return n; },
+    const BuildContext& context = {}) {
   Pipeline p;
   p.add("batches", std::make_unique<ViewBatches>(batches, std::move(view_of)));
-  p.add<TeacherCacheStage>("cache", cache);
+  p.add("cache", std::make_unique<TeacherCacheStage>(cache, context));
   p.add<TeacherInferStage>("teacher", {.model = teacher},
                            {.concurrency = 2, .queue_capacity = 2, .inputs = {"cache.miss"}});
   p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"cache.hit", "teacher"}});
@@ -238,6 +239,42 @@ TEST_CASE("Train.TeacherCache.ATornWriteLosesOnlyItsRecord" * doctest::timeout(1
   const RunReport report = run_cached(again, options, dir / "teacher.pt", 3);
   CHECK(results_of(report, "cache")["misses"] == 8);
   CHECK(torch::equal(again.batches[2].teacher_logits, first.batches[2].teacher_logits));
+}
+
+// Autotune's rehearsals (throwaway copies of a run) use what the cache holds but never create,
+// lock or change its file: their new entries stay in memory.
+TEST_CASE("Train.TeacherCache.ARehearsalReadsTheFileAndChangesNothing" * doctest::timeout(120)) {
+  TempDir dir("cache");
+  write_teacher(dir / "teacher.pt", 1);
+  const std::string path = dir / "views.ftc";
+  const TeacherCacheOptions options{.path = path, .model = dir / "teacher.pt"};
+  BuildContext rehearsal;
+  rehearsal.set_rehearsal(true);
+  const auto same_views = [](int n) { return n; };
+  SeenBatches cold;
+  RunReport report = run_cached(cold, options, dir / "teacher.pt", 3, same_views, rehearsal);
+  CHECK(results_of(report, "cache")["misses"] == 24);
+  // Nothing beside the teacher: no cache file, no lock.
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                      std::filesystem::directory_iterator()) == 1);
+
+  SeenBatches first;
+  run_cached(first, options, dir / "teacher.pt", 2);
+  const auto size = std::filesystem::file_size(path);
+  const auto written = std::filesystem::last_write_time(path);
+  SeenBatches rehearsed;
+  report = run_cached(rehearsed, options, dir / "teacher.pt", 3, same_views, rehearsal);
+  CHECK(results_of(report, "cache")["hits"] == 16);  // what the file holds
+  CHECK(results_of(report, "cache")["misses"] == 8);
+  for (std::uint64_t n = 0; n < 2; ++n) {
+    CHECK(torch::equal(rehearsed.batches[n].teacher_logits, first.batches[n].teacher_logits));
+  }
+  CHECK(torch::equal(rehearsed.batches[2].teacher_logits, cold.batches[2].teacher_logits));
+  CHECK(std::filesystem::file_size(path) == size);
+  CHECK(std::filesystem::last_write_time(path) == written);
+  SeenBatches after;
+  report = run_cached(after, options, dir / "teacher.pt", 3);
+  CHECK(results_of(report, "cache")["misses"] == 8);  // the rehearsal stored nothing
 }
 
 TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::timeout(120)) {

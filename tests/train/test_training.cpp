@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -512,7 +513,7 @@ TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeou
     return "threads: 1\ncores: 2\n" + autotune +
            "stages:\n"
            "  - {type: image_folder, name: source, params: {root: " + synthetic_images() +
-           "/train, epochs: 30, seed: 3}}\n"
+           "/train, epochs: 60, seed: 3}}\n"
            "  - {type: jpeg_decode}\n"
            "  - {type: augment, params: {size: 32, scale: [0.6, 1.0]}}\n"
            "  - {type: collate, params: {batch_size: 32, pool_size: 8}}\n"
@@ -531,8 +532,8 @@ TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeou
   const AutotuneReport& a = *tuned.autotune;
   MESSAGE(format_autotune(a));
   CHECK(a.trials.size() >= 2);           // it paused mid-run and tried another layout
-  CHECK(a.tuning_items < 30 * 320);      // ... before the run's end
-  CHECK(result(tuned, "train_step", "steps") == 300);  // 30 epochs x 10 batches, none lost
+  CHECK(a.tuning_items < 60 * 320);      // ... before the run's end
+  CHECK(result(tuned, "train_step", "steps") == 600);  // 60 epochs x 10 batches, none lost
 
   run_config(config("plain", ""));
   const PipelineConfig chosen = parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
@@ -550,4 +551,76 @@ TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeou
     for (const auto& item : tuned_weights) equal += torch::equal(item.value(), w[item.key()]) ? 1 : 0;
     CHECK(equal == w.size());
   }
+}
+
+// The training step's own intra-op threads change its sums, so autotune times its counts on
+// rehearsals (throwaway copies whose updates are never committed and which write nothing) and
+// fixes one before the run is built: the run's weights then equal, bit for bit, those of the
+// config with the chosen settings.
+TEST_CASE("Train.Autotune.RehearsalsFixTheStepsThreadsAndWriteNothing" * doctest::timeout(300)) {
+  TempDir runs;
+  write_tiny_teacher(runs / "teacher.pt");
+  const auto config = [&](const std::string& dir, const std::string& autotune) {
+    return "threads: 1\ncores: 2\n" + autotune +
+           "stages:\n"
+           "  - {type: image_folder, name: source, params: {root: " + synthetic_images() +
+           "/train, epochs: 20, seed: 3}}\n"
+           "  - {type: jpeg_decode}\n"
+           "  - {type: augment, params: {size: 32, scale: [0.6, 1.0]}}\n"
+           "  - {type: collate, params: {batch_size: 32, pool_size: 8}}\n"
+           "  - {type: teacher_infer, queue_capacity: 2, params: {model: " + (runs / "teacher.pt") +
+           "}}\n"
+           "  - {type: train_step, name: student, queue_capacity: 2, params: {" +
+           tiny_vit(32, 1, 2) +
+           ", dropout: 0.1, alpha: 0.5, lr: 0.003, warmup_steps: 5, checkpoint_every: 3, "
+           "keep_checkpoints: 1, snapshot_every: 4, checkpoint_dir: " + (runs / dir) + "}}\n";
+  };
+  PipelineConfig phase = parse_pipeline_config(
+      config("tuned", "autotune: {warmup_s: 0.1, trial_s: 0.3, max_trials: 6}\n"), "tuned.yaml");
+  const std::optional<AutotuneReport> rehearsed = autotune_rehearse(phase);
+  REQUIRE(rehearsed);
+  MESSAGE(format_autotune(*rehearsed));
+  // Both counts that fit 2 cores were rehearsed, each with its own search.
+  std::size_t ones = 0, twos = 0;
+  for (const AutotuneTrial& t : rehearsed->trials) {
+    CHECK(t.rehearsal);
+    ones += t.change.find("'student' intra-op 1:") != std::string::npos ? 1 : 0;
+    twos += t.change.find("'student' intra-op 2:") != std::string::npos ? 1 : 0;
+  }
+  CHECK(ones >= 1);
+  CHECK(twos >= 1);
+  CHECK(ones + twos == rehearsed->trials.size());
+  CHECK(rehearsed->chosen() != nullptr);
+  CHECK(rehearsed->rehearsal_s > 0);
+  CHECK(!std::filesystem::exists(runs / "tuned"));  // no checkpoint, log, snapshot or lock
+  const std::int64_t chosen_threads = phase.stages.back().params.get_int("intraop_threads");
+  const std::string key = "stages.student.params.intraop_threads=";
+  const bool changed = std::any_of(rehearsed->overrides.begin(), rehearsed->overrides.end(),
+                                   [&](const std::string& o) { return o.rfind(key, 0) == 0; });
+  CHECK(changed == (chosen_threads != 1));
+
+  std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
+  const RunReport tuned = autotune_run(*pipeline, phase.run, stage_decls(phase), rehearsed);
+  REQUIRE(tuned.autotune);
+  CHECK(tuned.autotune->trials.size() == rehearsed->trials.size());  // no trial after them
+  CHECK(result(tuned, "student", "steps") == 200);  // 20 epochs x 10 batches, none lost
+  std::ifstream csv(runs / "tuned/steps.csv");
+  std::string line;
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  CHECK(rows == 201);  // header + the run's 200 steps: none of the rehearsals'
+
+  const PipelineConfig chosen =
+      parse_pipeline_config(config("chosen", ""), "chosen.yaml", rehearsed->overrides);
+  build_pipeline(chosen)->run(chosen.run);
+  const auto tuned_weights =
+      load_model(read_checkpoint(runs / "tuned/final.pt"))->named_parameters();
+  const auto chosen_weights =
+      load_model(read_checkpoint(runs / "chosen/final.pt"))->named_parameters();
+  REQUIRE(chosen_weights.size() == tuned_weights.size());
+  std::size_t equal = 0;
+  for (const auto& item : tuned_weights) {
+    equal += torch::equal(item.value(), chosen_weights[item.key()]) ? 1 : 0;
+  }
+  CHECK(equal == tuned_weights.size());
 }
