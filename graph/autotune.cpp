@@ -379,6 +379,11 @@ class Tuner {
   Layout start_;
 };
 
+// The param that sets an entry's intra-op threads (StageDoc::threads_param; empty: none).
+const std::string& threads_param(const StageConfig& stage, const Registry& registry) {
+  return registry.find(stage.type)->doc.threads_param;
+}
+
 // The changes from `from` to `to` (the same phase, another layout) as overrides with the
 // phase's key prefix: graph threads, and each entry's concurrency, queue capacity and threads.
 std::vector<std::string> layout_overrides(const PipelineConfig& from,
@@ -399,7 +404,7 @@ std::vector<std::string> layout_overrides(const PipelineConfig& from,
     if (a.options.queue_capacity != b.options.queue_capacity) {
       out.push_back(key + "queue_capacity=" + std::to_string(b.options.queue_capacity));
     }
-    const std::string& param = registry.find(a.type)->doc.threads_param;
+    const std::string& param = threads_param(a, registry);
     if (!param.empty() && a.params.get_int(param) != b.params.get_int(param)) {
       out.push_back(key + "params." + param + "=" + std::to_string(b.params.get_int(param)));
     }
@@ -421,7 +426,7 @@ bool make_room(PipelineConfig& phase,
     StageConfig* most = nullptr;
     std::int64_t most_threads = 1;
     for (std::size_t k = 0; k < phase.stages.size(); ++k) {
-      const std::string& param = registry.find(phase.stages[k].type)->doc.threads_param;
+      const std::string& param = threads_param(phase.stages[k], registry);
       if (param.empty() || std::find(keep.begin(), keep.end(), k) != keep.end()) continue;
       if (const std::int64_t n = phase.stages[k].params.get_int(param); n > most_threads) {
         most = &phase.stages[k];
@@ -429,7 +434,7 @@ bool make_room(PipelineConfig& phase,
       }
     }
     if (most == nullptr) return false;
-    most->params.set(registry.find(most->type)->doc.threads_param, most_threads - 1);
+    most->params.set(threads_param(*most, registry), most_threads - 1);
   }
   return true;
 }
@@ -451,9 +456,9 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
   const std::size_t cores = threads_and_cores(phase.run).second;
   if (fixed.empty() || cores < 2) return std::nullopt;
   // The counts tried: the configured one first, then 1, 2, 4, ... and all the cores.
-  const std::string& param = registry.find(phase.stages[fixed.front()].type)->doc.threads_param;
-  std::vector<std::size_t> counts = {
-      static_cast<std::size_t>(phase.stages[fixed.front()].params.get_int(param))};
+  const StageConfig& first_fixed = phase.stages[fixed.front()];
+  std::vector<std::size_t> counts = {static_cast<std::size_t>(
+      first_fixed.params.get_int(threads_param(first_fixed, registry)))};
   for (std::size_t n = 1; n <= cores; n = n * 2 >= cores && n < cores ? cores : n * 2) {
     if (std::find(counts.begin(), counts.end(), n) == counts.end()) counts.push_back(n);
   }
@@ -472,7 +477,7 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
     copy.run.drops_path.clear();     // and its files too
     for (const std::size_t k : fixed) {
       StageConfig& stage = copy.stages[k];
-      stage.params.set(registry.find(stage.type)->doc.threads_param, static_cast<std::int64_t>(n));
+      stage.params.set(threads_param(stage, registry), static_cast<std::int64_t>(n));
       stage.auto_threads = false;
     }
     if (!make_room(copy, fixed, registry)) continue;

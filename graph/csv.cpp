@@ -1,6 +1,7 @@
 #include "graph/csv.hpp"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -114,6 +115,12 @@ std::string csv_field(std::string_view field) {
     out += c;
   }
   return out + '"';
+}
+
+std::string csv_number(double value, const char* format) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
 }
 
 std::string csv_line(std::initializer_list<std::string_view> fields) { return join_line(fields); }

@@ -32,6 +32,10 @@ std::vector<CsvRow> read_csv_file(const std::string& path);
 /// break, a space or tab at either end, or starts with a UTF-8 byte-order mark; as is otherwise.
 std::string csv_field(std::string_view field);
 
+/// `value` as printf's `format` prints it ("%.6g", "%.3f"), for a numeric field.
+///   csv_line({std::to_string(step), csv_number(loss), csv_number(seconds, "%.3f")});
+std::string csv_number(double value, const char* format = "%.6g");
+
 /// The fields through csv_field, joined by commas, ending in a newline.
 ///   text += csv_line({path, std::to_string(label)});
 std::string csv_line(std::initializer_list<std::string_view> fields);

@@ -365,14 +365,11 @@ void validate_snapshots(const Context& ctx,
       if (stage.type == "evaluate") stage.params.set("model", path);
     }
     const flowtrain::RunReport report = flowtrain::build_pipeline(run)->run(run.run);
-    char row[128];
-    std::snprintf(row, sizeof row, "%llu,%.6g,%.6g,%.6g\n", static_cast<unsigned long long>(step),
-                  stage_result(report, "top1").value_or(-1),
-                  stage_result(report, "top5").value_or(-1),
-                  stage_result(report, "mae").value_or(-1));
-    csv += row;
-    std::snprintf(row, sizeof row, " %.2f", stage_result(report, "top1").value_or(-1));
-    line += row;
+    const double top1 = stage_result(report, "top1").value_or(-1);
+    csv += flowtrain::csv_line({std::to_string(step), flowtrain::csv_number(top1),
+                                flowtrain::csv_number(stage_result(report, "top5").value_or(-1)),
+                                flowtrain::csv_number(stage_result(report, "mae").value_or(-1))});
+    line += " " + flowtrain::csv_number(top1, "%.2f");
   }
   flowtrain::write_file_atomically((dir / "validation.csv").string(), csv);
   std::error_code ec;

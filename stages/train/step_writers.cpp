@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
 
@@ -40,13 +41,12 @@ void StepLogStage::consume(StepRecord&& record, ItemContext&) {
     if (!file_) throw Error("cannot write " + path);
     if (fresh) file_ << "step,epoch,loss,correct,seen,lr,time_s\n";
   }
-  char line[160];
-  std::snprintf(line, sizeof line, "%llu,%u,%.6g,%llu,%llu,%.6g,%.3f\n",
-                static_cast<unsigned long long>(record.step), record.epoch + 1, record.loss,
-                static_cast<unsigned long long>(record.correct),
-                static_cast<unsigned long long>(record.seen), record.lr, record.time_s);
   // Flushed per row: a run killed at any point leaves every finished step's row.
-  file_ << line << std::flush;
+  file_ << csv_line({std::to_string(record.step), std::to_string(record.epoch + 1),
+                     csv_number(record.loss), std::to_string(record.correct),
+                     std::to_string(record.seen), csv_number(record.lr),
+                     csv_number(record.time_s, "%.3f")})
+        << std::flush;
   if (!file_) throw Error("cannot write " + (fs::path(dir_) / "steps.csv").string());
 }
 

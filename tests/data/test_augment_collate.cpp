@@ -164,6 +164,25 @@ TEST_CASE("Data.Augment.EvalIsTheCentreCrop") {
   CHECK(p.brightness == 1.0f);
 }
 
+// An eval view is decoded at the short side its centre crop needs to be a downscale, not at
+// the view's size (whose crop the resize would then enlarge).
+TEST_CASE("Data.Augment.EvalDecodesAtTheSideItsCropNeeds") {
+  AugmentPolicy::Options o;
+  o.mode = AugmentPolicy::Mode::kEval;
+  CHECK(AugmentPolicy(o).eval_decode_side(96) == 110);  // ceil(96 / 0.875)
+  CHECK(AugmentPolicy(o).eval_decode_side(224) == 256);
+  for (const double crop : {0.875, 0.9, 0.95, 1.0}) {
+    o.eval_crop = crop;
+    for (const int size : {32, 96, 112, 224, 384}) {
+      CAPTURE(crop);
+      CAPTURE(size);
+      const int side = AugmentPolicy(o).eval_decode_side(size);
+      CHECK(side * crop >= size - 1e-6);       // the crop of that side covers the view
+      CHECK((side - 1) * crop < size - 1e-6);  // and it is the smallest such side
+    }
+  }
+}
+
 TEST_CASE("Data.Augment.CropResizeFlipPixels") {
   const Image in = make_image(0, 64, 32);
   AugmentParams p;  // the whole image
