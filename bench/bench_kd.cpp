@@ -257,8 +257,8 @@ Sample run_once(const Layout& l,
   s.forward_ms = result(st, "forward_ms");
   s.backward_ms = result(st, "backward_ms");
   s.optimizer_ms = result(st, "optimizer_ms");
-  s.cpu_per_wall = cpu / r.wall_s;
-  s.others_per_wall = std::max(0.0, machine - cpu) / r.wall_s;
+  s.cpu_per_wall = cpu / (r.wall_s + rehearsal_s);
+  s.others_per_wall = std::max(0.0, machine - cpu) / (r.wall_s + rehearsal_s);
   s.layout = r.layout();
   s.verdict = r.verdict();
   if (r.autotune) {

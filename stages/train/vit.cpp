@@ -155,6 +155,10 @@ void ViTImpl::init_parameters() {
 }
 
 ModelOutput ViTImpl::forward(const torch::Tensor& images) {
+  return head(run_blocks(embed(images), 0, static_cast<int>(blocks_->size())));
+}
+
+torch::Tensor ViTImpl::embed(const torch::Tensor& images) {
   check_images(images);
   torch::Tensor x = patch_embed_(images);
   const std::int64_t batch = x.size(0);
@@ -162,10 +166,17 @@ ModelOutput ViTImpl::forward(const torch::Tensor& images) {
           ? torch::cat({cls_token_.expand({batch, -1, -1}), dist_token_.expand({batch, -1, -1}), x},
                        1)
           : torch::cat({cls_token_.expand({batch, -1, -1}), x}, 1);
-  x = maybe_dropout(x + pos_embed_, config_.dropout, is_training());
-  for (const auto& block : *blocks_) {
-    x = block->as<TransformerBlock>()->forward(x);
+  return maybe_dropout(x + pos_embed_, config_.dropout, is_training());
+}
+
+torch::Tensor ViTImpl::run_blocks(torch::Tensor x, int begin, int end) {
+  for (int i = begin; i < end; ++i) {
+    x = blocks_[static_cast<std::size_t>(i)]->as<TransformerBlock>()->forward(x);
   }
+  return x;
+}
+
+ModelOutput ViTImpl::head(const torch::Tensor& x) {
   // LayerNorm is per token: normalising the class token alone equals timm's norm-then-select.
   const torch::Tensor cls = norm_(x.select(1, 0));
   ModelOutput out;

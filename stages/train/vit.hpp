@@ -106,6 +106,15 @@ class ViTImpl : public ImageModelImpl {
   explicit ViTImpl(const ModelConfig& config);
   ModelOutput forward(const torch::Tensor& images) override;
 
+  /// The pieces of forward, for pipeline stages (stages/train/pipeline.hpp):
+  /// forward(images) is head(run_blocks(embed(images), 0, depth)), the same operations.
+  /// embed: patch embedding, tokens, position embedding -> [B, tokens, dim].
+  torch::Tensor embed(const torch::Tensor& images);
+  /// Blocks [begin, end) on the tokens.
+  torch::Tensor run_blocks(torch::Tensor x, int begin, int end);
+  /// Final norm and heads on the tokens.
+  ModelOutput head(const torch::Tensor& x);
+
  private:
   void init_parameters();
 

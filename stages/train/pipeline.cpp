@@ -1,0 +1,208 @@
+#include "stages/train/pipeline.hpp"
+
+#include <torch/autograd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "graph/error.hpp"
+#include "stages/train/compute.hpp"
+
+namespace flowtrain::train {
+
+namespace {
+
+using Kind = PipelineAction::Kind;
+using Clock = std::chrono::steady_clock;
+
+// Thrown in a rank waiting for a tensor once another rank failed: it stops without a message.
+struct Cancelled {};
+
+// Tensors handed between the ranks' threads: stage s's forward output to stage s + 1 (kept
+// under (kForward, s + 1, m)), and the gradient of stage s's input back to stage s - 1 (under
+// (kBackward, s - 1, m)). Each is put once and taken once.
+class Mailbox {
+ public:
+  void put(Kind kind, int stage, int microbatch, torch::Tensor tensor) {
+    {
+      std::lock_guard lock(mutex_);
+      tensors_[{kind, stage, microbatch}] = std::move(tensor);
+    }
+    arrived_.notify_all();
+  }
+
+  torch::Tensor take(Kind kind, int stage, int microbatch) {
+    std::unique_lock lock(mutex_);
+    const std::tuple key{kind, stage, microbatch};
+    arrived_.wait(lock, [&] { return failed_ || tensors_.count(key) != 0; });
+    if (failed_) throw Cancelled{};
+    torch::Tensor out = std::move(tensors_[key]);
+    tensors_.erase(key);
+    return out;
+  }
+
+  void fail() {
+    {
+      std::lock_guard lock(mutex_);
+      failed_ = true;
+    }
+    arrived_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::map<std::tuple<Kind, int, int>, torch::Tensor> tensors_;
+  bool failed_ = false;
+};
+
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
+                                       const std::vector<PipelineStageFn>& stages,
+                                       const std::function<torch::Tensor(int)>& input,
+                                       int intraop_threads) {
+  if (stages.size() != static_cast<std::size_t>(schedule.stages)) {
+    throw Error("the pipeline schedule has " + std::to_string(schedule.stages) +
+                " stages, but the model was split into " + std::to_string(stages.size()));
+  }
+  const int m = schedule.microbatches, last = schedule.stages - 1;
+  // What a stage keeps of a micro-batch from its forward to its backward (only the rank
+  // holding the stage touches its entries).
+  struct Kept {
+    torch::Tensor input;   // a stage's input, as a leaf whose gradient goes back
+    torch::Tensor output;  // with its autograd graph; the last stage's: the scaled loss
+  };
+  std::vector<Kept> kept(static_cast<std::size_t>(schedule.stages * m));
+  PipelineBatchResult result;
+  result.losses.assign(static_cast<std::size_t>(m), 0.0);
+  result.spans.resize(schedule.actions.size());
+  result.peak_in_flight.assign(static_cast<std::size_t>(schedule.stages), 0);
+  std::vector<int> in_flight(static_cast<std::size_t>(schedule.stages), 0);
+  Mailbox mail;
+  std::mutex error_mutex;
+  std::string error;
+  const Clock::time_point begin = Clock::now();
+  const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - begin).count(); };
+
+  const auto run_rank = [&](std::size_t rank) {
+    IntraOpThreads threads(intraop_threads);
+    for (const PipelineAction& a : schedule.actions[rank]) {
+      const double start = seconds();
+      const auto s = static_cast<std::size_t>(a.stage);
+      Kept& k = kept[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)];
+      try {
+        if (a.kind == Kind::kForward) {
+          k.input = a.stage == 0 ? torch::Tensor()
+                                 : mail.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
+          torch::Tensor y = stages[s](a.stage == 0 ? input(a.microbatch) : k.input, a.microbatch);
+          if (a.stage == last) {
+            result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
+            k.output = y / m;
+          } else {
+            mail.put(Kind::kForward, a.stage + 1, a.microbatch, y.detach());
+            k.output = std::move(y);
+          }
+          result.peak_in_flight[s] = std::max(result.peak_in_flight[s], ++in_flight[s]);
+        } else {
+          if (a.stage == last) {
+            torch::autograd::backward({k.output});
+          } else {
+            torch::autograd::backward({k.output},
+                                      {mail.take(Kind::kBackward, a.stage, a.microbatch)});
+          }
+          if (a.stage > 0) mail.put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
+          k = {};  // the activations go as soon as the backward is done
+          --in_flight[s];
+        }
+      } catch (const Cancelled&) {
+        return;
+      } catch (...) {
+        {
+          std::lock_guard lock(error_mutex);
+          if (error.empty()) {
+            error = "pipeline rank " + std::to_string(rank) + ", " +
+                    (a.kind == Kind::kForward ? "forward" : "backward") + " of stage " +
+                    std::to_string(a.stage) + ", micro-batch " + std::to_string(a.microbatch) +
+                    ": " + current_exception_text();
+          }
+        }
+        mail.fail();
+        return;
+      }
+      result.spans[rank].emplace_back(start, seconds());
+    }
+  };
+  std::vector<std::thread> ranks;
+  for (std::size_t r = 0; r < schedule.actions.size(); ++r) ranks.emplace_back(run_rank, r);
+  for (std::thread& t : ranks) t.join();
+  if (!error.empty()) throw Error(error);
+
+  result.wall_s = seconds();
+  double busy = 0, sum = 0;
+  for (const auto& spans : result.spans) {
+    for (const auto& [start, end] : spans) busy += end - start;
+  }
+  for (const double loss : result.losses) sum += loss;
+  result.loss = sum / m;
+  result.bubble =
+      result.wall_s > 0
+          ? 1 - busy / (static_cast<double>(schedule.actions.size()) * result.wall_s)
+          : 0;
+  return result;
+}
+
+std::vector<PipelineStageFn> vit_pipeline_stages(
+    ViT& model,
+    const std::vector<int>& splits,
+    std::function<torch::Tensor(const ModelOutput&, int)> loss) {
+  const int depth = model->config().depth;
+  std::vector<int> bounds = {0};
+  for (const int split : splits) {
+    if (split <= bounds.back() || split >= depth) {
+      throw Error("pipeline split points must rise within 1 .. " + std::to_string(depth - 1) +
+                  " (the ViT has " + std::to_string(depth) + " blocks), got " +
+                  std::to_string(split) + " after " + std::to_string(bounds.back()));
+    }
+    bounds.push_back(split);
+  }
+  bounds.push_back(depth);
+  std::vector<PipelineStageFn> out;
+  const std::size_t count = bounds.size() - 1;
+  for (std::size_t s = 0; s < count; ++s) {
+    const int begin = bounds[s], end = bounds[s + 1];
+    const bool first = s == 0, final = s + 1 == count;
+    out.push_back([model, begin, end, first, final, loss](const torch::Tensor& x,
+                                                        int microbatch) mutable {
+      torch::Tensor tokens = model->run_blocks(first ? model->embed(x) : x, begin, end);
+      return final ? loss(model->head(tokens), microbatch) : tokens;
+    });
+  }
+  return out;
+}
+
+std::vector<int> balanced_splits(int depth, int stages) {
+  if (stages < 1 || stages > depth) {
+    throw Error("cannot split a ViT of " + std::to_string(depth) + " blocks into " +
+                std::to_string(stages) + " pipeline stages");
+  }
+  std::vector<int> splits;
+  for (int s = 1; s < stages; ++s) splits.push_back(s * depth / stages);
+  return splits;
+}
+
+}  // namespace flowtrain::train

@@ -1,0 +1,154 @@
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "stages/train/pipeline.hpp"
+
+using namespace flowtrain;
+using namespace flowtrain::train;
+
+namespace {
+
+using Kind = PipelineScheduleKind;
+
+const ModelConfig kConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 4, .heads = 2,
+                          .classes = 5, .regression_outputs = 1};
+constexpr int kBatch = 8;
+
+ViT fresh_model() {
+  torch::manual_seed(7);
+  ViT model(kConfig);
+  model->train();
+  return model;
+}
+
+struct Data {
+  torch::Tensor images, labels, energy;
+};
+
+Data batch(int n) {
+  torch::manual_seed(100 + n);
+  return {torch::randn({kBatch, 3, 32, 32}), torch::randint(0, 5, {kBatch}, torch::kLong),
+          torch::randn({kBatch, 1})};
+}
+
+// The loss of some samples: cross-entropy of the labels plus the regression's MSE.
+torch::Tensor loss_of(const ModelOutput& out, const Data& d, std::int64_t from, std::int64_t to) {
+  return torch::nn::functional::cross_entropy(out.logits, d.labels.slice(0, from, to)) +
+         torch::mse_loss(out.regression, d.energy.slice(0, from, to));
+}
+
+// One batch through the whole model at once: the reference.
+void step_unsplit(ViT& model, const Data& d) {
+  loss_of(model->forward(d.images), d, 0, kBatch).backward();
+}
+
+// One batch through `splits` under `schedule`, in micro-batches.
+PipelineBatchResult step_split(ViT& model,
+                               const Data& d,
+                               const PipelineSchedule& schedule,
+                               const std::vector<int>& splits) {
+  const std::int64_t size = kBatch / schedule.microbatches;
+  const auto stages = vit_pipeline_stages(model, splits, [&](const ModelOutput& out, int m) {
+    return loss_of(out, d, m * size, (m + 1) * size);
+  });
+  return run_pipeline_batch(
+      schedule, stages, [&](int m) { return d.images.slice(0, m * size, (m + 1) * size); }, 1);
+}
+
+// The largest difference between the two models' tensors (gradients or weights) relative to
+// the largest magnitude of the reference's.
+double relative_difference(ViT& a, ViT& reference, bool gradients) {
+  const auto pa = a->named_parameters(), pr = reference->named_parameters();
+  double worst = 0;
+  for (const auto& item : pr) {
+    const torch::Tensor r = gradients ? item.value().grad() : item.value();
+    const torch::Tensor x = gradients ? pa[item.key()].grad() : pa[item.key()];
+    REQUIRE(r.defined());
+    REQUIRE(x.defined());
+    const double scale = r.abs().max().item<double>();
+    if (scale == 0) continue;
+    worst = std::max(worst, (x - r).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+const std::vector<std::tuple<Kind, int, std::vector<int>>> kLayouts = {
+    {Kind::kGPipe, 1, {2}}, {Kind::k1F1B, 1, {2}}, {Kind::kInterleaved, 2, {1, 2, 3}}};
+
+}  // namespace
+
+// Micro-batches through the partitions give the unsplit model's gradients (the mean loss's:
+// each micro-batch's scaled by 1/M), for every schedule; 1F1B keeps fewer activations.
+TEST_CASE("Train.PipelineParallel.GradientsEqualTheUnsplitModels" * doctest::timeout(120)) {
+  ViT reference = fresh_model();
+  const Data d = batch(0);
+  step_unsplit(reference, d);
+  for (const auto& [kind, chunks, splits] : kLayouts) {
+    const std::string schedule_name = to_string(kind);
+    CAPTURE(schedule_name);
+    ViT model = fresh_model();
+    const PipelineSchedule schedule = make_pipeline_schedule(kind, 2, 4, chunks);
+    const PipelineBatchResult r = step_split(model, d, schedule, splits);
+    CHECK(relative_difference(model, reference, true) < 1e-5);
+    CHECK(r.losses.size() == 4);
+    CHECK(r.spans[0].size() == static_cast<std::size_t>(2 * 4 * chunks));
+    CHECK(r.bubble >= 0);
+    CHECK(r.bubble < 1);
+    if (kind == Kind::kGPipe) CHECK(r.peak_in_flight == std::vector<int>{4, 4});
+    if (kind == Kind::k1F1B) CHECK(r.peak_in_flight == std::vector<int>{2, 1});
+  }
+}
+
+// And after several optimizer steps (one per batch), the same weights. SGD: AdamW divides each
+// gradient by its own running magnitude, so a parameter whose gradient is near zero moves by
+// about the learning rate whatever the sign of its last bits, which no split can keep.
+TEST_CASE("Train.PipelineParallel.WeightsAfterStepsEqualTheUnsplitModels" * doctest::timeout(120)) {
+  for (const auto& [kind, chunks, splits] : kLayouts) {
+    const std::string schedule_name = to_string(kind);
+    CAPTURE(schedule_name);
+    ViT reference = fresh_model(), model = fresh_model();
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    const PipelineSchedule schedule = make_pipeline_schedule(kind, 2, 4, chunks);
+    for (int n = 0; n < 4; ++n) {
+      const Data d = batch(n);
+      ref_opt.zero_grad();
+      step_unsplit(reference, d);
+      ref_opt.step();
+      opt.zero_grad();
+      step_split(model, d, schedule, splits);
+      opt.step();
+    }
+    CHECK(relative_difference(model, reference, false) < 1e-5);
+  }
+}
+
+// A stage that fails stops every rank (none waits forever for its tensor) and is named.
+TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doctest::timeout(60)) {
+  ViT model = fresh_model();
+  const Data d = batch(0);
+  std::vector<PipelineStageFn> stages = vit_pipeline_stages(
+      model, {2}, [&](const ModelOutput& out, int m) { return loss_of(out, d, 2 * m, 2 * m + 2); });
+  const PipelineStageFn second = stages[1];
+  stages[1] = [second](const torch::Tensor& x, int m) {
+    if (m == 2) throw Error("out of memory, say");
+    return second(x, m);
+  };
+  for (const Kind kind : {Kind::kGPipe, Kind::k1F1B}) {
+    CHECK_THROWS_WITH_AS(
+        run_pipeline_batch(make_pipeline_schedule(kind, 2, 4), stages,
+                           [&](int m) { return d.images.slice(0, 2 * m, 2 * m + 2); }),
+        "pipeline rank 1, forward of stage 1, micro-batch 2: out of memory, say", Error);
+  }
+  CHECK_THROWS_WITH_AS(vit_pipeline_stages(model, {2, 2}, nullptr),
+                       "pipeline split points must rise within 1 .. 3 (the ViT has 4 blocks), got "
+                       "2 after 2",
+                       Error);
+  CHECK(balanced_splits(12, 3) == std::vector<int>{4, 8});
+  CHECK(balanced_splits(4, 2) == std::vector<int>{2});
+}
