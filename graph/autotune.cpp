@@ -1,5 +1,7 @@
 #include "graph/autotune.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -37,6 +39,27 @@ struct Layout {
   bool operator==(const Layout&) const = default;
 };
 
+// What a trial measured of each stage, for the next round's candidates: its busy share per
+// worker, and its share of time blocked on a full output queue.
+struct Load {
+  std::vector<double> busy;
+  std::vector<double> blocked;
+};
+
+// The deepest queue the tuner sets (each raise multiplies by 4).
+constexpr std::size_t kMaxQueue = 1024;
+
+// This process's resident memory in MB (/proc/self/statm), 0 where unknown.
+double resident_mb() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int read = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return read == 2 ? static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e6
+                   : 0;
+}
+
 // Which knobs of a stage the tuner may turn (the same in every layout).
 struct Tunable {
   bool stage = false;         // a config entry (not an expansion), not a source or sink
@@ -47,7 +70,10 @@ struct Tunable {
 class Tuner {
  public:
   Tuner(Pipeline& pipeline, const RunOptions& options, const std::vector<StageDecl>& config_decls)
-      : pipeline_(pipeline), options_(options), decls_(pipeline.decls()) {
+      : pipeline_(pipeline),
+        options_(options),
+        decls_(pipeline.decls()),
+        baseline_mb_(resident_mb()) {
     start_.threads = options.threads;  // 0 (the default) until the first trial says
     for (const StageDecl& d : decls_) {
       start_.stages.push_back(
@@ -82,7 +108,7 @@ class Tuner {
     Search out{start_, 0, {}};
     std::vector<double> busy(decls_.size(), 0.0);  // each stage's busy seconds so far
     double wall = 0;
-    std::vector<double> load;  // best layout's busy share per worker
+    Load load;  // the best layout's
     std::vector<Layout> tried;
     std::vector<std::pair<Layout, std::string>> round = {{start_, "start"}};
     RunReport& report = out.report;
@@ -91,32 +117,42 @@ class Tuner {
       std::optional<std::size_t> winner;  // in `round`
       std::size_t winner_trial = 0;       // in tuning.trials
       double winner_rate = 0;
-      std::vector<double> winner_load;
+      Load winner_load;
       for (std::size_t c = 0; c < round.size(); ++c) {
         if (trials() >= budget) break;
         Layout& layout = round[c].first;
-        double rate = 0;
-        report = trial(layout, rate);
+        double rate = 0, peak_mb = 0;
+        report = trial(layout, rate, peak_mb);
         if (trials() == 0) {  // what the pipeline resolved `threads: 0` and `cores` to
           cores_ = report.cores;
           layout.threads = start_.threads = report.threads;
         }
         tried.push_back(layout);
-        // Each stage's share of its workers' time in this trial alone.
+        // Each stage's share of its workers' time in this trial alone (busy), and of its
+        // time blocked on a full output queue (sampled per run, so this trial's).
         const double trial_wall = report.wall_s - wall;
-        std::vector<double> share(decls_.size(), 0.0);
+        Load share{std::vector<double>(decls_.size(), 0.0), {}};
         for (std::size_t i = 0; i < report.stages.size(); ++i) {
           const StageReport& s = report.stages[i];
           if (trial_wall > 0 && s.workers > 0) {
-            share[i] = (s.busy_s - busy[i]) / (trial_wall * static_cast<double>(s.workers));
+            share.busy[i] = (s.busy_s - busy[i]) / (trial_wall * static_cast<double>(s.workers));
           }
           busy[i] = s.busy_s;
+          share.blocked.push_back(s.blocked_fraction);
         }
         wall = report.wall_s;
-        tuning.trials.push_back({round[c].second, describe(layout), rate, false});
+        // What the trial's queues added to the process's memory, against the budget.
+        const double grown_mb = peak_mb - baseline_mb_;
+        const bool fits_memory = grown_mb <= options_.autotune.memory_mb;
+        tuning.trials.push_back(
+            {round[c].second +
+                 (fits_memory ? std::string()
+                              : " (memory +" + std::to_string(static_cast<long>(grown_mb)) +
+                                    " MB, over the budget)"),
+             describe(layout), rate, false});
         if (!report.paused) break;  // the run ended (its data, or a signal): nothing to tune
         const double bar = (winner ? winner_rate : out.rate) * (1 + options_.autotune.min_gain);
-        if (trials() == 1 || rate > bar) {
+        if (trials() == 1 || (rate > bar && fits_memory)) {
           winner = c;
           winner_trial = tuning.trials.size() - 1;
           winner_rate = rate;
@@ -173,8 +209,9 @@ class Tuner {
 
  private:
   // Runs `layout` for the warm-up and the measured window, then pauses; `rate` is the last
-  // stage's items per second in the window (0 if the run ended first).
-  RunReport trial(const Layout& layout, double& rate) {
+  // stage's items per second in the window (0 if the run ended first), `peak_mb` the most
+  // resident memory seen in it.
+  RunReport trial(const Layout& layout, double& rate, double& peak_mb) {
     apply(layout);
     RunOptions run = options_;
     run.threads = layout.threads;
@@ -194,8 +231,10 @@ class Tuner {
       const Clock::time_point end = Clock::now() + seconds(options_.autotune.trial_s);
       std::uint64_t seen = pipeline_.completed(), first = 0, last = 0;
       Clock::time_point first_at, last_at;
-      while (!wake.wait_for(lock, std::chrono::milliseconds(2), [&] { return done; })) {
+      for (std::size_t polls = 0;
+           !wake.wait_for(lock, std::chrono::milliseconds(2), [&] { return done; }); ++polls) {
         const Clock::time_point now = Clock::now();
+        if (polls % 5 == 0) peak_mb = std::max(peak_mb, resident_mb());
         if (const std::uint64_t n = pipeline_.completed(); n != seen) {
           if (first_at == Clock::time_point()) std::tie(first, first_at) = std::pair(n, now);
           std::tie(last, last_at) = std::pair(n, now);
@@ -260,14 +299,14 @@ class Tuner {
   // their share of their workers' time), then the graph threads. A change that does not fit
   // the cores takes a thread from elsewhere (the graph, or another stage's intra-op threads).
   std::vector<std::pair<Layout, std::string>> candidates(const Layout& best,
-                                                         const std::vector<double>& load,
+                                                         const Load& load,
                                                          const std::vector<Layout>& tried) const {
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < decls_.size(); ++i) {
-      if (tunable_[i].stage && load[i] > 0.05) order.push_back(i);
+      if (tunable_[i].stage && load.busy[i] > 0.05) order.push_back(i);
     }
     std::sort(order.begin(), order.end(),
-              [&](std::size_t a, std::size_t b) { return load[a] > load[b]; });
+              [&](std::size_t a, std::size_t b) { return load.busy[a] > load.busy[b]; });
     if (order.size() > 3) order.resize(3);
 
     std::vector<std::pair<Layout, std::string>> out;
@@ -326,6 +365,21 @@ class Tuner {
         }
         add(l, change);
       }
+      // Its workers wait on full output queues (an ordered consumer waiting for a late item,
+      // say): deeper queues for its consumers, within the memory budget.
+      if (load.blocked[i] > 0.05) {
+        Layout l = best;
+        std::string change;
+        for (const std::size_t j : consumers_of(decls_, i)) {
+          std::size_t& capacity = l.stages[j].queue_capacity;
+          if (capacity >= kMaxQueue) continue;
+          const std::size_t raised = std::min(capacity * 4, kMaxQueue);
+          change += std::string(change.empty() ? "" : ", ") + "'" + decls_[j].name + "' queue " +
+                    std::to_string(capacity) + " -> " + std::to_string(raised);
+          capacity = raised;
+        }
+        if (!change.empty()) add(l, change);
+      }
     }
     if (best.threads < cores_) {
       Layout l = best;
@@ -343,6 +397,11 @@ class Tuner {
       text += "; " + decls_[i].name + " x" + std::to_string(k.concurrency);
       if (tunable_[i].threads || k.threads > 1)
         text += " (" + std::to_string(k.threads) + " intra-op)";
+    }
+    for (std::size_t i = 0; i < decls_.size(); ++i) {  // queues the tuner deepened
+      if (layout.stages[i].queue_capacity != start_.stages[i].queue_capacity) {
+        text += "; " + decls_[i].name + " queue " + std::to_string(layout.stages[i].queue_capacity);
+      }
     }
     return text;
   }
@@ -377,6 +436,7 @@ class Tuner {
   std::vector<Tunable> tunable_;  // [i]: of decls_[i]
   std::size_t cores_ = 1;
   Layout start_;
+  double baseline_mb_;  // resident memory before the first trial
 };
 
 // The param that sets an entry's intra-op threads (StageDoc::threads_param; empty: none).

@@ -20,8 +20,8 @@ const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "autot
                                            "phases"};
 const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "autotune",
                                              "stages"};
-const std::vector<std::string> kAutotuneKeys = {"enabled", "warmup_s", "trial_s", "max_trials",
-                                                "min_gain"};
+const std::vector<std::string> kAutotuneKeys = {"enabled",  "warmup_s", "trial_s",
+                                                "max_trials", "min_gain", "memory_mb"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace", "drops"};
 const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
                                              "queue_capacity", "ordered", "inputs",
@@ -360,6 +360,7 @@ void read_autotune(const YAML::Node& node, const std::string& ctx, const Locator
   number_in("warmup_s", out.warmup_s, 0, 600);
   number_in("trial_s", out.trial_s, 0.1, 600);
   number_in("min_gain", out.min_gain, 0, 1);
+  number_in("memory_mb", out.memory_mb, 0, 1e7);
   if (const YAML::Node n = node["max_trials"]) {
     const std::int64_t trials = positive_int(n, ctx + "autotune.max_trials", loc);
     if (trials > 1000) loc.fail(n, ctx + "autotune.max_trials must be at most 1000");

@@ -46,6 +46,9 @@ struct AutotuneOptions {
   double trial_s = 3;           // measured window of each trial
   std::size_t max_trials = 10;  // trials in all, the starting layout's included
   double min_gain = 0.03;       // a change is kept if its layout is this much faster (3%)
+  /// Resident memory a trial may have added since tuning began (deeper queues hold more
+  /// items); a layout over it is not kept.
+  double memory_mb = 512;
 };
 
 /// How a pipeline runs.

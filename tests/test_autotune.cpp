@@ -1,5 +1,6 @@
 // Paused runs that continue with another layout, and autotune, which is made of them.
 #include <doctest/doctest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -189,6 +190,50 @@ TEST_CASE("Autotune.RaisesTheSlowStagesConcurrencyWithinTheCores" * doctest::tim
   CHECK(text.find("autotune: " + std::to_string(a.trials.size()) + " trial(s)") != std::string::npos);
   CHECK(text.find("settings: phases.x.threads=2 phases.x.stages.slow.concurrency=2") !=
         std::string::npos);
+}
+
+// A stage whose workers finish out of order waits on its ordered consumer's full queue; a deeper
+// queue lets its fast items through while a slow one is computed. Items of 2 MB: the memory a
+// deeper queue holds counts against `memory_mb` (kept in malloc's heap, not returned to the
+// system between items, so the resident memory's high-water mark is what the queues held).
+TEST_CASE("Autotune.DeepensTheQueueOfAnOrderedConsumerWithinTheMemoryBudget" *
+          doctest::timeout(120)) {
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  const auto tune = [](double memory_mb) {
+    Pipeline p;
+    p.add("source", std::make_unique<CountSource<>>(3000));
+    p.add("uneven", std::make_unique<ProbeMap<std::uint64_t, std::vector<char>>>(
+                        [](std::uint64_t&& v, ItemContext&) {
+                          sleep_us(v % 8 == 0 ? 4000 : 400);  // every 8th is slow
+                          return std::optional<std::vector<char>>(
+                              std::vector<char>(2 << 20, static_cast<char>(v)));
+                        }),
+          {.concurrency = 2, .queue_capacity = 2});
+    p.add("sink", std::make_unique<ProbeSink<std::vector<char>>>(
+                      [](std::vector<char>&&, ItemContext&) {}),
+          {.queue_capacity = 2, .ordered = true});
+    RunOptions options{.threads = 2, .cores = 2};
+    options.autotune = {.enabled = true, .warmup_s = 0.2, .trial_s = 0.6, .max_trials = 2,
+                        .memory_mb = memory_mb};
+    return *autotune_run(p, options, p.decls()).autotune;
+  };
+  // Six more items of 2 MB in flight do not fit 16 MB more than before the first trial (tuned
+  // first: the heap keeps its high-water mark).
+  const AutotuneReport tight = tune(16);
+  MESSAGE(format_autotune(tight));
+  REQUIRE(tight.trials.size() == 2);
+  CHECK(tight.trials[1].change.rfind("'sink' queue 2 -> 8 (memory +", 0) == 0);
+  CHECK_FALSE(tight.trials[1].kept);
+  CHECK(tight.overrides.empty());
+  const AutotuneReport roomy = tune(512);
+  MESSAGE(format_autotune(roomy));
+  REQUIRE(roomy.trials.size() == 2);
+  CHECK(roomy.trials[1].change == "'sink' queue 2 -> 8");
+  CHECK(roomy.trials[1].kept);
+  CHECK(roomy.trials[1].items_per_s > 1.15 * roomy.trials[0].items_per_s);
+  CHECK(roomy.overrides == std::vector<std::string>{"stages.sink.queue_capacity=8"});
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
 }
 
 TEST_CASE("Autotune.OffRunsAsConfigured" * doctest::timeout(60)) {
