@@ -5,8 +5,9 @@
 //   <schedule> M=<m>  the model split in 2 stages at block 6, one rank thread each on 1
 //              intra-op thread, the batch in M micro-batches (interleaved: 4 stages, 2 a rank)
 // For each: images/s (median of the rounds), the bubble measured (1 - busy / (ranks x wall),
-// median) against the textbook (P - 1) / (M + P - 1) for GPipe and 1F1B, and the most
-// micro-batches whose activations a stage kept. Layouts run in turn, --reps rounds of --steps
+// median) against the textbook (P - 1) / (M + P - 1) for GPipe and 1F1B and the schedule's
+// simulation with a backward costing twice a forward, and the most micro-batches whose
+// activations a stage kept. Layouts run in turn, --reps rounds of --steps
 // steps after one warm-up round.
 //
 // Run: build/bench/bench_pipeline [--steps 6] [--reps 3] [--threads 2]   (float32)
@@ -119,8 +120,8 @@ int main(int argc, char** argv) {
       if (rep > 0) rounds[i].push_back(r);
     }
   }
-  std::printf("| layout | images/s | vs whole | bubble measured | bubble textbook | peak in flight "
-              "(stage 0, 1, ...) |\n|---|---:|---:|---:|---:|---|\n");
+  std::printf("| layout | images/s | vs whole | bubble measured | bubble textbook | bubble "
+              "simulated | peak in flight (stage 0, 1, ...) |\n|---|---:|---:|---:|---:|---:|---|\n");
   double whole = 0;
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     std::vector<double> rates, bubbles;
@@ -131,7 +132,7 @@ int main(int argc, char** argv) {
     const double rate = flowtrain::bench::median(rates);
     if (i == 0) whole = rate;
     const Layout& l = layouts[i];
-    std::string peak, textbook = "-", bubble = "-";
+    std::string peak, textbook = "-", bubble = "-", simulated = "-";
     for (const int p : rounds[i].back().peak) peak += (peak.empty() ? "" : ", ") + std::to_string(p);
     if (!l.whole) {
       char buf[32];
@@ -142,9 +143,14 @@ int main(int argc, char** argv) {
                       flowtrain::train::textbook_bubble(2, l.microbatches));
         textbook = buf;
       }
+      std::snprintf(buf, sizeof buf, "%.3f",
+                    flowtrain::train::simulate_pipeline(
+                        flowtrain::train::make_pipeline_schedule(l.kind, 2, l.microbatches, l.chunks))
+                        .bubble);
+      simulated = buf;
     }
-    std::printf("| %s | %.1f | %.2f | %s | %s | %s |\n", l.name.c_str(), rate, rate / whole,
-                bubble.c_str(), textbook.c_str(), peak.empty() ? "-" : peak.c_str());
+    std::printf("| %s | %.1f | %.2f | %s | %s | %s | %s |\n", l.name.c_str(), rate, rate / whole,
+                bubble.c_str(), textbook.c_str(), simulated.c_str(), peak.empty() ? "-" : peak.c_str());
   }
   return 0;
 }

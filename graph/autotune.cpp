@@ -525,8 +525,10 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
   BuildContext rehearsal = context;
   rehearsal.set_rehearsal(true);
   const Clock::time_point begin = Clock::now();
+  // Each count gets a short search (its best layout is found again on the run's own work,
+  // with the rest of max_trials, once the count is fixed).
   const std::size_t budget =
-      std::max<std::size_t>(3, phase.run.autotune.max_trials / counts.size());
+      std::max<std::size_t>(3, phase.run.autotune.max_trials / (2 * counts.size()));
   AutotuneReport tuning;
   std::optional<PipelineConfig> best;
   double best_rate = 0;
@@ -621,9 +623,33 @@ RunReport autotune_run(Pipeline& pipeline,
                        std::optional<AutotuneReport> rehearsed) {
   if (!options.autotune.enabled) return pipeline.run(options);
   if (!rehearsed) return Tuner(pipeline, options, decls).run();
-  // The rehearsals chose the whole layout, which the pipeline was built with.
-  RunReport report = pipeline.run(options);
-  report.autotune = std::move(rehearsed);
+  // The pipeline was built with the rehearsals' choice; the rest of the trials tune on from it
+  // on the run's own work (the step's threads stay).
+  const std::size_t used = rehearsed->trials.size();
+  if (options.autotune.max_trials < used + 2) {
+    RunReport report = pipeline.run(options);
+    report.autotune = std::move(rehearsed);
+    return report;
+  }
+  RunOptions rest = options;
+  rest.autotune.max_trials -= used;
+  RunReport report = Tuner(pipeline, rest, decls).run();
+  AutotuneReport& tuned = *report.autotune;
+  tuned.trials.insert(tuned.trials.begin(), rehearsed->trials.begin(), rehearsed->trials.end());
+  tuned.rehearsal_s = rehearsed->rehearsal_s;
+  // The rehearsals' settings, then the run's own on top (the same key: the later value).
+  std::vector<std::string> overrides = rehearsed->overrides;
+  for (const std::string& o : tuned.overrides) {
+    const std::string key = o.substr(0, o.find('=') + 1);
+    const auto same = std::find_if(overrides.begin(), overrides.end(),
+                                   [&](const std::string& r) { return r.rfind(key, 0) == 0; });
+    if (same != overrides.end()) {
+      *same = o;
+    } else {
+      overrides.push_back(o);
+    }
+  }
+  tuned.overrides = std::move(overrides);
   return report;
 }
 

@@ -26,8 +26,10 @@ namespace flowtrain {
 /// `decls` are the stages as the config declares them (stage_decls), which name each one's
 /// threads param for the chosen settings' keys; entries a config expands into ("student/step_log")
 /// and sources are not tuned. The report's `autotune` lists the trials and the chosen settings.
-/// With `rehearsed` (what autotune_rehearse chose, the pipeline built with it) no trial runs:
-/// the layout is already chosen, and the report's `autotune` is the rehearsals'.
+/// With `rehearsed` (what autotune_rehearse chose, the pipeline built with it) the search goes
+/// on from that layout on the run's own work with the trials left of `max_trials` (none if
+/// fewer than 2 are left), the step's threads fixed; the report's `autotune` holds the
+/// rehearsals' trials, then the run's, and the settings of both.
 ///   std::optional<AutotuneReport> rehearsed = autotune_rehearse(phase, context);
 ///   std::unique_ptr<Pipeline> pipeline = build_pipeline(phase, Registry::global(), context);
 ///   const RunReport report = autotune_run(*pipeline, phase.run, stage_decls(phase), rehearsed);
@@ -41,9 +43,10 @@ RunReport autotune_run(Pipeline& pipeline,
 /// which must not change once the first step is committed. For each count that fits the cores
 /// (the configured one, then 1, 2, 4, ... and all of them) it builds a throwaway copy of the
 /// phase (a rehearsal: BuildContext::rehearsal, whose stages write nothing and whose updates
-/// are never committed), tunes the rest of its layout there as autotune_run does, and keeps the
-/// fastest: `phase` is changed to that count and layout, and the run built from it is then
-/// bit-identical to one configured so. Returns the trials (each `rehearsal`) and the chosen
+/// are never committed), tunes the rest of its layout there with a short search (max(3,
+/// max_trials / (2 x counts)) trials), and keeps the fastest: `phase` is changed to that count
+/// and layout, and the run built from it (autotune_run goes on tuning it) is then bit-identical
+/// to one configured with the final settings. Returns the trials (each `rehearsal`) and the chosen
 /// settings, or nothing (leaving `phase` as it was) if autotune is off, no stage's threads
 /// change its results, or there is one core. Throws Error if a SIGINT or SIGTERM stops it.
 std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,

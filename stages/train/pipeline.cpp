@@ -102,13 +102,14 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   const auto run_rank = [&](std::size_t rank) {
     IntraOpThreads threads(intraop_threads);
     for (const PipelineAction& a : schedule.actions[rank]) {
-      const double start = seconds();
       const auto s = static_cast<std::size_t>(a.stage);
       Kept& k = kept[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)];
+      double start = 0;  // once its input is there: waiting for it is the bubble
       try {
         if (a.kind == Kind::kForward) {
           k.input = a.stage == 0 ? torch::Tensor()
                                  : mail.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
+          start = seconds();
           torch::Tensor y = stages[s](a.stage == 0 ? input(a.microbatch) : k.input, a.microbatch);
           if (a.stage == last) {
             result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
@@ -119,11 +120,13 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
           }
           result.peak_in_flight[s] = std::max(result.peak_in_flight[s], ++in_flight[s]);
         } else {
+          const torch::Tensor grad =
+              a.stage == last ? torch::Tensor() : mail.take(Kind::kBackward, a.stage, a.microbatch);
+          start = seconds();
           if (a.stage == last) {
             torch::autograd::backward({k.output});
           } else {
-            torch::autograd::backward({k.output},
-                                      {mail.take(Kind::kBackward, a.stage, a.microbatch)});
+            torch::autograd::backward({k.output}, {grad});
           }
           if (a.stage > 0) mail.put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
           k = {};  // the activations go as soon as the backward is done

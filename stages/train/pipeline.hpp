@@ -20,10 +20,10 @@ struct PipelineBatchResult {
   std::vector<double> losses;  // [microbatch]: each micro-batch's loss (before the 1/M scale)
   double loss = 0;             // their mean: the batch's loss when micro-batches are equal
   double wall_s = 0;
-  /// Each rank's actions as they ran: start and end in seconds from the batch's start
-  /// ([rank][i], in schedule order), for the pipeline chart.
+  /// Each rank's actions as they ran: start (once the input had arrived) and end in seconds
+  /// from the batch's start ([rank][i], in schedule order), for the pipeline chart.
   std::vector<std::vector<std::pair<double, double>>> spans;
-  double bubble = 0;                // 1 - busy / (ranks x wall)
+  double bubble = 0;                // 1 - busy / (ranks x wall): the ranks' idle share
   std::vector<int> peak_in_flight;  // [stage]: most micro-batches whose activations it kept
 };
 
