@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test fuzz bench bench-data bench-kd profile-kd bench-dp images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test fuzz bench bench-data bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -62,6 +62,10 @@ bench-kd: build
 # Where one distillation step's time goes, by operator, in bf16 (and the products' ceiling).
 profile-kd: build
 	$(BUILD)/bench/profile_kd --autocast bf16 --gemm 1
+
+# Pipeline parallelism in one process: a ViT-Ti in 2 stages under each schedule (about 2 min).
+bench-pipeline: build
+	$(BUILD)/bench/bench_pipeline --reps 3
 
 # Data-parallel step time: 1 rank vs 2 ranks of one core each (about 2 min).
 bench-dp: build

@@ -65,7 +65,8 @@ Round run(const Layout& l, int steps, int threads) {
   const std::int64_t size = kBatch / std::max(1, l.microbatches);
   const std::vector<PipelineStageFn> stages = vit_pipeline_stages(
       model, balanced_splits(12, schedule.stages), [&](const ModelOutput& out, int m) {
-        return torch::nn::functional::cross_entropy(out.logits, labels.slice(0, m * size, (m + 1) * size));
+        return torch::nn::functional::cross_entropy(out.logits,
+                                                    labels.slice(0, m * size, (m + 1) * size));
       });
   Round r;
   std::vector<double> bubbles;
@@ -77,16 +78,14 @@ Round run(const Layout& l, int steps, int threads) {
       torch::nn::functional::cross_entropy(model->forward(images).logits, labels).backward();
     } else {
       const PipelineBatchResult b = run_pipeline_batch(
-          schedule, stages,
-          [&](int m) { return images.slice(0, m * size, (m + 1) * size); }, 1);
+          schedule, stages, [&](int m) { return images.slice(0, m * size, (m + 1) * size); }, 1);
       bubbles.push_back(b.bubble);
       r.peak = b.peak_in_flight;
     }
     IntraOpThreads scope(threads);
     optimizer.step();
   }
-  r.images_per_s =
-      steps * kBatch / std::chrono::duration<double>(Clock::now() - begin).count();
+  r.images_per_s = steps * kBatch / std::chrono::duration<double>(Clock::now() - begin).count();
   r.bubble = bubbles.empty() ? 0 : flowtrain::bench::median(bubbles);
   return r;
 }
@@ -107,12 +106,12 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%a %b %d %Y %H:%M:%S UTC", std::gmtime(&now));
-  std::printf("# bench_pipeline\n\n- **Command:** `build/bench/bench_pipeline --steps %d --reps %d "
-              "--threads %d`\n- **Date:** %s\n- **Machine:** %s\n"
-              "- **Model:** ViT-Ti (dim 192, depth 12, heads 3, patch 16) at 112 px, batch %d, "
-              "AdamW, float32; split in 2 stages at block 6 (interleaved: 4 stages of 3 blocks)\n\n",
-              steps, reps, threads, date,
-              flowtrain::bench::cpu_description().c_str(), kBatch);
+  std::printf(
+      "# bench_pipeline\n\n- **Command:** `build/bench/bench_pipeline --steps %d --reps %d "
+      "--threads %d`\n- **Date:** %s\n- **Machine:** %s\n"
+      "- **Model:** ViT-Ti (dim 192, depth 12, heads 3, patch 16) at 112 px, batch %d, "
+      "AdamW, float32; split in 2 stages at block 6 (interleaved: 4 stages of 3 blocks)\n\n",
+      steps, reps, threads, date, flowtrain::bench::cpu_description().c_str(), kBatch);
   std::vector<std::vector<Round>> rounds(layouts.size());
   for (int rep = 0; rep <= reps; ++rep) {
     for (std::size_t i = 0; i < layouts.size(); ++i) {
@@ -120,8 +119,9 @@ int main(int argc, char** argv) {
       if (rep > 0) rounds[i].push_back(r);
     }
   }
-  std::printf("| layout | images/s | vs whole | bubble measured | bubble textbook | bubble "
-              "simulated | peak in flight (stage 0, 1, ...) |\n|---|---:|---:|---:|---:|---:|---|\n");
+  std::printf(
+      "| layout | images/s | vs whole | bubble measured | bubble textbook | bubble "
+      "simulated | peak in flight (stage 0, 1, ...) |\n|---|---:|---:|---:|---:|---:|---|\n");
   double whole = 0;
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     std::vector<double> rates, bubbles;
@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
     if (i == 0) whole = rate;
     const Layout& l = layouts[i];
     std::string peak, textbook = "-", bubble = "-", simulated = "-";
-    for (const int p : rounds[i].back().peak) peak += (peak.empty() ? "" : ", ") + std::to_string(p);
+    for (const int p : rounds[i].back().peak)
+      peak += (peak.empty() ? "" : ", ") + std::to_string(p);
     if (!l.whole) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.3f", flowtrain::bench::median(bubbles));
@@ -144,13 +145,14 @@ int main(int argc, char** argv) {
         textbook = buf;
       }
       std::snprintf(buf, sizeof buf, "%.3f",
-                    flowtrain::train::simulate_pipeline(
-                        flowtrain::train::make_pipeline_schedule(l.kind, 2, l.microbatches, l.chunks))
+                    flowtrain::train::simulate_pipeline(flowtrain::train::make_pipeline_schedule(
+                                                            l.kind, 2, l.microbatches, l.chunks))
                         .bubble);
       simulated = buf;
     }
     std::printf("| %s | %.1f | %.2f | %s | %s | %s | %s |\n", l.name.c_str(), rate, rate / whole,
-                bubble.c_str(), textbook.c_str(), simulated.c_str(), peak.empty() ? "-" : peak.c_str());
+                bubble.c_str(), textbook.c_str(), simulated.c_str(),
+                peak.empty() ? "-" : peak.c_str());
   }
   return 0;
 }

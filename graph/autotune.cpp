@@ -56,8 +56,9 @@ double resident_mb() {
   unsigned long long size = 0, resident = 0;
   const int read = std::fscanf(f, "%llu %llu", &size, &resident);
   std::fclose(f);
-  return read == 2 ? static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e6
-                   : 0;
+  return read == 2
+             ? static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e6
+             : 0;
 }
 
 // Which knobs of a stage the tuner may turn (the same in every layout).
@@ -145,10 +146,10 @@ class Tuner {
         const double grown_mb = peak_mb - baseline_mb_;
         const bool fits_memory = grown_mb <= options_.autotune.memory_mb;
         tuning.trials.push_back(
-            {round[c].second +
-                 (fits_memory ? std::string()
-                              : " (memory +" + std::to_string(static_cast<long>(grown_mb)) +
-                                    " MB, over the budget)"),
+            {round[c].second + (fits_memory
+                                    ? std::string()
+                                    : " (memory +" + std::to_string(static_cast<long>(grown_mb)) +
+                                          " MB, over the budget)"),
              describe(layout), rate, false});
         if (!report.paused) break;  // the run ended (its data, or a signal): nothing to tune
         const double bar = (winner ? winner_rate : out.rate) * (1 + options_.autotune.min_gain);
@@ -195,8 +196,9 @@ class Tuner {
   void set_layout(PipelineConfig& config, const Layout& layout) const {
     config.run.threads = layout.threads;
     for (std::size_t i = 0; i < decls_.size(); ++i) {
-      const auto entry = std::find_if(config.stages.begin(), config.stages.end(),
-                                      [&](const StageConfig& s) { return s.name == decls_[i].name; });
+      const auto entry =
+          std::find_if(config.stages.begin(), config.stages.end(),
+                       [&](const StageConfig& s) { return s.name == decls_[i].name; });
       if (entry == config.stages.end()) continue;
       entry->options.concurrency = layout.stages[i].concurrency;
       entry->options.queue_capacity = layout.stages[i].queue_capacity;
@@ -517,8 +519,8 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
   if (fixed.empty() || cores < 2) return std::nullopt;
   // The counts tried: the configured one first, then 1, 2, 4, ... and all the cores.
   const StageConfig& first_fixed = phase.stages[fixed.front()];
-  std::vector<std::size_t> counts = {static_cast<std::size_t>(
-      first_fixed.params.get_int(threads_param(first_fixed, registry)))};
+  std::vector<std::size_t> counts = {
+      static_cast<std::size_t>(first_fixed.params.get_int(threads_param(first_fixed, registry)))};
   for (std::size_t n = 1; n <= cores; n = n * 2 >= cores && n < cores ? cores : n * 2) {
     if (std::find(counts.begin(), counts.end(), n) == counts.end()) counts.push_back(n);
   }

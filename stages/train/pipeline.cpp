@@ -107,8 +107,9 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
       double start = 0;  // once its input is there: waiting for it is the bubble
       try {
         if (a.kind == Kind::kForward) {
-          k.input = a.stage == 0 ? torch::Tensor()
-                                 : mail.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
+          k.input = a.stage == 0
+                        ? torch::Tensor()
+                        : mail.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
           start = seconds();
           torch::Tensor y = stages[s](a.stage == 0 ? input(a.microbatch) : k.input, a.microbatch);
           if (a.stage == last) {
@@ -162,10 +163,9 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   }
   for (const double loss : result.losses) sum += loss;
   result.loss = sum / m;
-  result.bubble =
-      result.wall_s > 0
-          ? 1 - busy / (static_cast<double>(schedule.actions.size()) * result.wall_s)
-          : 0;
+  result.bubble = result.wall_s > 0
+                      ? 1 - busy / (static_cast<double>(schedule.actions.size()) * result.wall_s)
+                      : 0;
   return result;
 }
 
@@ -189,11 +189,11 @@ std::vector<PipelineStageFn> vit_pipeline_stages(
   for (std::size_t s = 0; s < count; ++s) {
     const int begin = bounds[s], end = bounds[s + 1];
     const bool first = s == 0, final = s + 1 == count;
-    out.push_back([model, begin, end, first, final, loss](const torch::Tensor& x,
-                                                        int microbatch) mutable {
-      torch::Tensor tokens = model->run_blocks(first ? model->embed(x) : x, begin, end);
-      return final ? loss(model->head(tokens), microbatch) : tokens;
-    });
+    out.push_back(
+        [model, begin, end, first, final, loss](const torch::Tensor& x, int microbatch) mutable {
+          torch::Tensor tokens = model->run_blocks(first ? model->embed(x) : x, begin, end);
+          return final ? loss(model->head(tokens), microbatch) : tokens;
+        });
   }
   return out;
 }

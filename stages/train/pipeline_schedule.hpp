@@ -61,7 +61,7 @@ PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind,
 /// backward not yet: activations it must keep).
 struct PipelineTimeline {
   double makespan = 0;
-  double bubble = 0;  // 1 - busy / (ranks x makespan)
+  double bubble = 0;                // 1 - busy / (ranks x makespan)
   std::vector<int> peak_in_flight;  // [stage]
   /// When each action of each rank starts and ends, in schedule order ([rank][i]).
   std::vector<std::vector<std::pair<double, double>>> spans;

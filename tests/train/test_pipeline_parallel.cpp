@@ -15,8 +15,13 @@ namespace {
 
 using Kind = PipelineScheduleKind;
 
-const ModelConfig kConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 4, .heads = 2,
-                          .classes = 5, .regression_outputs = 1};
+const ModelConfig kConfig{.image_size = 32,
+                          .patch_size = 8,
+                          .dim = 32,
+                          .depth = 4,
+                          .heads = 2,
+                          .classes = 5,
+                          .regression_outputs = 1};
 constexpr int kBatch = 8;
 
 ViT fresh_model() {

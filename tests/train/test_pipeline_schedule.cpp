@@ -36,9 +36,9 @@ TEST_CASE("Train.PipelineSchedule.ActionsAsTorchPipeliningOrdersThem") {
 // Every schedule runs each forward and backward once, on the rank holding its stage, and
 // finishes (no rank waits for an action that never runs).
 TEST_CASE("Train.PipelineSchedule.EveryActionOnceOnItsRankAndNoDeadlock") {
-  for (const auto& [kind, chunks] : {std::tuple{Kind::kGPipe, 1}, std::tuple{Kind::k1F1B, 1},
-                                     std::tuple{Kind::kInterleaved, 2},
-                                     std::tuple{Kind::kInterleaved, 3}}) {
+  for (const auto& [kind, chunks] :
+       {std::tuple{Kind::kGPipe, 1}, std::tuple{Kind::k1F1B, 1}, std::tuple{Kind::kInterleaved, 2},
+        std::tuple{Kind::kInterleaved, 3}}) {
     for (int ranks = 1; ranks <= 4; ++ranks) {
       for (int m = 1; m <= 12; ++m) {
         if (kind == Kind::kInterleaved && m % ranks != 0) continue;
@@ -71,7 +71,8 @@ TEST_CASE("Train.PipelineSchedule.BubbleAndActivationsAsTheTextbookSays") {
     for (int m = ranks; m <= 4 * ranks; m += ranks) {
       CAPTURE(ranks);
       CAPTURE(m);
-      const PipelineTimeline gpipe = simulate_pipeline(make_pipeline_schedule(Kind::kGPipe, ranks, m));
+      const PipelineTimeline gpipe =
+          simulate_pipeline(make_pipeline_schedule(Kind::kGPipe, ranks, m));
       const PipelineTimeline one = simulate_pipeline(make_pipeline_schedule(Kind::k1F1B, ranks, m));
       CHECK(gpipe.bubble == doctest::Approx(textbook_bubble(ranks, m)));
       CHECK(one.bubble == doctest::Approx(textbook_bubble(ranks, m)));
