@@ -501,27 +501,47 @@ TEST_CASE("Train.TrainStep.WritersWriteStepsAndCheckpoints" * doctest::timeout(1
   CHECK(rows == 11);  // header + 10 steps
 }
 
+namespace {
+// Distillation on 2 cores in a naive layout (one graph thread, every stage at concurrency 1 and
+// 1 intra-op thread) for autotune to start from: `epochs` of the synthetic images, the tiny
+// teacher written into `runs`, and the train_step entry `step` ("{type: train_step, ...}").
+std::string naive_kd_config(const TempDir& runs,
+                            int epochs,
+                            const std::string& autotune,
+                            const std::string& step) {
+  return "threads: 1\ncores: 2\n" + autotune +
+         "stages:\n"
+         "  - {type: image_folder, name: source, params: {root: " + synthetic_images() +
+         "/train, epochs: " + std::to_string(epochs) + ", seed: 3}}\n"
+         "  - {type: jpeg_decode}\n"
+         "  - {type: augment, params: {size: 32, scale: [0.6, 1.0]}}\n"
+         "  - {type: collate, params: {batch_size: 32, pool_size: 8}}\n"
+         "  - {type: teacher_infer, queue_capacity: 2, params: {model: " + (runs / "teacher.pt") +
+         "}}\n  - " + step + "\n";
+}
+
+// Whether the models in two checkpoints hold the same weights, bit for bit.
+bool same_weights(const std::string& a, const std::string& b) {
+  const auto wa = load_model(read_checkpoint(a))->named_parameters();
+  const auto wb = load_model(read_checkpoint(b))->named_parameters();
+  if (wa.size() != wb.size()) return false;
+  return std::all_of(wa.begin(), wa.end(),
+                     [&](const auto& item) { return torch::equal(item.value(), wb[item.key()]); });
+}
+}  // namespace
+
 // Autotune changes only what cannot change the results (graph threads, stage concurrency, the
 // teacher's intra-op threads), and its trials are the run's own steps: the tuned run's weights
 // equal, bit for bit, those of the config as written and of the config with the chosen settings.
 TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeout(300)) {
   TempDir runs;
   write_tiny_teacher(runs / "teacher.pt");
-  // Naive: one graph thread, every stage at concurrency 1 and 1 intra-op thread; dropout on,
-  // so the random state matters too.
+  // Dropout on, so the random state matters too.
   const auto config = [&](const std::string& dir, const std::string& autotune) {
-    return "threads: 1\ncores: 2\n" + autotune +
-           "stages:\n"
-           "  - {type: image_folder, name: source, params: {root: " + synthetic_images() +
-           "/train, epochs: 60, seed: 3}}\n"
-           "  - {type: jpeg_decode}\n"
-           "  - {type: augment, params: {size: 32, scale: [0.6, 1.0]}}\n"
-           "  - {type: collate, params: {batch_size: 32, pool_size: 8}}\n"
-           "  - {type: teacher_infer, queue_capacity: 2, params: {model: " + (runs / "teacher.pt") +
-           "}}\n"
-           "  - {type: train_step, queue_capacity: 2, params: {" + tiny_vit(32, 1, 2) +
-           ", dropout: 0.1, alpha: 0.5, temperature: 2, lr: 0.003, warmup_steps: 5, "
-           "checkpoint_dir: " + (runs / dir) + "}}\n";
+    return naive_kd_config(runs, 60, autotune,
+                           "{type: train_step, queue_capacity: 2, params: {" + tiny_vit(32, 1, 2) +
+                               ", dropout: 0.1, alpha: 0.5, temperature: 2, lr: 0.003, "
+                               "warmup_steps: 5, checkpoint_dir: " + (runs / dir) + "}}");
   };
   const PipelineConfig tuned_config = parse_pipeline_config(
       config("tuned", "autotune: {warmup_s: 0.1, trial_s: 0.3, max_trials: 4}\n"), "tuned.yaml");
@@ -539,17 +559,9 @@ TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeou
   const PipelineConfig chosen = parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
   build_pipeline(chosen)->run(chosen.run);
 
-  const auto weights = [&](const std::string& dir) {
-    return load_model(read_checkpoint(runs / (dir + "/final.pt")))->named_parameters();
-  };
-  const auto tuned_weights = weights("tuned");
   for (const std::string other : {"plain", "chosen"}) {
     CAPTURE(other);
-    const auto w = weights(other);
-    REQUIRE(w.size() == tuned_weights.size());
-    std::size_t equal = 0;
-    for (const auto& item : tuned_weights) equal += torch::equal(item.value(), w[item.key()]) ? 1 : 0;
-    CHECK(equal == w.size());
+    CHECK(same_weights(runs / "tuned/final.pt", runs / (other + "/final.pt")));
   }
 }
 
@@ -561,19 +573,12 @@ TEST_CASE("Train.Autotune.RehearsalsFixTheStepsThreadsAndWriteNothing" * doctest
   TempDir runs;
   write_tiny_teacher(runs / "teacher.pt");
   const auto config = [&](const std::string& dir, const std::string& autotune) {
-    return "threads: 1\ncores: 2\n" + autotune +
-           "stages:\n"
-           "  - {type: image_folder, name: source, params: {root: " + synthetic_images() +
-           "/train, epochs: 20, seed: 3}}\n"
-           "  - {type: jpeg_decode}\n"
-           "  - {type: augment, params: {size: 32, scale: [0.6, 1.0]}}\n"
-           "  - {type: collate, params: {batch_size: 32, pool_size: 8}}\n"
-           "  - {type: teacher_infer, queue_capacity: 2, params: {model: " + (runs / "teacher.pt") +
-           "}}\n"
-           "  - {type: train_step, name: student, queue_capacity: 2, params: {" +
-           tiny_vit(32, 1, 2) +
-           ", dropout: 0.1, alpha: 0.5, lr: 0.003, warmup_steps: 5, checkpoint_every: 3, "
-           "keep_checkpoints: 1, snapshot_every: 4, checkpoint_dir: " + (runs / dir) + "}}\n";
+    return naive_kd_config(runs, 20, autotune,
+                           "{type: train_step, name: student, queue_capacity: 2, params: {" +
+                               tiny_vit(32, 1, 2) +
+                               ", dropout: 0.1, alpha: 0.5, lr: 0.003, warmup_steps: 5, "
+                               "checkpoint_every: 3, keep_checkpoints: 1, snapshot_every: 4, "
+                               "checkpoint_dir: " + (runs / dir) + "}}");
   };
   PipelineConfig phase = parse_pipeline_config(
       config("tuned", "autotune: {warmup_s: 0.1, trial_s: 0.3, max_trials: 6}\n"), "tuned.yaml");
@@ -619,14 +624,5 @@ TEST_CASE("Train.Autotune.RehearsalsFixTheStepsThreadsAndWriteNothing" * doctest
 
   const PipelineConfig chosen = parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
   build_pipeline(chosen)->run(chosen.run);
-  const auto tuned_weights =
-      load_model(read_checkpoint(runs / "tuned/final.pt"))->named_parameters();
-  const auto chosen_weights =
-      load_model(read_checkpoint(runs / "chosen/final.pt"))->named_parameters();
-  REQUIRE(chosen_weights.size() == tuned_weights.size());
-  std::size_t equal = 0;
-  for (const auto& item : tuned_weights) {
-    equal += torch::equal(item.value(), chosen_weights[item.key()]) ? 1 : 0;
-  }
-  CHECK(equal == tuned_weights.size());
+  CHECK(same_weights(runs / "tuned/final.pt", runs / "chosen/final.pt"));
 }
