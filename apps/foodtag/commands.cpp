@@ -75,9 +75,10 @@ const std::vector<flowtrain::ConfigSection>& sections() {
            "combination is one student")}},
       {"report",
        "the inference-speed measurement of export, and the HTML report",
-       {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1),
+       {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1,
+                             4096),
         flowtrain::int_param("inference_reps", 5,
-                             "timed repetitions per model (medians are reported)", 1)}},
+                             "timed repetitions per model (medians are reported)", 1, 1000)}},
   };
   return kSections;
 }

@@ -39,7 +39,7 @@ struct ModelOptions {
     d(image_size, "image_size", "input side in pixels (augment's size)", {.min = 1, .max = 8192});
     d(classes, "classes", "number of classes (required)", {.min = 0, .max = 1 << 20});
     d(regression_outputs, "regression_outputs", "size of the regression head (0: none)",
-      {.min = 0});
+      {.min = 0, .max = 1 << 16});
     d(regression_scale, "regression_scale",
       "the regression head predicts target / scale, multiplied back in its output (so targets "
       "like 350 kcal train at order one; the loss is on that scale)",

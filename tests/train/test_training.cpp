@@ -443,6 +443,16 @@ std::vector<std::string> node_names(const std::string& yaml) {
 }
 }  // namespace
 
+// A regression head of 2^31 - 1 outputs was an allocation until killed; the config refuses it.
+TEST_CASE("Train.TrainStep.RegressionOutputsHaveASaneRange") {
+  CHECK_THROWS_WITH_AS(
+      parse_pipeline_config("stages:\n" + data_stages("train", 1, true) +
+                                "  - {type: train_step, params: {" + tiny_vit(32, 1, 2) +
+                                ", regression_outputs: 2147483647}}\n",
+                            "big.yaml"),
+      doctest::Contains("param 'regression_outputs' must be <= 65536, got 2147483647"), Error);
+}
+
 // One train_step entry brings the nodes that write its files, named after it; with no folder
 // only the step log; an entry that takes the step's output itself turns the expansion off.
 TEST_CASE("Train.TrainStep.EntryBringsItsWriterNodes") {
