@@ -69,6 +69,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using flowtrain::bench::median;
+using flowtrain::bench::now_utc;
 
 constexpr int kImageSize = 112;
 constexpr int kBatch = 64;
@@ -277,13 +278,6 @@ Sample run_once(const Layout& l,
 std::string fixed(double v, int decimals) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-std::string now_utc() {
-  const std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%a %b %d %Y %H:%M:%S UTC", std::gmtime(&t));
   return buf;
 }
 

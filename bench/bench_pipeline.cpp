@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -103,15 +102,13 @@ int main(int argc, char** argv) {
       {"1f1b M=4", false, PipelineScheduleKind::k1F1B, 4},
       {"1f1b M=8", false, PipelineScheduleKind::k1F1B, 8},
       {"interleaved M=8 (2 a rank)", false, PipelineScheduleKind::kInterleaved, 8, 2}};
-  const std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof date, "%a %b %d %Y %H:%M:%S UTC", std::gmtime(&now));
   std::printf(
       "# bench_pipeline\n\n- **Command:** `build/bench/bench_pipeline --steps %d --reps %d "
       "--threads %d`\n- **Date:** %s\n- **Machine:** %s\n"
       "- **Model:** ViT-Ti (dim 192, depth 12, heads 3, patch 16) at 112 px, batch %d, "
       "AdamW, float32; split in 2 stages at block 6 (interleaved: 4 stages of 3 blocks)\n\n",
-      steps, reps, threads, date, flowtrain::bench::cpu_description().c_str(), kBatch);
+      steps, reps, threads, flowtrain::bench::now_utc().c_str(),
+      flowtrain::bench::cpu_description().c_str(), kBatch);
   std::vector<std::vector<Round>> rounds(layouts.size());
   for (int rep = 0; rep <= reps; ++rep) {
     for (std::size_t i = 0; i < layouts.size(); ++i) {

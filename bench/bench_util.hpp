@@ -2,6 +2,7 @@
 // Small helpers the benchmark programs share.
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -13,6 +14,14 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t mid = values.size() / 2;
   return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+/// "Thu Nov 26 2026 07:28:13 UTC": the date a benchmark ran, for its header.
+inline std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%a %b %d %Y %H:%M:%S UTC", std::gmtime(&t));
+  return buf;
 }
 
 /// "AMD EPYC, avx512_bf16": the CPU's model name from /proc/cpuinfo and whether it has the

@@ -63,7 +63,8 @@ double resident_mb() {
 
 // Which knobs of a stage the tuner may turn (the same in every layout).
 struct Tunable {
-  bool stage = false;         // a config entry (not an expansion), not a source or sink
+  bool entry = false;         // a config entry (not a node it expands into): its keys can be set
+  bool stage = false;         // an entry, not a source or sink
   bool threads = false;       // accepts new intra-op threads between runs
   std::string threads_param;  // the config param that sets them
 };
@@ -83,8 +84,8 @@ class Tuner {
                                          [&](const StageDecl& c) { return c.name == d.name; });
       const Kind kind = d.shape.kind;
       Tunable t;
-      t.stage = declared != config_decls.end() && d.name.find('/') == std::string::npos &&
-                kind != Kind::kSource && kind != Kind::kMix && kind != Kind::kSink &&
+      t.entry = declared != config_decls.end() && d.name.find('/') == std::string::npos;
+      t.stage = t.entry && kind != Kind::kSource && kind != Kind::kMix && kind != Kind::kSink &&
                 kind != Kind::kMerge && d.options.concurrency != kUnlimited;
       if (t.stage && !declared->threads_param.empty()) {
         t.threads_param = declared->threads_param;
@@ -132,14 +133,15 @@ class Tuner {
         // Each stage's share of its workers' time in this trial alone (busy), and of its
         // time blocked on a full output queue (sampled per run, so this trial's).
         const double trial_wall = report.wall_s - wall;
-        Load share{std::vector<double>(decls_.size(), 0.0), {}};
+        Load share{std::vector<double>(decls_.size(), 0.0),
+                   std::vector<double>(decls_.size(), 0.0)};
         for (std::size_t i = 0; i < report.stages.size(); ++i) {
           const StageReport& s = report.stages[i];
           if (trial_wall > 0 && s.workers > 0) {
             share.busy[i] = (s.busy_s - busy[i]) / (trial_wall * static_cast<double>(s.workers));
           }
           busy[i] = s.busy_s;
-          share.blocked.push_back(s.blocked_fraction);
+          share.blocked[i] = s.blocked_fraction;
         }
         wall = report.wall_s;
         // What the trial's queues added to the process's memory, against the budget.
@@ -368,13 +370,14 @@ class Tuner {
         add(l, change);
       }
       // Its workers wait on full output queues (an ordered consumer waiting for a late item,
-      // say): deeper queues for its consumers, within the memory budget.
+      // say): deeper queues for its consumers, within the memory budget. Only entries' queues,
+      // which the chosen settings can name.
       if (load.blocked[i] > 0.05) {
         Layout l = best;
         std::string change;
         for (const std::size_t j : consumers_of(decls_, i)) {
           std::size_t& capacity = l.stages[j].queue_capacity;
-          if (capacity >= kMaxQueue) continue;
+          if (!tunable_[j].entry || capacity >= kMaxQueue) continue;
           const std::size_t raised = std::min(capacity * 4, kMaxQueue);
           change += std::string(change.empty() ? "" : ", ") + "'" + decls_[j].name + "' queue " +
                     std::to_string(capacity) + " -> " + std::to_string(raised);
