@@ -7,6 +7,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "distributed/world.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::dist {
@@ -31,10 +32,12 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 }
 
 struct GradSync::Impl {
+  World& world;
   c10d::ProcessGroup& group;
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::vector<Bucket> buckets;
+  std::vector<std::string> waits;  // per bucket, "the all-reduce of gradient bucket 2"
   // Per parameter: its bucket and its offset in the bucket's flat buffer.
   std::vector<std::size_t> bucket_of;
   std::vector<std::int64_t> offset_of;
@@ -51,7 +54,7 @@ struct GradSync::Impl {
   std::chrono::steady_clock::time_point first_launch;
   std::atomic<std::int64_t> last_done_ns{0};
 
-  Impl(c10d::ProcessGroup& g) : group(g) {}
+  explicit Impl(World& w) : world(w), group(w.group()) {}
 
   void reset_step() {
     std::fill(ready.begin(), ready.end(), false);
@@ -93,9 +96,10 @@ struct GradSync::Impl {
   }
 };
 
-GradSync::GradSync(torch::nn::Module& model, c10d::ProcessGroup& group, Options options)
-    : impl_(std::make_unique<Impl>(group)) {
+GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
+    : impl_(std::make_unique<Impl>(world)) {
   Impl& s = *impl_;
+  c10d::ProcessGroup& group = s.group;
   for (const auto& item : model.named_parameters()) {
     s.names.push_back(item.key());
     s.params.push_back(item.value());
@@ -144,6 +148,7 @@ GradSync::GradSync(torch::nn::Module& model, c10d::ProcessGroup& group, Options 
       offset += numels[k];
     }
     s.flat.push_back(torch::zeros({s.buckets[b].numel}, s.params.front().options()));
+    s.waits.push_back("the all-reduce of gradient bucket " + std::to_string(b));
   }
   s.pending.resize(s.buckets.size());
   s.ready.resize(s.params.size());
@@ -182,7 +187,7 @@ void GradSync::end_backward() {
 
 void GradSync::complete(std::size_t b) {
   Impl& s = *impl_;
-  s.work[b]->wait();
+  s.world.wait(*s.work[b], s.waits[b]);
   s.bytes += static_cast<std::uint64_t>(s.flat[b].numel() * s.flat[b].element_size());
   torch::NoGradGuard no_grad;
   for (const std::size_t k : s.buckets[b].params) {

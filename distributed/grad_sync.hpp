@@ -7,11 +7,9 @@
 #include <string>
 #include <vector>
 
-namespace c10d {
-class ProcessGroup;
-}
-
 namespace flowtrain::dist {
+
+class World;
 
 /// Which parameters (by index in the module's parameter list) share a bucket.
 struct Bucket {
@@ -28,19 +26,20 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
                                    std::int64_t first_bucket_bytes,
                                    std::int64_t bucket_bytes);
 
-/// Data-parallel gradient averaging for one model, built on a c10d process group (Gloo on CPU,
-/// NCCL on GPUs): PyTorch's DistributedDataParallel reducer, in C++.
+/// Data-parallel gradient averaging for one model, built on the world's c10d process group (Gloo
+/// on CPU, NCCL on GPUs): PyTorch's DistributedDataParallel reducer, in C++.
 ///
 /// On construction rank 0 broadcasts the parameters and buffers, so every rank starts equal,
 /// and the ranks check that they made the same buckets. During backward, a hook on each
 /// parameter copies its gradient into its bucket's flat buffer; when a bucket is full its
 /// all-reduce starts asynchronously, overlapping the rest of backward. After backward,
 /// `end_backward()` checks that every parameter got one gradient; `complete(b)` waits for
-/// bucket b's all-reduce and writes its averaged gradients back (buckets may complete in any
+/// bucket b's all-reduce (World::wait: a rank that failed, hung or took fewer steps is named
+/// within seconds) and writes its averaged gradients back (buckets may complete in any
 /// order, on any threads: they touch disjoint parameters); `end_step()` closes the step. The
 /// graph runs `complete` as the `grad_sync` node, one message per bucket.
 ///
-///   GradSync sync(model, world->group(), {.first_bucket_bytes = 1 << 20});
+///   GradSync sync(model, *world, {.first_bucket_bytes = 1 << 20});
 ///   loss.backward();  // buckets start reducing as they fill
 ///   sync.end_backward();
 ///   for (std::size_t b = 0; b < sync.buckets().size(); ++b) sync.complete(b);
@@ -53,7 +52,7 @@ class GradSync {
     std::int64_t bucket_bytes = 25 << 20;        // PyTorch DDP: 25 MB
   };
 
-  GradSync(torch::nn::Module& model, c10d::ProcessGroup& group, Options options);
+  GradSync(torch::nn::Module& model, World& world, Options options);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;

@@ -31,7 +31,8 @@ std::string default_progress(const Progress& p) {
 }
 
 // "rank 1: wall 2.31 s, 'work' busy 87%, 'train_step' steps 6 loss 0.0312": what rank 0
-// prints for every rank after a phase of a data-parallel job.
+// prints for every rank after a phase of a data-parallel job, and the first drop of each stage
+// that dropped items (", 'decode' dropped 1 (item 17: a.jpg: not a JPEG)").
 std::string rank_summary(int rank, const RunReport& report) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "rank %d: wall %.2f s", rank, report.wall_s);
@@ -47,6 +48,13 @@ std::string rank_summary(int rank, const RunReport& report) {
     for (const StageResult& result : s.results) {
       std::snprintf(buf, sizeof buf, " %s %.4g", result.name.c_str(), result.value);
       line += buf;
+    }
+  }
+  for (const StageReport& s : report.stages) {
+    if (s.dropped == 0) continue;
+    line += ", '" + s.name + "' dropped " + std::to_string(s.dropped);
+    if (!s.drops.empty()) {
+      line += " (item " + std::to_string(s.drops[0].seq) + ": " + s.drops[0].reason + ")";
     }
   }
   return line;
@@ -138,6 +146,9 @@ PhasesOutcome run_phases(RunConfig& config,
       report = autotune_run(*pipeline, phase.run, stage_decls(phase), std::move(rehearsed));
       signal = stop_on_signal.received();
     }
+    // A rank still waiting in a collective of this phase learns that this one is done: their
+    // step counts differ (World::wait).
+    if (world && !report.stopped) world->finished_phase(what + " (" + rank_summary(world->rank(), report) + ")");
     if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
     if (leader) {
       std::cout << format_report(report);

@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -126,6 +128,7 @@ struct World::Impl {
   mutable std::mutex monitor_mutex;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   int sequence = 0;  // of barriers and gathers, which every rank calls in the same order
+  std::atomic<int> phases_finished{0};  // finished_phase() calls: the phase this rank is in
 
   std::thread beat_thread;
   std::mutex beat_mutex;
@@ -227,22 +230,24 @@ struct World::Impl {
 
   // Throws if one of `ranks` reported a failure, or its heartbeat has not advanced for
   // kStaleAfter (as seen by earlier calls, recorded in `seen`).
-  void check_peers(const std::vector<int>& ranks,
+  // Reads through `from` (the main connection, or the monitor under monitor_mutex).
+  void check_peers(c10d::Store& from,
+                   const std::vector<int>& ranks,
                    std::map<int, std::pair<Heartbeat, Clock::time_point>>& seen,
-                   const std::string& what) {
+                   std::string_view what) {
     const Clock::time_point now = Clock::now();
     for (int r : ranks) {
-      if (store->check({key("failed", r)})) {
+      if (from.check({key("failed", r)})) {
         throw WorldError("rank " + std::to_string(r) +
-                         " failed: " + text(store->get(key("failed", r))));
+                         " failed: " + text(from.get(key("failed", r))));
       }
-      const Heartbeat h = read_heartbeat(*store, r);
+      const Heartbeat h = read_heartbeat(from, r);
       if (h.count < 0) continue;  // not started yet (only during the rendezvous)
       auto it = seen.find(r);
       if (it == seen.end() || it->second.first.count != h.count) {
         seen[r] = {h, now};
       } else if (now - it->second.second >= kStaleAfter) {
-        throw WorldError(stale_text(r, h) + " in " + what);
+        throw WorldError(stale_text(r, h) + " in " + std::string(what));
       }
     }
   }
@@ -262,9 +267,14 @@ struct World::Impl {
     } catch (const WorldError&) {
       throw;
     } catch (const std::exception& e) {
-      throw WorldError("lost the store at " + address() + " hosted by rank 0 in " + what + " (" +
-                       one_line(e) + "): rank 0 exited, was killed, or its machine is down");
+      throw store_lost(what, e);
     }
+  }
+
+  WorldError store_lost(std::string_view what, const std::exception& e) const {
+    return WorldError("lost the store at " + address() + " hosted by rank 0 in " +
+                      std::string(what) + " (" + one_line(e) +
+                      "): rank 0 exited, was killed, or its machine is down");
   }
 
   void wait_for_all(const std::string& what, const std::string& prefix, bool watch) {
@@ -280,7 +290,7 @@ struct World::Impl {
         for (int r = 0; r < size; ++r) {
           if (!store->check({key(prefix, r)})) missing.push_back(r);
         }
-        if (watch) check_peers(missing, seen, what);
+        if (watch) check_peers(*store, missing, seen, what);
         if (timed_out) {
           throw WorldError(what + " timed out after " + seconds_text(timeout) + ": " +
                            std::to_string(size - static_cast<int>(missing.size())) + " of " +
@@ -400,6 +410,58 @@ void World::barrier(const std::string& what) {
   impl_->meet("barrier '" + what + "'", prefix, "1", true, true);
 }
 
+void World::wait(c10d::Work& work, std::string_view what) {
+  // True once the work is done; false when a beat passed first.
+  auto done = [&work] {
+    try {
+      work.wait(kHeartbeatInterval);  // throws when the interval passes first
+      return true;
+    } catch (const c10::Error&) {
+      if (!work.isCompleted()) return false;
+      work.wait();  // done after all (its own error, or it completed just now): it says which
+      return true;
+    }
+  };
+  if (done()) return;  // as almost always: nothing below is on the hot path
+  Impl& w = *impl_;
+  const std::string finished = "finished/" + std::to_string(w.phases_finished.load());
+  std::vector<int> others;
+  for (int r = 0; r < w.size; ++r) {
+    if (r != w.rank) others.push_back(r);
+  }
+  std::map<int, std::pair<Heartbeat, Clock::time_point>> seen;
+  std::set<int> ahead;  // ranks seen to have finished this phase, a beat ago
+  do {
+    std::lock_guard<std::mutex> lock(w.monitor_mutex);
+    try {
+      w.check_peers(*w.monitor, others, seen, what);
+      for (const int r : others) {
+        if (!w.monitor->check({w.key(finished, r)})) continue;
+        // A rank that finished took part in every collective of its phase, so one matched
+        // with this one would have completed within the beat since it was first seen.
+        if (!ahead.insert(r).second) {
+          throw WorldError(
+              "the ranks took different numbers of steps: rank " + std::to_string(r) +
+              " finished " + text(w.monitor->get(w.key(finished, r))) + ", while this rank waits in " +
+              std::string(what) +
+              " (items dropped on one rank only leave it steps short: keep on_bad_sample: replace, "
+              "and drop nothing in your own stages under data parallelism)");
+        }
+      }
+    } catch (const WorldError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw w.store_lost(what, e);
+    }
+  } while (!done());
+}
+
+void World::finished_phase(const std::string& summary) {
+  Impl& w = *impl_;
+  std::lock_guard<std::mutex> lock(w.monitor_mutex);
+  w.monitor->set(w.key("finished/" + std::to_string(w.phases_finished++), w.rank), bytes(summary));
+}
+
 std::vector<std::string> World::gather_text(const std::string& what, const std::string& text_in) {
   const std::string prefix = "gather/" + std::to_string(impl_->sequence++);
   impl_->meet("gather '" + what + "'", prefix, text_in, impl_->rank == 0, true);
@@ -493,6 +555,11 @@ int exit_on_error(const std::exception& e, const std::string& program) {
   world->report_failure(message);
   if (!dynamic_cast<const WorldError*>(&e)) message += "; " + world->diagnose();
   std::cerr << program << ": error: " << rank_prefix() << message << std::endl;
+  // Rank 0 hosts the store: it stays for the others' next look (their waits check it every
+  // beat), so that they report why it failed rather than that the store went away.
+  if (world->rank() == 0 && world->size() > 1) {
+    std::this_thread::sleep_for(kHeartbeatInterval * 5 / 2);
+  }
   leave_now(1);
 }
 

@@ -70,6 +70,21 @@ class World {
   /// 1 of 2 ranks arrived (missing: rank 1)", or sooner "rank 1 stopped responding 5 s ago".
   void barrier(const std::string& what);
 
+  /// Waits for this rank's collective `work` (a gradient bucket's all-reduce, say) while
+  /// watching the other ranks: instead of sitting out the timeout, throws WorldError within a
+  /// few seconds when another rank failed, stopped responding, or already finished the phase
+  /// this rank is still in (the ranks took different numbers of steps: items dropped on one rank
+  /// only), naming that rank. `what` names the collective in the message. Rethrows the
+  /// collective's own error. With NCCL it returns once the work is on the stream, as wait() does.
+  ///
+  ///   world->wait(*world->group().allreduce(sums), "the validation all-reduce");
+  void wait(c10d::Work& work, std::string_view what);
+
+  /// Tells the other ranks this one has finished its current phase; `summary` says how (its
+  /// steps and drops). A rank still waiting in a collective of that phase then fails with it
+  /// (see wait()). Call once per phase, after the phase's graph drained.
+  void finished_phase(const std::string& summary);
+
   /// Every rank contributes `text`; rank 0 gets them all in rank order (waiting as barrier()
   /// does), the other ranks get an empty vector at once. For per-rank summaries.
   std::vector<std::string> gather_text(const std::string& what, const std::string& text);

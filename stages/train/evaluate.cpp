@@ -54,7 +54,7 @@ void EvaluateStage::finish() {
       {static_cast<double>(seen_), static_cast<double>(top1_), static_cast<double>(top5_),
        static_cast<double>(regression_values_), abs_error_},
       torch::kDouble)};
-  world_->group().allreduce(sums)->wait();
+  world_->wait(*world_->group().allreduce(sums), "the validation all-reduce");
   const auto total = [&](int i) { return sums[0][i].item<double>(); };
   seen_ = static_cast<std::uint64_t>(total(0));
   top1_ = static_cast<std::uint64_t>(total(1));

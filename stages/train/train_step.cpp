@@ -106,7 +106,7 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
       checkpoint.emplace(read_checkpoint(rank_file(*path, rank)));
     }
   }
-  session_->trainer = std::make_unique<Trainer>(trainer, world ? &world->group() : nullptr,
+  session_->trainer = std::make_unique<Trainer>(trainer, world,
                                                 checkpoint ? &*checkpoint : nullptr);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "distributed/grad_sync.hpp"
+#include "distributed/world.hpp"
 #include "distributed/zero.hpp"
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
@@ -26,21 +27,21 @@ std::string number(double v) {
 }  // namespace
 
 Trainer::Trainer(const TrainerOptions& options,
-                 c10d::ProcessGroup* group,
+                 dist::World* world,
                  const Checkpoint* resume_from)
     : options_(options) {
   if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
   torch::manual_seed(options_.seed);
   model_ = make_model(options_.model);
-  if (group) {
-    rank_ = group->getRank();
-    world_size_ = group->getSize();
+  if (world) {
+    rank_ = world->rank();
+    world_size_ = world->size();
   }
-  if (options_.zero && group) {
+  if (options_.zero && world) {
     std::vector<std::pair<std::string, torch::Tensor>> named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     zero_ = std::make_unique<dist::ShardedOptimizer>(
-        named, *group,
+        named, world->group(),
         [this](const auto& shard) { return make_adamw(shard, options_.optimizer); });
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
@@ -59,10 +60,10 @@ Trainer::Trainer(const TrainerOptions& options,
   }
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = zero_ ? static_cast<std::uint64_t>(world_size_) : 0;
-  if (group) {
+  if (world) {
     // After any restore: every rank starts from rank 0's weights.
     sync_ = std::make_unique<dist::GradSync>(
-        *model_, *group,
+        *model_, *world,
         dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
                                 .bucket_bytes = options_.bucket_bytes});
   }

@@ -12,13 +12,10 @@
 #include "stages/train/optimizer.hpp"
 #include "stages/train/model.hpp"
 
-namespace c10d {
-class ProcessGroup;
-}
-
 namespace flowtrain::dist {
 class GradSync;
 class ShardedOptimizer;
+class World;
 }  // namespace flowtrain::dist
 
 namespace flowtrain::train {
@@ -67,12 +64,12 @@ struct StepOutcome {
 /// is in flight at a time.
 class Trainer {
  public:
-  /// `group`: the data-parallel process group, or nullptr for one process. `resume_from`:
-  /// a checkpoint to continue from (its weights, optimizer state, RNG and state), checked
-  /// against this job's ranks and ZeRO setting. With a group, every rank then starts from
-  /// rank 0's weights.
+  /// `world`: the data-parallel job (its process group), or nullptr for one process.
+  /// `resume_from`: a checkpoint to continue from (its weights, optimizer state, RNG and state),
+  /// checked against this job's ranks and ZeRO setting. With a world, every rank then starts
+  /// from rank 0's weights.
   explicit Trainer(const TrainerOptions& options,
-                   c10d::ProcessGroup* group = nullptr,
+                   dist::World* world = nullptr,
                    const Checkpoint* resume_from = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;

