@@ -31,4 +31,10 @@ Autocast::~Autocast() {
   if (!previous_) at::autocast::clear_cache();
 }
 
+NoAutocast::NoAutocast() : previous_(at::autocast::is_cpu_enabled()) {
+  at::autocast::set_cpu_enabled(false);
+}
+
+NoAutocast::~NoAutocast() { at::autocast::set_cpu_enabled(previous_); }
+
 }  // namespace flowtrain::train

@@ -39,6 +39,19 @@ class Autocast {
   bool previous_ = false;
 };
 
+/// Disables CPU autocast on the calling thread while in scope: the loss of a forward that ran
+/// under Autocast, computed in float32 as outside it.
+class NoAutocast {
+ public:
+  NoAutocast();
+  ~NoAutocast();
+  NoAutocast(const NoAutocast&) = delete;
+  NoAutocast& operator=(const NoAutocast&) = delete;
+
+ private:
+  bool previous_;
+};
+
 /// The options every compute stage declares: plain fields of its options struct named as their
 /// keys, `int intraop_threads = 1;` and `std::string autocast = "none";`, each declared by its
 /// helper here, so the name, doc and bounds are written once:

@@ -1,5 +1,7 @@
 #include "stages/train/optimizer_step.hpp"
 
+#include <algorithm>
+
 #include <string>
 
 #include "graph/error.hpp"
@@ -62,6 +64,8 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
   s.backward_s += seconds(step.forward_end, step.backward_end);
   s.sync_s += seconds(step.backward_end, step.sync_end);
   s.optimizer_s += seconds(step.sync_end, step.end);
+  s.bubble_sum += step.bubble;
+  s.peak_in_flight = std::max(s.peak_in_flight, step.peak_in_flight);
 
   const TrainState& state = trainer.state();
   StepRecord record{.step = state.step,

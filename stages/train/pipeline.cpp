@@ -75,12 +75,20 @@ std::string current_exception_text() {
 PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
                                        const std::vector<PipelineStageFn>& stages,
                                        const std::function<torch::Tensor(int)>& input,
-                                       int intraop_threads) {
+                                       int intraop_threads,
+                                       const std::vector<double>& weights) {
   if (stages.size() != static_cast<std::size_t>(schedule.stages)) {
     throw Error("the pipeline schedule has " + std::to_string(schedule.stages) +
                 " stages, but the model was split into " + std::to_string(stages.size()));
   }
   const int m = schedule.microbatches, last = schedule.stages - 1;
+  if (!weights.empty() && weights.size() != static_cast<std::size_t>(m)) {
+    throw Error("run_pipeline_batch: " + std::to_string(weights.size()) + " loss weights for " +
+                std::to_string(m) + " micro-batches");
+  }
+  const auto weight = [&](int microbatch) {
+    return weights.empty() ? 1.0 / m : weights[static_cast<std::size_t>(microbatch)];
+  };
   // What a stage keeps of a micro-batch from its forward to its backward (only the rank
   // holding the stage touches its entries).
   struct Kept {
@@ -114,7 +122,7 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
           torch::Tensor y = stages[s](a.stage == 0 ? input(a.microbatch) : k.input, a.microbatch);
           if (a.stage == last) {
             result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
-            k.output = y / m;
+            k.output = y * weight(a.microbatch);
           } else {
             mail.put(Kind::kForward, a.stage + 1, a.microbatch, y.detach());
             k.output = std::move(y);
@@ -161,8 +169,8 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   for (const auto& spans : result.spans) {
     for (const auto& [start, end] : spans) busy += end - start;
   }
-  for (const double loss : result.losses) sum += loss;
-  result.loss = sum / m;
+  for (int i = 0; i < m; ++i) sum += weight(i) * result.losses[static_cast<std::size_t>(i)];
+  result.loss = sum;
   result.bubble = result.wall_s > 0
                       ? 1 - busy / (static_cast<double>(schedule.actions.size()) * result.wall_s)
                       : 0;

@@ -18,7 +18,7 @@ using PipelineStageFn = std::function<torch::Tensor(const torch::Tensor& input, 
 /// What one batch through a pipeline did, as measured.
 struct PipelineBatchResult {
   std::vector<double> losses;  // [microbatch]: each micro-batch's loss (before the 1/M scale)
-  double loss = 0;             // their mean: the batch's loss when micro-batches are equal
+  double loss = 0;             // their weighted sum: the batch's loss
   double wall_s = 0;
   /// Each rank's actions as they ran: start (once the input had arrived) and end in seconds
   /// from the batch's start ([rank][i], in schedule order), for the pipeline chart.
@@ -34,7 +34,9 @@ struct PipelineBatchResult {
 /// scaled by 1/M before its backward, so the gradients accumulated in the parameters' `grad`
 /// are those of the mean loss over the batch (with micro-batches of equal size), as
 /// torch.distributed.pipelining computes them; the caller then steps its optimizer once.
-/// `input(m)` gives micro-batch m's input to the first stage. An exception in any stage stops
+/// `input(m)` gives micro-batch m's input to the first stage; `weights[m]` (default 1/M) scales
+/// its loss instead of 1/M, n_m / B for micro-batches of unequal sizes n_m (the loss is then
+/// the batch's mean whatever the split). An exception in any stage stops
 /// every rank and is rethrown as Error naming the rank, the stage, the micro-batch and the reason.
 ///
 ///   const PipelineSchedule schedule = make_pipeline_schedule(PipelineScheduleKind::k1F1B, 2, 4);
@@ -44,7 +46,8 @@ struct PipelineBatchResult {
 PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
                                        const std::vector<PipelineStageFn>& stages,
                                        const std::function<torch::Tensor(int)>& input,
-                                       int intraop_threads = 1);
+                                       int intraop_threads = 1,
+                                       const std::vector<double>& weights = {});
 
 /// A ViT split into pipeline stages at block indices `splits` (ascending, within 1 .. depth -
 /// 1): the first stage embeds the images and runs the blocks before splits[0], the next ones

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "distributed/world.hpp"
@@ -58,6 +59,31 @@ ModelConfig ModelOptions::config() const {
   return config;
 }
 
+PipelineOptions PipelineStepOptions::config(int intraop_threads) const {
+  PipelineOptions o;
+  o.partitions = partitions;
+  o.microbatches = microbatches;
+  o.schedule = pipeline_schedule_kind(pipeline_schedule);
+  o.virtual_stages = virtual_stages;
+  if (virtual_stages > 1 && o.schedule != PipelineScheduleKind::kInterleaved) {
+    throw Error("param 'virtual_stages' (" + std::to_string(virtual_stages) +
+                ") needs pipeline_schedule: interleaved");
+  }
+  for (const double split : partition_splits) {
+    if (split != static_cast<int>(split) || split < 1) {
+      throw Error("param 'partition_splits' must hold block indices (whole numbers >= 1)");
+    }
+    o.splits.push_back(static_cast<int>(split));
+  }
+  if (partitions > 1 && intraop_threads % partitions != 0) {
+    throw Error("param 'intraop_threads' (" + std::to_string(intraop_threads) +
+                ") must be a multiple of partitions (" + std::to_string(partitions) +
+                "): each partition gets an equal share");
+  }
+  o.threads = std::max(1, intraop_threads / partitions);
+  return o;
+}
+
 TrainStepStage::TrainStepStage(const Options& options, const BuildContext& context)
     : session_(std::make_shared<TrainingSession>()), configured_total_steps_(options.total_steps) {
   session_->intraop_threads = options.intraop_threads;
@@ -84,6 +110,7 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.zero = options.zero;
   trainer.first_bucket_bytes = static_cast<std::int64_t>(options.first_bucket_mb * 1e6);
   trainer.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * 1e6);
+  trainer.pipeline = options.pipeline.config(options.intraop_threads);
 
   dist::World* world = context.find<dist::World>();
   const int rank = world ? world->rank() : 0;
@@ -223,6 +250,10 @@ std::vector<StageResult> TrainStepStage::results() const {
       out.push_back({"gflops", static_cast<double>(s.trainer->model()->config().train_flops()) *
                                    static_cast<double>(s.live_images.load()) /
                                    (s.forward_s + s.backward_s) / 1e9});
+    }
+    if (s.trainer->pipelined()) {
+      out.push_back({"pipeline_bubble", s.bubble_sum / static_cast<double>(s.steps_this_run)});
+      out.push_back({"peak_microbatches_kept", static_cast<double>(s.peak_in_flight)});
     }
     if (s.trainer->world_size() > 1) {
       // sync_comm: all-reduce time from the first bucket's start to the last one's end;

@@ -71,6 +71,42 @@ struct ModelOptions {
   ModelConfig config() const;
 };
 
+/// Pipeline model parallelism in one process (a ViT): `partitions` threads each run a piece of
+/// the model on intraop_threads / partitions intra-op threads, and each batch flows through
+/// them as `microbatches` micro-batches in the order `pipeline_schedule` gives
+/// (stages/train/pipeline.hpp). A group of TrainStepOptions, its keys flat in YAML.
+struct PipelineStepOptions {
+  int partitions = 1;
+  int microbatches = 1;
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
+  std::vector<double> partition_splits;
+
+  /// Throws Error for counts that do not fit `intraop_threads`.
+  PipelineOptions config(int intraop_threads) const;
+
+  template <class Declare>
+  void declare(Declare& d) {
+    d(partitions, "partitions",
+      "pipeline parallelism: model partitions, each on its own thread with intraop_threads / "
+      "partitions intra-op threads (1: none; a ViT only)",
+      {.min = 1, .max = 256});
+    d(microbatches, "microbatches",
+      "pipeline parallelism: micro-batches per batch (the loss is still the batch's mean)",
+      {.min = 1, .max = 4096});
+    d(pipeline_schedule, "pipeline_schedule",
+      "pipeline parallelism: gpipe (all forwards, then all backwards), 1f1b (at most "
+      "partitions micro-batches in flight) or interleaved (virtual_stages chunks per partition)",
+      {.choices = {"gpipe", "1f1b", "interleaved"}});
+    d(virtual_stages, "virtual_stages",
+      "pipeline parallelism: model chunks per partition (interleaved schedule)",
+      {.min = 1, .max = 64});
+    d(partition_splits, "partition_splits",
+      "pipeline parallelism: ViT block indices where chunks begin, e.g. [6] (empty: as equal "
+      "as the blocks divide)");
+  }
+};
+
 struct TrainStepOptions {
   std::uint64_t seed = 0;
   double alpha = 0.5;
@@ -95,6 +131,7 @@ struct TrainStepOptions {
   double first_bucket_mb = 1.0;
   double bucket_mb = 25.0;
   bool zero = false;
+  PipelineStepOptions pipeline;
   // Declared first (its keys lead the list), but the last field: as the first, GCC 12 at -O3
   // warns falsely (-Wmaybe-uninitialized) about its string in option_specs<TrainStepOptions>.
   ModelOptions model;
@@ -142,6 +179,7 @@ struct TrainStepOptions {
       "data-parallel: size of the first gradient bucket to all-reduce (MB)", {.min = 0});
     d(bucket_mb, "bucket_mb", "data-parallel: size of the other gradient buckets (MB)", {.min = 0});
     d(zero, "zero", "data-parallel: shard the optimizer state across the ranks (ZeRO stage 1)");
+    pipeline.declare(d);
   }
 };
 

@@ -5,12 +5,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "stages/data/batch.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/kd_loss.hpp"
 #include "stages/train/optimizer.hpp"
 #include "stages/train/model.hpp"
+#include "stages/train/pipeline_schedule.hpp"
 
 namespace flowtrain::dist {
 class GradSync;
@@ -19,6 +21,20 @@ class World;
 }  // namespace flowtrain::dist
 
 namespace flowtrain::train {
+
+/// Pipeline model parallelism in one process (a ViT only): the model split into partitions,
+/// each run by a thread of its own on `threads` intra-op threads, and each batch into
+/// micro-batches that flow through them as `schedule` orders (stages/train/pipeline.hpp).
+struct PipelineOptions {
+  int partitions = 1;       // pipeline ranks (threads); 1 with 1 micro-batch: no pipeline
+  int virtual_stages = 1;   // model chunks per partition (schedule kInterleaved)
+  std::vector<int> splits;  // block indices where chunks begin (empty: as equal as they divide)
+  int microbatches = 1;
+  PipelineScheduleKind schedule = PipelineScheduleKind::k1F1B;
+  int threads = 1;  // intra-op threads of each partition
+
+  bool enabled() const { return partitions > 1 || microbatches > 1; }
+};
 
 /// What a Trainer trains, and how.
 struct TrainerOptions {
@@ -33,6 +49,7 @@ struct TrainerOptions {
   bool zero = false;             // shard the optimizer state across the ranks (ZeRO-1)
   std::int64_t first_bucket_bytes = 1'000'000;  // first gradient bucket to all-reduce
   std::int64_t bucket_bytes = 25'000'000;       // the other buckets
+  PipelineOptions pipeline;  // one process only
 };
 
 /// One training step, as measured. `sync_end` is when the optimizer could start: every
@@ -44,6 +61,10 @@ struct StepOutcome {
   std::uint64_t correct = 0;  // training predictions that matched the label
   std::uint64_t seen = 0;     // samples in the batch
   std::uint64_t batch_number = 0;  // Batch::number of its batch
+  // With a pipeline: the share of partition-time idle in this step, and the most micro-batches
+  // whose activations a partition kept at once.
+  double bubble = 0;
+  int peak_in_flight = 0;
   std::chrono::steady_clock::time_point begin, forward_end, backward_end, sync_end, end;
 };
 
@@ -102,6 +123,7 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   bool resumed() const { return resumed_; }
+  bool pipelined() const { return pipelined_ != nullptr; }
   /// The gradient buckets of a step (forward_backward's count): the group's, or 1.
   std::size_t buckets_per_step() const;
   /// With a group: all-reduce time summed over the steps, first bucket's start to last's end.
@@ -111,6 +133,13 @@ class Trainer {
 
  private:
   torch::optim::AdamW& optimizer() const;
+  /// The loss of `forward` against the batch's (or a micro-batch's) targets; `labels` may be
+  /// mixed (one-hot shares). Returns the float logits it used.
+  torch::Tensor loss_of(const ModelOutput& forward,
+                        const torch::Tensor& teacher_logits,
+                        const torch::Tensor& labels,
+                        const torch::Tensor& targets,
+                        KdLoss& loss) const;
 
   TrainerOptions options_;
   ImageModel model_{nullptr};
@@ -130,6 +159,15 @@ class Trainer {
     std::optional<std::uint32_t> epoch;  // of the batch's last view, when it has views
   };
   std::optional<Pending> pending_;
+
+  struct Pipelined;  // the schedule and the model's partitions
+  std::unique_ptr<Pipelined> pipelined_;
+  void build_pipeline(bool data_parallel);
+  /// forward_backward's forward, loss and backward through the pipeline; returns the float
+  /// logits of the whole batch.
+  torch::Tensor pipelined_forward_backward(const data::Batch& batch,
+                                           const torch::Tensor& labels,
+                                           Pending& step);
 };
 
 }  // namespace flowtrain::train

@@ -26,6 +26,8 @@ struct TrainingSession {
   std::uint64_t steps_this_run = 0;
   double forward_s = 0, backward_s = 0, sync_s = 0, optimizer_s = 0, checkpoint_s = 0;
   double data_wait_s = 0;
+  double bubble_sum = 0;   // with a pipeline: each step's idle share of partition-time, summed
+  int peak_in_flight = 0;  // with a pipeline: most micro-batches a partition kept at once
   Clock::time_point last_step_end, run_begin;
   std::vector<StepRecord> history;  // without file bytes
   // What live_results() shows: read by the progress sampler's thread while the run lasts.

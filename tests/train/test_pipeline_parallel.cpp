@@ -7,6 +7,7 @@
 
 #include "graph/error.hpp"
 #include "stages/train/pipeline.hpp"
+#include "stages/train/train_step.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::train;
@@ -156,4 +157,23 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
                        Error);
   CHECK(balanced_splits(12, 3) == std::vector<int>{4, 8});
   CHECK(balanced_splits(4, 2) == std::vector<int>{2});
+}
+
+// train_step's pipeline keys, as a config gives them.
+TEST_CASE("Train.PipelineParallel.StepOptionsCheckedAgainstTheThreads") {
+  PipelineStepOptions o{.partitions = 2, .microbatches = 8, .pipeline_schedule = "interleaved",
+                        .virtual_stages = 2, .partition_splits = {2, 4, 6}};
+  const PipelineOptions p = o.config(4);
+  CHECK(p.partitions == 2);
+  CHECK(p.threads == 2);  // intraop_threads shared equally
+  CHECK(p.schedule == PipelineScheduleKind::kInterleaved);
+  CHECK(p.splits == std::vector<int>{2, 4, 6});
+  CHECK_THROWS_WITH(o.config(3), "param 'intraop_threads' (3) must be a multiple of partitions "
+                                 "(2): each partition gets an equal share");
+  o.pipeline_schedule = "1f1b";
+  CHECK_THROWS_WITH(o.config(2), "param 'virtual_stages' (2) needs pipeline_schedule: interleaved");
+  o.virtual_stages = 1;
+  o.partition_splits = {2.5};
+  CHECK_THROWS_WITH(o.config(2),
+                    "param 'partition_splits' must hold block indices (whole numbers >= 1)");
 }

@@ -138,3 +138,93 @@ TEST_CASE("Train.Trainer.DistillationNeedsTeacherOutputs") {
   CHECK(trainer.step(b).applied);
 }
 
+
+namespace {
+
+// The largest |a - b| / max|b| over the parameters of two trainers' models.
+double relative_difference(Trainer& a, Trainer& reference) {
+  const auto pa = a.model()->parameters();
+  const auto pb = reference.model()->parameters();
+  double worst = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    const double scale = std::max(pb[i].abs().max().item<double>(), 1e-12);
+    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+}  // namespace
+
+// partitions / microbatches in a train_step's config: the Trainer runs each batch through
+// the pipeline and ends where the unpartitioned Trainer does, distillation loss included.
+TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::timeout(120)) {
+  TrainerOptions options = tiny(3);
+  options.model.depth = 4;
+  options.loss.alpha = 0.5;
+  options.loss.temperature = 2;
+  const auto with_teacher = [](std::uint64_t n) {
+    data::Batch b = batch(n);
+    b.teacher_logits = torch::randn({8, 3});
+    return b;
+  };
+  Trainer reference(options);
+  std::vector<data::Batch> batches;
+  for (std::uint64_t n = 0; n < 3; ++n) batches.push_back(with_teacher(n));
+  for (const data::Batch& b : batches) reference.step(b);
+
+  struct Case {
+    const char* name;
+    PipelineOptions pipeline;
+  };
+  using Kind = PipelineScheduleKind;
+  const std::vector<Case> cases = {
+      {"gpipe 2 x 4", {.partitions = 2, .microbatches = 4, .schedule = Kind::kGPipe}},
+      {"1f1b 2 x 4", {.partitions = 2, .microbatches = 4, .schedule = Kind::k1F1B}},
+      {"interleaved 2 x 2 x 4",
+       {.partitions = 2, .virtual_stages = 2, .microbatches = 4, .schedule = Kind::kInterleaved}},
+      {"1f1b 2 x 3, uneven micro-batches, split [1]",
+       {.partitions = 2, .splits = {1}, .microbatches = 3, .schedule = Kind::k1F1B}},
+      {"micro-batches alone (1 x 3)", {.partitions = 1, .microbatches = 3}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    TrainerOptions piped = options;
+    piped.pipeline = c.pipeline;
+    Trainer trainer(piped);
+    REQUIRE(trainer.pipelined());
+    StepOutcome last;
+    for (const data::Batch& b : batches) last = trainer.step(b);
+    CHECK(last.applied);
+    CHECK(last.seen == 8);
+    CHECK(relative_difference(trainer, reference) < 1e-5);
+    CHECK(trainer.state().step == 3);
+    if (c.pipeline.partitions > 1) {
+      CHECK(last.bubble > 0);
+      CHECK(last.bubble < 1);
+    }
+    CHECK(last.peak_in_flight >= 1);
+  }
+}
+
+TEST_CASE("Train.Trainer.PipelineRefusesWhatItCannotSplitExactly") {
+  TrainerOptions options = tiny(3);
+  options.model.depth = 4;
+  options.pipeline = {.partitions = 2, .microbatches = 2};
+  TrainerOptions dropout = options;
+  dropout.model.dropout = 0.1;
+  CHECK_THROWS_WITH(Trainer{dropout}, doctest::Contains("needs dropout: 0 and drop_path: 0"));
+  TrainerOptions splits = options;
+  splits.pipeline.splits = {1, 2};
+  CHECK_THROWS_WITH(Trainer{splits},
+                    "2 split points make 3 model chunks, but 2 partitions x 1 virtual stages "
+                    "need 2");
+  TrainerOptions resnet = options;
+  resnet.model = model_config("resnet18", 32, 3);
+  CHECK_THROWS_WITH(Trainer{resnet},
+                    doctest::Contains("pipeline parallelism splits a ViT between its blocks"));
+  Trainer trainer(options);
+  data::Batch one = batch(0);
+  one.images = one.images.narrow(0, 0, 1);
+  one.labels = one.labels.narrow(0, 0, 1);
+  CHECK_THROWS_WITH(trainer.step(one), "batch 0 has 1 samples, fewer than microbatches (2)");
+}
