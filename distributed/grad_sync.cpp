@@ -32,8 +32,7 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 }
 
 struct GradSync::Impl {
-  World& world;
-  c10d::ProcessGroup& group;
+  World& world;  // its process group reduces; its wait() names a rank that fails or lags
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::vector<Bucket> buckets;
@@ -54,7 +53,7 @@ struct GradSync::Impl {
   std::chrono::steady_clock::time_point first_launch;
   std::atomic<std::int64_t> last_done_ns{0};
 
-  explicit Impl(World& w) : world(w), group(w.group()) {}
+  explicit Impl(World& w) : world(w) {}
 
   void reset_step() {
     std::fill(ready.begin(), ready.end(), false);
@@ -78,12 +77,12 @@ struct GradSync::Impl {
     flat[b].narrow(0, offset_of[k], grad.numel()).copy_(grad.reshape({-1}));
     if (--pending[b] == 0) {
       // Average as part of the reduction: divide first, then sum across ranks.
-      flat[b].div_(group.getSize());
+      flat[b].div_(world.size());
       std::vector<torch::Tensor> tensors = {flat[b]};
       if (b == 0 || first_launch == std::chrono::steady_clock::time_point{}) {
         first_launch = std::chrono::steady_clock::now();
       }
-      work[b] = group.allreduce(tensors);
+      work[b] = world.group().allreduce(tensors);
       // Completion time, from the backend's thread: how long communication really took.
       work[b]->getFuture()->addCallback([this](c10::ivalue::Future&) {
         const std::int64_t now =
@@ -99,7 +98,7 @@ struct GradSync::Impl {
 GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
     : impl_(std::make_unique<Impl>(world)) {
   Impl& s = *impl_;
-  c10d::ProcessGroup& group = s.group;
+  c10d::ProcessGroup& group = world.group();
   for (const auto& item : model.named_parameters()) {
     s.names.push_back(item.key());
     s.params.push_back(item.value());

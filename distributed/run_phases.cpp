@@ -148,7 +148,9 @@ PhasesOutcome run_phases(RunConfig& config,
     }
     // A rank still waiting in a collective of this phase learns that this one is done: their
     // step counts differ (World::wait).
-    if (world && !report.stopped) world->finished_phase(what + " (" + rank_summary(world->rank(), report) + ")");
+    if (world && !report.stopped) {
+      world->finished_phase(what + " (" + rank_summary(world->rank(), report) + ")");
+    }
     if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
     if (leader) {
       std::cout << format_report(report);

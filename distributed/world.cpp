@@ -442,8 +442,8 @@ void World::wait(c10d::Work& work, std::string_view what) {
         if (!ahead.insert(r).second) {
           throw WorldError(
               "the ranks took different numbers of steps: rank " + std::to_string(r) +
-              " finished " + text(w.monitor->get(w.key(finished, r))) + ", while this rank waits in " +
-              std::string(what) +
+              " finished " + text(w.monitor->get(w.key(finished, r))) +
+              ", while this rank waits in " + std::string(what) +
               " (items dropped on one rank only leave it steps short: keep on_bad_sample: replace, "
               "and drop nothing in your own stages under data parallelism)");
         }

@@ -690,7 +690,9 @@ std::string stage_table(const RunReport& r) {
 // The layouts autotune tried, with their rates, and the settings it chose.
 std::string autotune_table(const flowtrain::AutotuneReport& a) {
   std::string caption = "Autotune: " + std::to_string(a.trials.size()) + " trial(s)";
-  if (a.rehearsal_s > 0) caption += ", " + fixed(a.rehearsal_s, 1) + " s of rehearsals before the run";
+  if (a.rehearsal_s > 0) {
+    caption += ", " + fixed(a.rehearsal_s, 1) + " s of rehearsals before the run";
+  }
   if (a.tuning_s > 0) caption += ", " + fixed(a.tuning_s, 1) + " s on the run's own work";
   std::string out = "<figure><figcaption>" + escape(caption) +
                     "</figcaption>\n<table class=\"stages\">\n" +
@@ -698,8 +700,8 @@ std::string autotune_table(const flowtrain::AutotuneReport& a) {
   const flowtrain::AutotuneTrial* chosen = a.chosen();
   for (std::size_t i = 0; i < a.trials.size(); ++i) {
     const flowtrain::AutotuneTrial& t = a.trials[i];
-    out += cells({std::to_string(i + 1), t.rehearsal ? "rehearsal" : "the run", rate_text(t.items_per_s),
-                  t.kept ? "yes" : "", t.change, t.layout},
+    out += cells({std::to_string(i + 1), t.rehearsal ? "rehearsal" : "the run",
+                  rate_text(t.items_per_s), t.kept ? "yes" : "", t.change, t.layout},
                  "td", &t == chosen ? "chosen" : "");
   }
   std::string settings;

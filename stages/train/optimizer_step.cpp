@@ -1,7 +1,6 @@
 #include "stages/train/optimizer_step.hpp"
 
 #include <algorithm>
-
 #include <string>
 
 #include "graph/error.hpp"

@@ -141,8 +141,8 @@ TrainStepStage::~TrainStepStage() = default;
 
 StageDoc TrainStepStage::describe() {
   return {
-      "Trains a model (a ViT or ResNet student, or a teacher from labels), one serial step per batch in "
-      "order: forward, loss (distillation from the batch's teacher outputs, else "
+      "Trains a model (a ViT or ResNet student, or a teacher from labels), one serial step per "
+      "batch in order: forward, loss (distillation from the batch's teacher outputs, else "
       "supervised), backward, gradient clipping, AdamW with warm-up + cosine; exact resume. "
       "Emits a record per step; an entry whose output no stage takes brings the nodes "
       "`<name>/step_log`, `<name>/checkpoint` (with a checkpoint_dir) and `<name>/snapshot` "

@@ -1,7 +1,6 @@
 #include "stages/train/trainer.hpp"
 
 #include <ATen/record_function.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -244,7 +243,8 @@ torch::Tensor Trainer::pipelined_forward_backward(const data::Batch& batch,
                 " samples, fewer than microbatches (" + std::to_string(m) + ")");
   }
   const auto split = [m](const torch::Tensor& t) {
-    return t.defined() ? t.tensor_split(m) : std::vector<torch::Tensor>(static_cast<std::size_t>(m));
+    return t.defined() ? t.tensor_split(m)
+                       : std::vector<torch::Tensor>(static_cast<std::size_t>(m));
   };
   p.images = split(batch.images);
   p.teacher_logits = split(batch.teacher_logits);

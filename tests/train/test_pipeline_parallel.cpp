@@ -8,9 +8,11 @@
 #include "graph/error.hpp"
 #include "stages/train/pipeline.hpp"
 #include "stages/train/train_step.hpp"
+#include "tests/train/relative_difference.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::train;
+using flowtrain::testing::relative_difference;
 
 namespace {
 
@@ -66,23 +68,6 @@ PipelineBatchResult step_split(ViT& model,
       schedule, stages, [&](int m) { return d.images.slice(0, m * size, (m + 1) * size); }, 1);
 }
 
-// The largest difference between the two models' tensors (gradients or weights) relative to
-// the largest magnitude of the reference's.
-double relative_difference(ViT& a, ViT& reference, bool gradients) {
-  const auto pa = a->named_parameters(), pr = reference->named_parameters();
-  double worst = 0;
-  for (const auto& item : pr) {
-    const torch::Tensor r = gradients ? item.value().grad() : item.value();
-    const torch::Tensor x = gradients ? pa[item.key()].grad() : pa[item.key()];
-    REQUIRE(r.defined());
-    REQUIRE(x.defined());
-    const double scale = r.abs().max().item<double>();
-    if (scale == 0) continue;
-    worst = std::max(worst, (x - r).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
-
 const std::vector<std::tuple<Kind, int, std::vector<int>>> kLayouts = {
     {Kind::kGPipe, 1, {2}}, {Kind::k1F1B, 1, {2}}, {Kind::kInterleaved, 2, {1, 2, 3}}};
 
@@ -100,7 +85,7 @@ TEST_CASE("Train.PipelineParallel.GradientsEqualTheUnsplitModels" * doctest::tim
     ViT model = fresh_model();
     const PipelineSchedule schedule = make_pipeline_schedule(kind, 2, 4, chunks);
     const PipelineBatchResult r = step_split(model, d, schedule, splits);
-    CHECK(relative_difference(model, reference, true) < 1e-5);
+    CHECK(relative_difference(*model, *reference, true) < 1e-5);
     CHECK(r.losses.size() == 4);
     CHECK(r.spans[0].size() == static_cast<std::size_t>(2 * 4 * chunks));
     CHECK(r.bubble >= 0);
@@ -130,7 +115,7 @@ TEST_CASE("Train.PipelineParallel.WeightsAfterStepsEqualTheUnsplitModels" * doct
       step_split(model, d, schedule, splits);
       opt.step();
     }
-    CHECK(relative_difference(model, reference, false) < 1e-5);
+    CHECK(relative_difference(*model, *reference) < 1e-5);
   }
 }
 

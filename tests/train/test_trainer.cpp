@@ -7,10 +7,12 @@
 
 #include "graph/error.hpp"
 #include "stages/train/trainer.hpp"
+#include "tests/train/relative_difference.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::train;
+using flowtrain::testing::relative_difference;
 using flowtrain::testing::TempDir;
 
 namespace {
@@ -139,22 +141,6 @@ TEST_CASE("Train.Trainer.DistillationNeedsTeacherOutputs") {
 }
 
 
-namespace {
-
-// The largest |a - b| / max|b| over the parameters of two trainers' models.
-double relative_difference(Trainer& a, Trainer& reference) {
-  const auto pa = a.model()->parameters();
-  const auto pb = reference.model()->parameters();
-  double worst = 0;
-  for (std::size_t i = 0; i < pa.size(); ++i) {
-    const double scale = std::max(pb[i].abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
-
-}  // namespace
-
 // partitions / microbatches in a train_step's config: the Trainer runs each batch through
 // the pipeline and ends where the unpartitioned Trainer does, distillation loss included.
 TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::timeout(120)) {
@@ -196,7 +182,7 @@ TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::
     for (const data::Batch& b : batches) last = trainer.step(b);
     CHECK(last.applied);
     CHECK(last.seen == 8);
-    CHECK(relative_difference(trainer, reference) < 1e-5);
+    CHECK(relative_difference(*trainer.model(), *reference.model()) < 1e-5);
     CHECK(trainer.state().step == 3);
     if (c.pipeline.partitions > 1) {
       CHECK(last.bubble > 0);

@@ -566,7 +566,8 @@ TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeou
   CHECK(result(tuned, "train_step", "steps") == 600);  // 60 epochs x 10 batches, none lost
 
   run_config(config("plain", ""));
-  const PipelineConfig chosen = parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
+  const PipelineConfig chosen =
+      parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
   build_pipeline(chosen)->run(chosen.run);
 
   for (const std::string other : {"plain", "chosen"}) {
@@ -632,7 +633,8 @@ TEST_CASE("Train.Autotune.RehearsalsFixTheStepsThreadsAndWriteNothing" * doctest
   while (std::getline(csv, line)) ++rows;
   CHECK(rows == 201);  // header + the run's 200 steps: none of the rehearsals'
 
-  const PipelineConfig chosen = parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
+  const PipelineConfig chosen =
+      parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
   build_pipeline(chosen)->run(chosen.run);
   CHECK(same_weights(runs / "tuned/final.pt", runs / "chosen/final.pt"));
 }
