@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "graph/error.hpp"
+
 namespace flowtrain::dist {
 
 std::vector<int> partition_parameters(const std::vector<std::int64_t>& numels, int ranks) {
@@ -43,14 +45,25 @@ struct ShardedOptimizer::Impl {
 
 ShardedOptimizer::ShardedOptimizer(const Named& params,
                                    c10d::ProcessGroup& group,
-                                   const Factory& make)
+                                   const Factory& make,
+                                   std::vector<int> owner)
     : impl_(std::make_unique<Impl>(group)) {
-  std::vector<std::int64_t> numels;
-  for (const auto& item : params) numels.push_back(item.second.numel());
-  const std::vector<int> owner = partition_parameters(numels, group.getSize());
+  if (owner.empty()) {
+    std::vector<std::int64_t> numels;
+    for (const auto& item : params) numels.push_back(item.second.numel());
+    owner = partition_parameters(numels, group.getSize());
+  }
+  if (owner.size() != params.size()) {
+    throw Error("ShardedOptimizer: " + std::to_string(owner.size()) + " owners for " +
+                std::to_string(params.size()) + " parameters");
+  }
   impl_->by_owner.resize(static_cast<std::size_t>(group.getSize()));
   Named mine;
   for (std::size_t k = 0; k < params.size(); ++k) {
+    if (owner[k] < 0 || owner[k] >= group.getSize()) {
+      throw Error("ShardedOptimizer: " + params[k].first + " owned by rank " +
+                  std::to_string(owner[k]) + " of " + std::to_string(group.getSize()));
+    }
     impl_->by_owner[static_cast<std::size_t>(owner[k])].push_back(params[k].second);
     if (owner[k] == group.getRank()) mine.push_back(params[k]);
   }

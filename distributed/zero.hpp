@@ -35,7 +35,12 @@ class ShardedOptimizer {
   using Named = std::vector<std::pair<std::string, torch::Tensor>>;
   using Factory = std::function<std::unique_ptr<torch::optim::AdamW>(const Named& shard)>;
 
-  ShardedOptimizer(const Named& params, c10d::ProcessGroup& group, const Factory& make);
+  /// `owners[k]`: the rank that owns params[k] (pipeline parallelism: the rank holding its
+  /// partition); empty: partition_parameters, ZeroRedundancyOptimizer's balance.
+  ShardedOptimizer(const Named& params,
+                   c10d::ProcessGroup& group,
+                   const Factory& make,
+                   std::vector<int> owners = {});
   ~ShardedOptimizer();
 
   /// Updates this rank's shard, then gathers every parameter from its owner.

@@ -123,6 +123,7 @@ struct DatasetSourceOptions {
   bool shuffle = true;
   std::int64_t rank = -1;
   std::int64_t world_size = 0;
+  std::int64_t ranks_per_shard = 1;
   std::string uneven = "pad";
   std::int64_t limit = 0;
   template <class Declare>
@@ -138,6 +139,11 @@ struct DatasetSourceOptions {
       "number of data-parallel ranks (0: from the launcher's environment, WORLD_SIZE or "
       "SLURM_NTASKS; 1 without one)",
       {.min = 0});
+    d(ranks_per_shard, "ranks_per_shard",
+      "ranks that read the same samples: the launcher's ranks r and r' share a shard when "
+      "r / ranks_per_shard = r' / ranks_per_shard (set it to train_step's partitions when the "
+      "model is split across ranks; every rank of a pipeline needs each batch)",
+      {.min = 1, .max = 1 << 20});
     d(uneven, "uneven",
       "dataset not divisible by world_size: pad (repeat samples so every rank gets "
       "ceil(n/world_size)) or drop (floor(n/world_size) each)",

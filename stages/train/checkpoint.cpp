@@ -55,6 +55,10 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"world_size", &TrainState::world_size},
     {"zero_shards", &TrainState::zero_shards},
 };
+// State fields added later: a file without them has the defaults.
+constexpr std::pair<const char*, std::uint64_t TrainState::*> kNewStateFields[] = {
+    {"pipeline_ranks", &TrainState::pipeline_ranks},
+};
 
 // LibTorch's readers throw c10::Error, or std::runtime_error from its TorchScript parser, on a
 // damaged file (found by fuzzing): one line naming the file instead, as for every bad input.
@@ -103,9 +107,12 @@ std::string checkpoint_bytes(const ImageModel& model,
   archive.write("config.stage_blocks",
                 c10::IValue(std::vector<std::int64_t>(config.stage_blocks.begin(),
                                                       config.stage_blocks.end())));
-  for (const auto& [key, field] : kStateFields) {
-    archive.write(std::string("state.") + key,
-                  c10::IValue(static_cast<std::int64_t>(state.*field)));
+  using StateFields = std::span<const std::pair<const char*, std::uint64_t TrainState::*>>;
+  for (const StateFields fields : {StateFields(kStateFields), StateFields(kNewStateFields)}) {
+    for (const auto& [key, field] : fields) {
+      archive.write(std::string("state.") + key,
+                    c10::IValue(static_cast<std::int64_t>(state.*field)));
+    }
   }
   archive.write("state.epoch", c10::IValue(std::int64_t{state.epoch}));
 
@@ -205,6 +212,14 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
     for (const auto& [key, field] : kStateFields) {
       checkpoint.state.*field = static_cast<std::uint64_t>(
           read_int(checkpoint.archive, std::string("state.") + key, path));
+    }
+    for (const auto& [key, field] : kNewStateFields) {
+      c10::IValue value;
+      if (!checkpoint.archive.try_read(std::string("state.") + key, value)) continue;
+      if (!value.isInt() || value.toInt() < 0) {
+        throw Error(path + ": checkpoint's 'state." + key + "' is damaged");
+      }
+      checkpoint.state.*field = static_cast<std::uint64_t>(value.toInt());
     }
     checkpoint.state.epoch =
         static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));

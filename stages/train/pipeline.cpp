@@ -2,6 +2,7 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -22,9 +23,7 @@ using Clock = std::chrono::steady_clock;
 // Thrown in a rank waiting for a tensor once another rank failed: it stops without a message.
 struct Cancelled {};
 
-// Tensors handed between the ranks' threads: stage s's forward output to stage s + 1 (kept
-// under (kForward, s + 1, m)), and the gradient of stage s's input back to stage s - 1 (under
-// (kBackward, s - 1, m)). Each is put once and taken once.
+// Tensors handed between the ranks' threads of one process, each put once and taken once.
 class Mailbox {
  public:
   void put(Kind kind, int stage, int microbatch, torch::Tensor tensor) {
@@ -76,7 +75,8 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
                                        const std::vector<PipelineStageFn>& stages,
                                        const std::function<torch::Tensor(int)>& input,
                                        int intraop_threads,
-                                       const std::vector<double>& weights) {
+                                       const std::vector<double>& weights,
+                                       PipelineTransport* transport) {
   if (stages.size() != static_cast<std::size_t>(schedule.stages)) {
     throw Error("the pipeline schedule has " + std::to_string(schedule.stages) +
                 " stages, but the model was split into " + std::to_string(stages.size()));
@@ -85,6 +85,12 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   if (!weights.empty() && weights.size() != static_cast<std::size_t>(m)) {
     throw Error("run_pipeline_batch: " + std::to_string(weights.size()) + " loss weights for " +
                 std::to_string(m) + " micro-batches");
+  }
+  const int ranks = static_cast<int>(schedule.actions.size());
+  if (transport && (transport->rank() < 0 || transport->rank() >= ranks)) {
+    throw Error("run_pipeline_batch: this process runs pipeline rank " +
+                std::to_string(transport->rank()) + ", but the schedule has " +
+                std::to_string(ranks) + " ranks");
   }
   const auto weight = [&](int microbatch) {
     return weights.empty() ? 1.0 / m : weights[static_cast<std::size_t>(microbatch)];
@@ -107,6 +113,34 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   const Clock::time_point begin = Clock::now();
   const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - begin).count(); };
 
+  // Stage s's forward output goes to stage s + 1 (kept under (kForward, s + 1, m)), the gradient
+  // of its input back to stage s - 1 (under (kBackward, s - 1, m)): through the mailbox between
+  // threads of this process, or through the transport to a rank in another one.
+  const auto local = [&](int rank) { return !transport || rank == transport->rank(); };
+  const auto tag = [&](Kind kind, int stage, int microbatch) {
+    return ((kind == Kind::kForward ? 0 : schedule.stages) + stage) * m + microbatch;
+  };
+  const auto what = [](Kind kind, int stage, int microbatch) {
+    return (kind == Kind::kForward ? "stage " + std::to_string(stage) + "'s input"
+                                   : "the gradient of stage " + std::to_string(stage) + "'s output") +
+           " of micro-batch " + std::to_string(microbatch);
+  };
+  const auto put = [&](Kind kind, int stage, int microbatch, torch::Tensor tensor) {
+    const int to = schedule.rank_of(stage);
+    if (local(to)) {
+      mail.put(kind, stage, microbatch, std::move(tensor));
+    } else {
+      transport->send(to, tag(kind, stage, microbatch), tensor.contiguous(),
+                      what(kind, stage, microbatch));
+    }
+  };
+  const auto take = [&](Kind kind, int stage, int microbatch) {
+    const int from = schedule.rank_of(kind == Kind::kForward ? stage - 1 : stage + 1);
+    return local(from) ? mail.take(kind, stage, microbatch)
+                       : transport->recv(from, tag(kind, stage, microbatch),
+                                         what(kind, stage, microbatch));
+  };
+
   const auto run_rank = [&](std::size_t rank) {
     IntraOpThreads threads(intraop_threads);
     for (const PipelineAction& a : schedule.actions[rank]) {
@@ -115,29 +149,28 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
       double start = 0;  // once its input is there: waiting for it is the bubble
       try {
         if (a.kind == Kind::kForward) {
-          k.input = a.stage == 0
-                        ? torch::Tensor()
-                        : mail.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
+          k.input = a.stage == 0 ? torch::Tensor()
+                                 : take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
           start = seconds();
           torch::Tensor y = stages[s](a.stage == 0 ? input(a.microbatch) : k.input, a.microbatch);
           if (a.stage == last) {
             result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
             k.output = y * weight(a.microbatch);
           } else {
-            mail.put(Kind::kForward, a.stage + 1, a.microbatch, y.detach());
+            put(Kind::kForward, a.stage + 1, a.microbatch, y.detach());
             k.output = std::move(y);
           }
           result.peak_in_flight[s] = std::max(result.peak_in_flight[s], ++in_flight[s]);
         } else {
           const torch::Tensor grad =
-              a.stage == last ? torch::Tensor() : mail.take(Kind::kBackward, a.stage, a.microbatch);
+              a.stage == last ? torch::Tensor() : take(Kind::kBackward, a.stage, a.microbatch);
           start = seconds();
           if (a.stage == last) {
             torch::autograd::backward({k.output});
           } else {
             torch::autograd::backward({k.output}, {grad});
           }
-          if (a.stage > 0) mail.put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
+          if (a.stage > 0) put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
           k = {};  // the activations go as soon as the backward is done
           --in_flight[s];
         }
@@ -159,10 +192,13 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
       result.spans[rank].emplace_back(start, seconds());
     }
   };
-  std::vector<std::thread> ranks;
-  for (std::size_t r = 0; r < schedule.actions.size(); ++r) ranks.emplace_back(run_rank, r);
-  for (std::thread& t : ranks) t.join();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    if (local(r)) threads.emplace_back(run_rank, static_cast<std::size_t>(r));
+  }
+  for (std::thread& t : threads) t.join();
   if (!error.empty()) throw Error(error);
+  if (transport) transport->flush();
 
   result.wall_s = seconds();
   double busy = 0, sum = 0;
@@ -172,7 +208,7 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   for (int i = 0; i < m; ++i) sum += weight(i) * result.losses[static_cast<std::size_t>(i)];
   result.loss = sum;
   result.bubble = result.wall_s > 0
-                      ? 1 - busy / (static_cast<double>(schedule.actions.size()) * result.wall_s)
+                      ? 1 - busy / (static_cast<double>(threads.size()) * result.wall_s)
                       : 0;
   return result;
 }
@@ -202,6 +238,27 @@ std::vector<PipelineStageFn> vit_pipeline_stages(
           torch::Tensor tokens = model->run_blocks(first ? model->embed(x) : x, begin, end);
           return final ? loss(model->head(tokens), microbatch) : tokens;
         });
+  }
+  return out;
+}
+
+std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits) {
+  const int depth = model->config().depth;
+  const int last = static_cast<int>(splits.size());
+  std::vector<int> out;
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    int stage = 0;  // the embedding: patch_embed, cls_token, dist_token, pos_embed
+    if (name.rfind("blocks.", 0) == 0) {
+      const int block = std::stoi(name.substr(7));
+      if (block >= depth) throw Error("vit_parameter_stages: " + name + " past the last block");
+      stage = static_cast<int>(std::upper_bound(splits.begin(), splits.end(), block) -
+                               splits.begin());
+    } else if (name.rfind("norm.", 0) == 0 || name.rfind("head", 0) == 0 ||
+               name.rfind("regression_head", 0) == 0) {
+      stage = last;
+    }
+    out.push_back(stage);
   }
   return out;
 }

@@ -3,6 +3,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "stages/train/pipeline_schedule.hpp"
@@ -15,15 +16,36 @@ namespace flowtrain::train {
 /// micro-batch's loss, a scalar averaged over its samples.
 using PipelineStageFn = std::function<torch::Tensor(const torch::Tensor& input, int microbatch)>;
 
+/// How the pipeline ranks of a model split over processes hand each other tensors: one process
+/// runs one pipeline rank (its `rank()`), and a tensor for a stage another rank holds goes out
+/// through `send`, to arrive through that rank's `recv` with the same tag. distributed/ gives one
+/// over c10d point-to-point ops (dist::PipelineLink: Gloo here, NCCL where CUDA).
+class PipelineTransport {
+ public:
+  virtual ~PipelineTransport() = default;
+  /// The pipeline rank this process runs.
+  virtual int rank() const = 0;
+  /// Starts sending `tensor` (contiguous; kept alive until flush) to pipeline rank `to`.
+  /// `what` names it in errors: "stage 1's input of micro-batch 3".
+  virtual void send(int to, int tag, const torch::Tensor& tensor, const std::string& what) = 0;
+  /// Waits for what rank `from` sent under `tag`.
+  virtual torch::Tensor recv(int from, int tag, const std::string& what) = 0;
+  /// Waits until every send of this batch has been taken.
+  virtual void flush() = 0;
+};
+
 /// What one batch through a pipeline did, as measured.
 struct PipelineBatchResult {
-  std::vector<double> losses;  // [microbatch]: each micro-batch's loss (before the 1/M scale)
-  double loss = 0;             // their weighted sum: the batch's loss
+  /// [microbatch]: each micro-batch's loss (before the 1/M scale); with a transport, only on
+  /// the rank holding the last stage (0 elsewhere).
+  std::vector<double> losses;
+  double loss = 0;  // their weighted sum: the batch's loss
   double wall_s = 0;
   /// Each rank's actions as they ran: start (once the input had arrived) and end in seconds
-  /// from the batch's start ([rank][i], in schedule order), for the pipeline chart.
+  /// from the batch's start ([rank][i], in schedule order), for the pipeline chart; with a
+  /// transport, this process's rank's only (the others' are empty).
   std::vector<std::vector<std::pair<double, double>>> spans;
-  double bubble = 0;                // 1 - busy / (ranks x wall): the ranks' idle share
+  double bubble = 0;                // 1 - busy / (ranks x wall): the ranks' idle share (here)
   std::vector<int> peak_in_flight;  // [stage]: most micro-batches whose activations it kept
 };
 
@@ -38,6 +60,8 @@ struct PipelineBatchResult {
 /// its loss instead of 1/M, n_m / B for micro-batches of unequal sizes n_m (the loss is then
 /// the batch's mean whatever the split). An exception in any stage stops
 /// every rank and is rethrown as Error naming the rank, the stage, the micro-batch and the reason.
+/// With a `transport`, this process runs only the actions of its rank, and the tensors to and
+/// from the other ranks' stages go through it (every rank calls this with the same schedule).
 ///
 ///   const PipelineSchedule schedule = make_pipeline_schedule(PipelineScheduleKind::k1F1B, 2, 4);
 ///   const std::vector<PipelineStageFn> stages = vit_pipeline_stages(model, {2}, loss_of);
@@ -47,7 +71,8 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
                                        const std::vector<PipelineStageFn>& stages,
                                        const std::function<torch::Tensor(int)>& input,
                                        int intraop_threads = 1,
-                                       const std::vector<double>& weights = {});
+                                       const std::vector<double>& weights = {},
+                                       PipelineTransport* transport = nullptr);
 
 /// A ViT split into pipeline stages at block indices `splits` (ascending, within 1 .. depth -
 /// 1): the first stage embeds the images and runs the blocks before splits[0], the next ones
@@ -57,6 +82,11 @@ std::vector<PipelineStageFn> vit_pipeline_stages(
     ViT& model,
     const std::vector<int>& splits,
     std::function<torch::Tensor(const ModelOutput&, int)> loss);
+
+/// The pipeline stage each of the model's parameters (named_parameters() order) belongs to when
+/// split at `splits` as vit_pipeline_stages does: the embedding's to the first, block i's to
+/// the stage running it, the final norm's and the heads' to the last.
+std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits);
 
 /// Split points that give `stages` stages of a ViT of `depth` blocks as equal a share of the
 /// blocks as they divide: {2} for depth 4 and 2 stages, {4, 8} for depth 12 and 3.

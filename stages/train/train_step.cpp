@@ -59,7 +59,7 @@ ModelConfig ModelOptions::config() const {
   return config;
 }
 
-PipelineOptions PipelineStepOptions::config(int intraop_threads) const {
+PipelineOptions PipelineStepOptions::config(int intraop_threads, int ranks) const {
   PipelineOptions o;
   o.partitions = partitions;
   o.microbatches = microbatches;
@@ -74,6 +74,10 @@ PipelineOptions PipelineStepOptions::config(int intraop_threads) const {
       throw Error("param 'partition_splits' must hold block indices (whole numbers >= 1)");
     }
     o.splits.push_back(static_cast<int>(split));
+  }
+  if (ranks > 1) {  // one partition per rank, on the rank's threads
+    o.threads = intraop_threads;
+    return o;
   }
   if (partitions > 1 && intraop_threads % partitions != 0) {
     throw Error("param 'intraop_threads' (" + std::to_string(intraop_threads) +
@@ -110,11 +114,10 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.zero = options.zero;
   trainer.first_bucket_bytes = static_cast<std::int64_t>(options.first_bucket_mb * 1e6);
   trainer.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * 1e6);
-  trainer.pipeline = options.pipeline.config(options.intraop_threads);
-
   dist::World* world = context.find<dist::World>();
   const int rank = world ? world->rank() : 0;
   const int world_size = world ? world->size() : 1;
+  trainer.pipeline = options.pipeline.config(options.intraop_threads, world_size);
   // A rehearsal (autotune timing a layout) writes nothing, so it takes no lock either.
   if (!checkpoint_dir.empty() && !context.rehearsal()) {
     std::error_code ec;

@@ -71,9 +71,10 @@ struct ModelOptions {
   ModelConfig config() const;
 };
 
-/// Pipeline model parallelism in one process (a ViT): `partitions` threads each run a piece of
-/// the model on intraop_threads / partitions intra-op threads, and each batch flows through
-/// them as `microbatches` micro-batches in the order `pipeline_schedule` gives
+/// Pipeline model parallelism (a ViT): `partitions` threads of one process each run a piece of
+/// the model on intraop_threads / partitions intra-op threads, or, as a job of as many ranks as
+/// partitions, each rank runs one piece on its intraop_threads; each batch flows through them as
+/// `microbatches` micro-batches in the order `pipeline_schedule` gives
 /// (stages/train/pipeline.hpp). A group of TrainStepOptions, its keys flat in YAML.
 struct PipelineStepOptions {
   int partitions = 1;
@@ -82,14 +83,15 @@ struct PipelineStepOptions {
   int virtual_stages = 1;
   std::vector<double> partition_splits;
 
-  /// Throws Error for counts that do not fit `intraop_threads`.
-  PipelineOptions config(int intraop_threads) const;
+  /// Throws Error for counts that do not fit `intraop_threads` (in one process: `ranks` 1).
+  PipelineOptions config(int intraop_threads, int ranks) const;
 
   template <class Declare>
   void declare(Declare& d) {
     d(partitions, "partitions",
-      "pipeline parallelism: model partitions, each on its own thread with intraop_threads / "
-      "partitions intra-op threads (1: none; a ViT only)",
+      "pipeline parallelism: model partitions (1: none; a ViT only); in one process each on its "
+      "own thread with intraop_threads / partitions intra-op threads, in a job of as many "
+      "ranks one per rank (give the training source ranks_per_shard: partitions)",
       {.min = 1, .max = 256});
     d(microbatches, "microbatches",
       "pipeline parallelism: micro-batches per batch (the loss is still the batch's mean)",

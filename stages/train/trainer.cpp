@@ -12,6 +12,7 @@
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/pipeline.hpp"
+#include "stages/train/pipeline_link.hpp"
 #include "stages/train/vit.hpp"
 
 namespace flowtrain::train {
@@ -25,11 +26,33 @@ std::string number(double v) {
   return buf;
 }
 
+// Which samples a batch holds (FNV-1a over their views, else their labels), as a non-negative
+// int64: the ranks of a pipeline must agree on it.
+std::uint64_t sample_digest(const data::Batch& batch) {
+  std::uint64_t digest = 14695981039346656037ull;
+  const auto mix = [&digest](std::uint64_t v) { digest = (digest ^ v) * 1099511628211ull; };
+  for (const data::ViewKey& view : batch.views) {
+    mix(view.index);
+    mix(view.epoch);
+  }
+  if (batch.views.empty()) {
+    const torch::Tensor labels = batch.labels.contiguous();
+    for (std::int64_t i = 0; i < labels.numel(); ++i) {
+      mix(static_cast<std::uint64_t>(labels.data_ptr<std::int64_t>()[i]));
+    }
+  }
+  return digest >> 1;
+}
+
 }  // namespace
 
 struct Trainer::Pipelined {
   PipelineSchedule schedule;
   std::vector<PipelineStageFn> stages;
+  std::vector<int> param_stages;  // [parameter]: the stage it belongs to
+  // Across processes: this rank runs its partition, its tensors travel through the link.
+  dist::World* world = nullptr;
+  std::unique_ptr<PipelineLink> link;
   // The step's micro-batches, and what the last partition's loss left of each.
   std::vector<torch::Tensor> images, teacher_logits, labels, targets, logits;
   std::vector<KdLoss> losses;
@@ -46,22 +69,34 @@ Trainer::Trainer(const TrainerOptions& options,
     rank_ = world->rank();
     world_size_ = world->size();
   }
-  if (options_.zero && world) {
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    zero_ = std::make_unique<dist::ShardedOptimizer>(
-        named, world->group(),
-        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); });
+  if (options_.pipeline.enabled()) build_pipeline(world);
+  const bool pipeline_ranks = pipelined_ && pipelined_->link;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+  const auto make = [this](const auto& shard) { return make_adamw(shard, options_.optimizer); };
+  if (pipeline_ranks) {
+    // Each rank keeps the optimizer state of its partition's parameters and updates them; the
+    // others get them after each step (ZeRO-1's gather with the partitions as shards).
+    std::vector<int> owners;
+    for (const int stage : pipelined_->param_stages) {
+      owners.push_back(pipelined_->schedule.rank_of(stage));
+    }
+    zero_ = std::make_unique<dist::ShardedOptimizer>(named, world->group(), make, owners);
+  } else if (options_.zero && world) {
+    zero_ = std::make_unique<dist::ShardedOptimizer>(named, world->group(), make);
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }
+  const std::uint64_t pipeline_ranks_count = pipeline_ranks ? world_size_ : 0;
   if (resume_from) {
     const TrainState& saved = resume_from->state;
     if (saved.world_size != static_cast<std::uint64_t>(world_size_) ||
-        saved.zero_shards != (zero_ ? saved.world_size : 0)) {
+        saved.zero_shards != (zero_ ? saved.world_size : 0) ||
+        saved.pipeline_ranks != pipeline_ranks_count) {
       throw Error(resume_from->path + " was written by " + std::to_string(saved.world_size) +
-                  " rank(s)" + (saved.zero_shards ? " with ZeRO" : "") +
-                  "; resume it with the same number of ranks and the same zero setting");
+                  " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
+                  (saved.zero_shards && !saved.pipeline_ranks ? " with ZeRO" : "") +
+                  "; resume it with the same number of ranks, zero and partitions settings");
     }
     restore_training(*resume_from, model_, optimizer());
     state_ = saved;
@@ -69,8 +104,8 @@ Trainer::Trainer(const TrainerOptions& options,
   }
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = zero_ ? static_cast<std::uint64_t>(world_size_) : 0;
-  if (options_.pipeline.enabled()) build_pipeline(world != nullptr);
-  if (world) {
+  state_.pipeline_ranks = pipeline_ranks_count;
+  if (world && !pipeline_ranks) {
     // After any restore: every rank starts from rank 0's weights.
     sync_ = std::make_unique<dist::GradSync>(
         *model_, *world,
@@ -81,7 +116,7 @@ Trainer::Trainer(const TrainerOptions& options,
 
 Trainer::~Trainer() = default;
 
-void Trainer::build_pipeline(bool data_parallel) {
+void Trainer::build_pipeline(dist::World* world) {
   const PipelineOptions& o = options_.pipeline;
   const ModelConfig& config = model_->config();
   const std::shared_ptr<ViTImpl> vit_impl = std::dynamic_pointer_cast<ViTImpl>(model_.ptr());
@@ -89,9 +124,15 @@ void Trainer::build_pipeline(bool data_parallel) {
     throw Error("pipeline parallelism splits a ViT between its blocks; this model is " +
                 config.describe());
   }
-  if (data_parallel) {
-    throw Error("pipeline parallelism runs within one process for now: with several ranks, "
-                "set partitions: 1 and microbatches: 1");
+  const bool across_ranks = world && world->size() > 1;
+  if (across_ranks && o.partitions != world->size()) {
+    throw Error("with " + std::to_string(world->size()) + " ranks, partitions (" +
+                std::to_string(o.partitions) + ") must equal the ranks: each rank runs one "
+                "partition (pipeline and data parallelism together are not supported yet)");
+  }
+  if (across_ranks && options_.zero) {
+    throw Error("zero: true does not combine with partitions across ranks: each rank already "
+                "keeps only its partition's optimizer state");
   }
   if (config.dropout > 0 || config.drop_path > 0) {
     // ATen's one CPU generator would serve the partitions' threads in an order that depends
@@ -113,6 +154,11 @@ void Trainer::build_pipeline(bool data_parallel) {
   Pipelined* pipelined = p.get();
   const bool bf16 = options_.bf16;
   ViT vit(vit_impl);
+  p->param_stages = vit_parameter_stages(vit, splits);
+  if (across_ranks) {
+    p->world = world;
+    p->link = std::make_unique<PipelineLink>(*world);
+  }
   std::vector<PipelineStageFn> stages = vit_pipeline_stages(
       vit, splits, [this, pipelined](const ModelOutput& out, int m) {
         const auto i = static_cast<std::size_t>(m);
@@ -165,13 +211,13 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
                      .to(torch::kFloat) *
                  (1 - own);
   }
-  torch::Tensor logits;
   if (pipelined_) {
     RECORD_USER_SCOPE("student pipeline");
     optimizer().zero_grad();
-    logits = pipelined_forward_backward(batch, labels, p);
+    p.out.correct = pipelined_forward_backward(batch, labels, p);
     p.out.forward_end = p.out.backward_end = Clock::now();
   } else {
+    torch::Tensor logits;
     {
       RECORD_USER_SCOPE("student forward");  // the parts' names in LibTorch's profiler
       ModelOutput forward;
@@ -181,6 +227,9 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
       }
       logits = loss_of(forward, batch.teacher_logits, labels, batch.targets, p.loss);
       p.out.loss = p.loss.total.item<double>();
+      // Counted now: the batch's pooled buffers may be reused once this call returns.
+      p.out.correct = static_cast<std::uint64_t>(
+          logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
     }
     p.out.forward_end = Clock::now();
     {
@@ -192,9 +241,6 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
     }
     p.out.backward_end = Clock::now();
   }
-  // Counted now: the batch's pooled buffers may be reused once this call returns.
-  p.out.correct =
-      static_cast<std::uint64_t>(logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
   p.out.batch_number = batch.number;
   p.end_position = batch.end_position;
   if (!batch.views.empty()) p.epoch = batch.views.back().epoch;
@@ -232,7 +278,7 @@ torch::Tensor Trainer::loss_of(const ModelOutput& forward,
   return logits;
 }
 
-torch::Tensor Trainer::pipelined_forward_backward(const data::Batch& batch,
+std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
                                                   const torch::Tensor& labels,
                                                   Pending& step) {
   Pipelined& p = *pipelined_;
@@ -256,9 +302,10 @@ torch::Tensor Trainer::pipelined_forward_backward(const data::Batch& batch,
   for (const torch::Tensor& images : p.images) {
     weights.push_back(static_cast<double>(images.size(0)) / static_cast<double>(size));
   }
+  if (p.link) p.link->set_batch(batch.number, sample_digest(batch));
   const PipelineBatchResult r = run_pipeline_batch(
       p.schedule, p.stages, [&p](int i) { return p.images[static_cast<std::size_t>(i)]; },
-      options_.pipeline.threads, weights);
+      options_.pipeline.threads, weights, p.link.get());
   step.out.loss = r.loss;
   step.out.bubble = r.bubble;
   step.out.peak_in_flight = *std::max_element(r.peak_in_flight.begin(), r.peak_in_flight.end());
@@ -272,9 +319,33 @@ torch::Tensor Trainer::pipelined_forward_backward(const data::Batch& batch,
     }
     return sum;
   };
+  const bool has_loss = p.logits.front().defined();  // on the rank holding the last stage
   step.loss = {weighted(&KdLoss::total), weighted(&KdLoss::ce), weighted(&KdLoss::kd),
                weighted(&KdLoss::regression)};
-  return torch::cat(p.logits);
+  std::uint64_t correct = 0;
+  if (has_loss) {
+    correct = static_cast<std::uint64_t>(
+        torch::cat(p.logits).argmax(1).eq(batch.labels).sum().item<std::int64_t>());
+  }
+  if (p.link) {
+    // The rank holding the last stage tells the others the batch's loss and accuracy.
+    const double nan = std::nan("");
+    const auto value = [&](const torch::Tensor& t) { return t.defined() ? t.item<double>() : nan; };
+    torch::Tensor stats = torch::tensor(
+        {step.out.loss, static_cast<double>(correct), has_loss ? value(step.loss.ce) : 0.0,
+         has_loss ? value(step.loss.kd) : 0.0},
+        torch::kDouble);
+    std::vector<torch::Tensor> buffer = {stats};
+    c10d::BroadcastOptions options;
+    options.rootRank = p.schedule.rank_of(p.schedule.stages - 1);
+    p.world->wait(*p.world->group().broadcast(buffer, options), "the pipeline's loss broadcast");
+    const auto* v = stats.data_ptr<double>();
+    step.out.loss = v[0];
+    correct = static_cast<std::uint64_t>(v[1]);
+    step.loss = {torch::tensor(v[0]), torch::tensor(v[2]),
+                 std::isnan(v[3]) ? torch::Tensor() : torch::tensor(v[3]), torch::Tensor()};
+  }
+  return correct;
 }
 
 std::size_t Trainer::buckets_per_step() const { return sync_ ? sync_->buckets().size() : 1; }
@@ -295,7 +366,9 @@ StepOutcome Trainer::apply() {
   const std::uint64_t step = state_.step + 1;
   const double clip = options_.clip_grad_norm;
   const double grad_norm =
-      torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
+      pipelined_ && pipelined_->link
+          ? clip_partitioned_gradients(clip > 0 ? clip : INFINITY)
+          : torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
 
   state_.data_position = p.end_position;
   if (p.epoch) state_.epoch = *p.epoch;
@@ -327,6 +400,32 @@ StepOutcome Trainer::apply() {
   state_.step = step;
   out.applied = true;
   return out;
+}
+
+double Trainer::clip_partitioned_gradients(double max_norm) {
+  Pipelined& p = *pipelined_;
+  const std::vector<torch::Tensor> params = model_->parameters();
+  // Each parameter's gradient norm, on the rank that owns it (0 elsewhere, so the sum is
+  // exact); then the steps of clip_grad_norm_ on the whole list.
+  std::vector<torch::Tensor> norms;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const torch::Tensor& grad = params[k].grad();
+    const bool mine = p.schedule.rank_of(p.param_stages[k]) == rank_;
+    if (grad.defined() != mine) {
+      throw Error("pipeline rank " + std::to_string(rank_) + ": parameter " +
+                  std::to_string(k) + (mine ? " of its partition got no gradient"
+                                            : " of another partition got a gradient"));
+    }
+    norms.push_back(mine ? grad.norm(2) : torch::zeros({}, params[k].options()));
+  }
+  std::vector<torch::Tensor> buffer = {torch::stack(norms)};
+  p.world->wait(*p.world->group().allreduce(buffer), "the gradient norm's all-reduce");
+  const torch::Tensor total = buffer.front().norm(2);
+  const torch::Tensor coefficient = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+  for (const torch::Tensor& param : params) {
+    if (param.grad().defined()) param.grad().data().mul_(coefficient);
+  }
+  return total.item<double>();
 }
 
 std::string Trainer::checkpoint(bool with_optimizer) const {

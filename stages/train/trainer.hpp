@@ -22,9 +22,10 @@ class World;
 
 namespace flowtrain::train {
 
-/// Pipeline model parallelism in one process (a ViT only): the model split into partitions,
-/// each run by a thread of its own on `threads` intra-op threads, and each batch into
-/// micro-batches that flow through them as `schedule` orders (stages/train/pipeline.hpp).
+/// Pipeline model parallelism (a ViT only): the model split into partitions, each run by a
+/// thread of its own on `threads` intra-op threads (in one process) or by a rank of the job
+/// (across processes, partitions = ranks), and each batch into micro-batches that flow through
+/// them as `schedule` orders (stages/train/pipeline.hpp).
 struct PipelineOptions {
   int partitions = 1;       // pipeline ranks (threads); 1 with 1 micro-batch: no pipeline
   int virtual_stages = 1;   // model chunks per partition (schedule kInterleaved)
@@ -49,7 +50,8 @@ struct TrainerOptions {
   bool zero = false;             // shard the optimizer state across the ranks (ZeRO-1)
   std::int64_t first_bucket_bytes = 1'000'000;  // first gradient bucket to all-reduce
   std::int64_t bucket_bytes = 25'000'000;       // the other buckets
-  PipelineOptions pipeline;  // one process only
+  /// With one process: partitions are threads of it; with a world: one partition per rank.
+  PipelineOptions pipeline;
 };
 
 /// One training step, as measured. `sync_end` is when the optimizer could start: every
@@ -162,12 +164,15 @@ class Trainer {
 
   struct Pipelined;  // the schedule and the model's partitions
   std::unique_ptr<Pipelined> pipelined_;
-  void build_pipeline(bool data_parallel);
-  /// forward_backward's forward, loss and backward through the pipeline; returns the float
-  /// logits of the whole batch.
-  torch::Tensor pipelined_forward_backward(const data::Batch& batch,
+  void build_pipeline(dist::World* world);
+  /// forward_backward's forward, loss and backward through the pipeline; returns how many of
+  /// the batch's predictions matched their label.
+  std::uint64_t pipelined_forward_backward(const data::Batch& batch,
                                            const torch::Tensor& labels,
                                            Pending& step);
+  /// With partitions across ranks: clips the gradient by its norm over every rank's partition
+  /// (the norm clip_grad_norm_ takes of the whole model's) and returns that norm.
+  double clip_partitioned_gradients(double max_norm);
 };
 
 }  // namespace flowtrain::train

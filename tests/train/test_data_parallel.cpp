@@ -12,7 +12,7 @@
 #include "distributed/zero.hpp"
 #include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
-#include "tests/process.hpp"
+#include "tests/train/cli_runs.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
@@ -21,35 +21,6 @@ using namespace flowtrain::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Runs `flowtrain run args...` to completion.
-Exit run_cli(std::vector<std::string> args) {
-  args.insert(args.begin(), {FLOWTRAIN_CLI, "run"});
-  static int runs = 0;
-  return wait_for(spawn(args, {}, fs::temp_directory_path() /
-                                      ("flowtrain-dp-" + std::to_string(::getpid()) + "-" +
-                                       std::to_string(runs++) + ".log")),
-                  300);
-}
-
-// The largest absolute difference between the weights of two checkpoints.
-double max_weight_difference(const std::string& a_path, const std::string& b_path) {
-  const ImageModel a = load_model(read_checkpoint(a_path)), b = load_model(read_checkpoint(b_path));
-  const auto pa = a->named_parameters(), pb = b->named_parameters();
-  REQUIRE(pa.size() == pb.size());
-  double worst = 0;
-  for (const auto& item : pa) {
-    worst = std::max(worst, (item.value() - pb[item.key()]).abs().max().item<double>());
-  }
-  return worst;
-}
-
-// A number printed in rank 0's report, e.g. "optimizer_state_mb 1.23".
-double printed(const std::string& log, const std::string& name) {
-  std::smatch m;
-  REQUIRE(std::regex_search(log, m, std::regex(name + " ([0-9.e+-]+)")));
-  return std::stod(m[1]);
-}
 
 // 320 images: 10 steps of 32 on one rank, or of 16 per rank on two (the same samples: rank r
 // takes positions r, r + 2, ... of the shuffled order). Buckets are tiny and uneven.
