@@ -1171,6 +1171,12 @@ class Pipeline::Runtime {
       s.threads_per_invocation = nodes_[i].stage->threads_per_invocation();
       s.intra_op_parallel = nodes_[i].stage->intra_op_parallel();
       s.results = nodes_[i].stage->results();
+      s.timeline = nodes_[i].stage->timeline();
+      const double start_s = std::chrono::duration<double>(start_.time_since_epoch()).count();
+      for (TimelineSpan& span : s.timeline) {
+        span.begin_s -= start_s;
+        span.end_s -= start_s;
+      }
       s.items_in = c.items_in.load();
       s.items_out = c.items_out.load();
       {

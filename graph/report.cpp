@@ -1,6 +1,7 @@
 #include "graph/report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -155,6 +156,52 @@ std::string format_autotune(const AutotuneReport& a) {
   return out;
 }
 
+std::string format_timeline(const StageReport& stage, int columns) {
+  if (stage.timeline.empty()) return "";
+  std::uint64_t item = 0;
+  for (const TimelineSpan& span : stage.timeline) item = std::max(item, span.item);
+  std::vector<std::string> tracks;  // in order of first appearance
+  std::vector<const TimelineSpan*> spans;
+  double begin = INFINITY, end = -INFINITY;
+  for (const TimelineSpan& span : stage.timeline) {
+    if (span.item != item) continue;
+    spans.push_back(&span);
+    begin = std::min(begin, span.begin_s);
+    end = std::max(end, span.end_s);
+    if (std::find(tracks.begin(), tracks.end(), span.track) == tracks.end()) {
+      tracks.push_back(span.track);
+    }
+  }
+  const double wall = end - begin;
+  if (!(wall > 0) || columns < 1) return "";
+  std::size_t name_width = 0;
+  for (const std::string& track : tracks) name_width = std::max(name_width, track.size());
+  std::vector<std::string> rows(tracks.size(), std::string(static_cast<std::size_t>(columns), '.'));
+  double busy = 0;
+  for (const TimelineSpan* span : spans) {
+    busy += span->end_s - span->begin_s;
+    std::string& row = rows[static_cast<std::size_t>(
+        std::find(tracks.begin(), tracks.end(), span->track) - tracks.begin())];
+    const auto column = [&](double t) {
+      return std::clamp(static_cast<int>(std::lround((t - begin) / wall * columns)), 0, columns);
+    };
+    const int from = column(span->begin_s), to = std::max(column(span->end_s), from + 1);
+    for (int c = from; c < std::min(to, columns); ++c) {
+      const auto k = static_cast<std::size_t>(c - from);
+      row[static_cast<std::size_t>(c)] = k < span->label.size() ? span->label[k] : '=';
+    }
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "'%s' timeline of item %llu (%.3f s, %s idle):\n",
+                stage.name.c_str(), static_cast<unsigned long long>(item), wall,
+                percent(1 - busy / (static_cast<double>(tracks.size()) * wall)).c_str());
+  std::string out = buf;
+  for (std::size_t t = 0; t < tracks.size(); ++t) {
+    out += "  " + tracks[t] + std::string(name_width - tracks[t].size() + 2, ' ') + rows[t] + "\n";
+  }
+  return out;
+}
+
 std::string format_report(const RunReport& r) {
   std::string out;
   char buf[512];
@@ -213,6 +260,7 @@ std::string format_report(const RunReport& r) {
     }
     out += "\n";
   }
+  for (const StageReport& s : r.stages) out += format_timeline(s);
   if (!r.cpu.core_mean.empty()) out += "cpu: " + cpu_text(r) + "\n";
   if (r.autotune) out += format_autotune(*r.autotune);
   out += "layout: " + r.layout() + "\n";

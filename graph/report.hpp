@@ -75,6 +75,7 @@ struct StageReport {
   std::vector<QueueSample> queue_series;  // occupancy over time, at most ~1000 points
 
   std::vector<StageResult> results;  // what the stage reported (loss, accuracy...)
+  std::vector<TimelineSpan> timeline;  // what it timed inside its items (Stage::timeline)
 
   static constexpr std::size_t kMaxDropRecords = 100;
 };
@@ -130,6 +131,14 @@ struct RunReport {
 };
 
 std::string format_report(const RunReport& report);
+
+/// The chart of a stage's last timed item (StageReport::timeline): one row per track, time
+/// across `columns` characters, each span drawn as its label padded with '=' ("F3==B3=="), '.'
+/// where the track was idle; a header names the item, its time and the idle share (the bubble
+/// of a pipeline). Empty without spans.
+///   'student' timeline of item 10 (0.412 s, 13% idle):
+///     partition 0  F0==F1==F2==B0====F3==B1====...
+std::string format_timeline(const StageReport& stage, int columns = 96);
 
 /// `n` and its noun, plural unless n is 1: "1 core", "2 graph threads".
 std::string count_text(std::size_t n, const char* noun);

@@ -103,6 +103,18 @@ struct StageResult {
   double value = 0;
 };
 
+/// Work a stage timed inside one of its items, on a track of its own: a pipeline partition's
+/// forward of one micro-batch, say. The Chrome trace draws every span, the report a chart of
+/// the last item's.
+struct TimelineSpan {
+  std::string track;       // "partition 0"
+  std::string label;       // "F3"
+  std::uint64_t item = 0;  // the stage's item it belongs to (a training step)
+  /// Seconds: on std::chrono::steady_clock (its time_since_epoch) from Stage::timeline();
+  /// since the run started in a StageReport.
+  double begin_s = 0, end_s = 0;
+};
+
 /// Base of every stage. Derive from one of the typed bases below, never from this directly.
 class Stage {
  public:
@@ -145,6 +157,8 @@ class Stage {
   /// A few numbers shown on the live progress line while the run lasts (step, epoch, loss...).
   /// Called from the pipeline's sampler thread while the stage runs: must be thread-safe.
   virtual std::vector<StageResult> live_results() const { return {}; }
+  /// What the stage timed inside its items, after the run (see TimelineSpan).
+  virtual std::vector<TimelineSpan> timeline() const { return {}; }
 
  private:
   friend struct detail::StageAccess;

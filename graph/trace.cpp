@@ -1,5 +1,6 @@
 #include "graph/trace.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -53,6 +54,32 @@ void TraceRecorder::write(const std::string& path, const RunReport& report) cons
       out << sep << "{\"name\":\"" << json_escape(report.stages[s.stage].name)
           << "\",\"cat\":\"stage\",\"ph\":\"X\",\"pid\":1,\"tid\":" << tid << ",\"ts\":" << buf
           << ",\"args\":{\"item\":" << s.seq << "}}";
+    }
+  }
+  // What stages timed inside their items: a process per stage, a thread per track.
+  int pid = 1;
+  for (const StageReport& stage : report.stages) {
+    if (stage.timeline.empty()) continue;
+    ++pid;
+    out << sep << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << pid
+        << ",\"args\":{\"name\":\"" << json_escape(stage.name) << "\"}}";
+    std::vector<std::string> tracks;
+    for (const TimelineSpan& span : stage.timeline) {
+      auto it = std::find(tracks.begin(), tracks.end(), span.track);
+      if (it == tracks.end()) {
+        tracks.push_back(span.track);
+        it = tracks.end() - 1;
+        out << sep << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << pid
+            << ",\"tid\":" << tracks.size() << ",\"args\":{\"name\":\""
+            << json_escape(span.track) << "\"}}";
+      }
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.3f,\"dur\":%.3f", span.begin_s * 1e6,
+                    (span.end_s - span.begin_s) * 1e6);
+      out << sep << "{\"name\":\"" << json_escape(span.label)
+          << "\",\"cat\":\"timeline\",\"ph\":\"X\",\"pid\":" << pid
+          << ",\"tid\":" << (it - tracks.begin() + 1) << ",\"ts\":" << buf
+          << ",\"args\":{\"item\":" << span.item << "}}";
     }
   }
   for (const StageReport& stage : report.stages) {

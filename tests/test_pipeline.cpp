@@ -340,6 +340,24 @@ TEST_CASE("Pipeline.Trace.WritesChromeTraceEvents" * doctest::timeout(60)) {
   std::remove(path.c_str());
 }
 
+// A chart of the last item's spans: one row per track, labels padded with '=', '.' idle, and
+// the idle share (a pipeline's bubble) in the header; earlier items are not drawn.
+TEST_CASE("Pipeline.Report.TimelineChartOfTheLastItem") {
+  StageReport stage;
+  stage.name = "student";
+  CHECK(format_timeline(stage).empty());
+  stage.timeline = {{"partition 0", "F0", 1, 0.0, 1.0},   // an earlier item: not drawn
+                    {"partition 0", "F0", 2, 10.0, 11.0},
+                    {"partition 1", "F0", 2, 11.0, 12.0},
+                    {"partition 1", "B0", 2, 12.0, 14.0},
+                    {"partition 0", "B0", 2, 14.0, 16.0}};
+  // 6 s drawn over 12 columns; 6 of 12 partition-seconds busy.
+  CHECK(format_timeline(stage, 12) ==
+        "'student' timeline of item 2 (6.000 s, 50% idle):\n"
+        "  partition 0  F0......B0==\n"
+        "  partition 1  ..F0B0==....\n");
+}
+
 TEST_CASE("Pipeline.Add.RejectsBadLinks") {
   SUBCASE("type mismatch") {
     Pipeline p;

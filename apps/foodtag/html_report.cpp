@@ -718,6 +718,12 @@ std::string phase_section(const PhaseProfile& phase, std::size_t index) {
                     "\">\n<h2>Phase: " + escape(phase.name) + "</h2>\n";
   out += "<p class=\"facts\"><b>verdict:</b> " + escape(r.verdict()) + "</p>\n";
   out += "<p class=\"facts\"><b>layout:</b> " + escape(r.layout()) + "</p>\n";
+  for (const flowtrain::StageReport& stage : r.stages) {
+    // A pipeline's schedule as it ran: partitions x time, forwards and backwards, the bubble.
+    if (const std::string chart = flowtrain::format_timeline(stage); !chart.empty()) {
+      out += "<pre class=\"timeline\">" + escape(chart) + "</pre>\n";
+    }
+  }
   std::string run = "wall " + fixed(r.wall_s, 2) + " s";
   if (r.cpu.process_cpu_s > 0 && r.wall_s > 0) {
     run += "; this process used " + fixed(r.cpu.process_cpu_s, 1) + " CPU-s (" +

@@ -65,6 +65,11 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
   s.optimizer_s += seconds(step.sync_end, step.end);
   s.bubble_sum += step.bubble;
   s.peak_in_flight = std::max(s.peak_in_flight, step.peak_in_flight);
+  for (TimelineSpan span : step.timeline) {
+    span.item = trainer.state().step;
+    s.timeline.push_back(std::move(span));
+  }
+  while (s.timeline.size() > TrainingSession::kTimelineSpans) s.timeline.pop_front();
 
   const TrainState& state = trainer.state();
   StepRecord record{.step = state.step,

@@ -110,7 +110,7 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   Mailbox mail;
   std::mutex error_mutex;
   std::string error;
-  const Clock::time_point begin = Clock::now();
+  const Clock::time_point begin = result.start = Clock::now();
   const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - begin).count(); };
 
   // Stage s's forward output goes to stage s + 1 (kept under (kForward, s + 1, m)), the gradient

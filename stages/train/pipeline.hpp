@@ -2,6 +2,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@ struct PipelineBatchResult {
   std::vector<double> losses;
   double loss = 0;  // their weighted sum: the batch's loss
   double wall_s = 0;
+  std::chrono::steady_clock::time_point start;  // of the batch: `spans` count from it
   /// Each rank's actions as they ran: start (once the input had arrived) and end in seconds
   /// from the batch's start ([rank][i], in schedule order), for the pipeline chart; with a
   /// transport, this process's rank's only (the others' are empty).

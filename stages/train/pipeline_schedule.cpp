@@ -187,14 +187,17 @@ double textbook_bubble(int stages, int microbatches) {
   return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
 }
 
+std::string describe_action(const PipelineSchedule& schedule, const PipelineAction& action) {
+  std::string out(1, action.kind == Kind::kForward ? 'F' : 'B');
+  if (schedule.stages > schedule.ranks) out += std::to_string(action.stage) + ".";
+  return out + std::to_string(action.microbatch);
+}
+
 std::string describe_actions(const PipelineSchedule& schedule, int rank) {
-  const bool several = schedule.stages > schedule.ranks;
   std::string out;
   for (const PipelineAction& a : schedule.actions[static_cast<std::size_t>(rank)]) {
     if (!out.empty()) out += ' ';
-    out += a.kind == Kind::kForward ? 'F' : 'B';
-    if (several) out += std::to_string(a.stage) + ".";
-    out += std::to_string(a.microbatch);
+    out += describe_action(schedule, a);
   }
   return out;
 }

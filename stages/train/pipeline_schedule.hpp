@@ -77,6 +77,10 @@ PipelineTimeline simulate_pipeline(const PipelineSchedule& schedule,
 /// The textbook bubble of GPipe and 1F1B with P stages and M micro-batches: (P - 1) / (M + P - 1).
 double textbook_bubble(int stages, int microbatches);
 
+/// "F3" for the forward of micro-batch 3, "B3.1" for the backward of stage 3's micro-batch 1
+/// when ranks hold several stages: an action as charts and messages name it.
+std::string describe_action(const PipelineSchedule& schedule, const PipelineAction& action);
+
 /// "F0 F1 B0 ..." for a rank's actions ("F3.1": stage 3, micro-batch 1, when the rank holds
 /// several stages), for messages and tests.
 std::string describe_actions(const PipelineSchedule& schedule, int rank);

@@ -219,6 +219,10 @@ std::vector<StageResult> TrainStepStage::live_results() const {
           {"images", static_cast<double>(s.live_images.load(std::memory_order_relaxed))}};
 }
 
+std::vector<TimelineSpan> TrainStepStage::timeline() const {
+  return {session_->timeline.begin(), session_->timeline.end()};
+}
+
 std::vector<StageResult> TrainStepStage::results() const {
   const TrainingSession& s = *session_;
   std::vector<StageResult> out = {{"steps", static_cast<double>(state().step)}};

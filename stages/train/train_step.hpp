@@ -217,6 +217,7 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t> batches) override;
   std::optional<std::uint64_t> resume_position() const override;
   std::vector<StageResult> results() const override;
+  std::vector<TimelineSpan> timeline() const override;
   /// step, total_steps, epoch (1-based), loss (smoothed over recent steps), images.
   std::vector<StageResult> live_results() const override;
 

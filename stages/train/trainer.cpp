@@ -309,6 +309,12 @@ std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
   step.out.loss = r.loss;
   step.out.bubble = r.bubble;
   step.out.peak_in_flight = *std::max_element(r.peak_in_flight.begin(), r.peak_in_flight.end());
+  // Each rank's actions, on steady_clock seconds: [rank][i] = (start, end).
+  std::vector<std::vector<std::pair<double, double>>> spans = r.spans;
+  const double start_s = std::chrono::duration<double>(r.start.time_since_epoch()).count();
+  for (auto& rank_spans : spans) {
+    for (auto& [begin, end] : rank_spans) begin += start_s, end += start_s;
+  }
   // The batch's loss terms, for a non-finite step's message: weighted sums, as the total.
   const auto weighted = [&](torch::Tensor KdLoss::*term) {
     torch::Tensor sum;
@@ -327,25 +333,65 @@ std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
     correct = static_cast<std::uint64_t>(
         torch::cat(p.logits).argmax(1).eq(batch.labels).sum().item<std::int64_t>());
   }
-  if (p.link) {
-    // The rank holding the last stage tells the others the batch's loss and accuracy.
-    const double nan = std::nan("");
-    const auto value = [&](const torch::Tensor& t) { return t.defined() ? t.item<double>() : nan; };
-    torch::Tensor stats = torch::tensor(
-        {step.out.loss, static_cast<double>(correct), has_loss ? value(step.loss.ce) : 0.0,
-         has_loss ? value(step.loss.kd) : 0.0},
-        torch::kDouble);
-    std::vector<torch::Tensor> buffer = {stats};
-    c10d::BroadcastOptions options;
-    options.rootRank = p.schedule.rank_of(p.schedule.stages - 1);
-    p.world->wait(*p.world->group().broadcast(buffer, options), "the pipeline's loss broadcast");
-    const auto* v = stats.data_ptr<double>();
-    step.out.loss = v[0];
-    correct = static_cast<std::uint64_t>(v[1]);
-    step.loss = {torch::tensor(v[0]), torch::tensor(v[2]),
-                 std::isnan(v[3]) ? torch::Tensor() : torch::tensor(v[3]), torch::Tensor()};
+  if (p.link) exchange_pipeline_step(has_loss, correct, spans, step);
+  for (std::size_t rank = 0; rank < spans.size(); ++rank) {
+    for (std::size_t i = 0; i < spans[rank].size(); ++i) {
+      step.out.timeline.push_back(
+          {.track = "partition " + std::to_string(rank),
+           .label = describe_action(p.schedule, p.schedule.actions[rank][i]),
+           .begin_s = spans[rank][i].first,
+           .end_s = spans[rank][i].second});
+    }
   }
   return correct;
+}
+
+void Trainer::exchange_pipeline_step(bool has_loss,
+                                     std::uint64_t& correct,
+                                     std::vector<std::vector<std::pair<double, double>>>& spans,
+                                     Pending& step) {
+  // Every rank gathers what the others know: the rank holding the last stage, the batch's loss
+  // and accuracy; each rank, when its actions ran (for the chart and the bubble: one clock
+  // on one machine, each rank's own across machines).
+  Pipelined& p = *pipelined_;
+  const double nan = std::nan("");
+  const auto value = [&](const torch::Tensor& t) { return t.defined() ? t.item<double>() : nan; };
+  const std::size_t actions = p.schedule.actions[static_cast<std::size_t>(rank_)].size();
+  torch::Tensor mine = torch::zeros({static_cast<std::int64_t>(4 + 2 * actions)}, torch::kDouble);
+  double* v = mine.data_ptr<double>();
+  if (has_loss) {
+    v[0] = step.out.loss;
+    v[1] = static_cast<double>(correct);
+    v[2] = value(step.loss.ce);
+    v[3] = value(step.loss.kd);
+  }
+  for (std::size_t i = 0; i < actions; ++i) {
+    v[4 + 2 * i] = spans[static_cast<std::size_t>(rank_)][i].first;
+    v[5 + 2 * i] = spans[static_cast<std::size_t>(rank_)][i].second;
+  }
+  std::vector<std::vector<torch::Tensor>> all(1);
+  for (int r = 0; r < world_size_; ++r) all[0].push_back(torch::empty_like(mine));
+  std::vector<torch::Tensor> input = {mine};
+  p.world->wait(*p.world->group().allgather(all, input), "the pipeline step's exchange");
+  const double* last = all[0][static_cast<std::size_t>(
+                                  p.schedule.rank_of(p.schedule.stages - 1))]
+                           .data_ptr<double>();
+  step.out.loss = last[0];
+  correct = static_cast<std::uint64_t>(last[1]);
+  step.loss = {torch::tensor(last[0]), torch::tensor(last[2]),
+               std::isnan(last[3]) ? torch::Tensor() : torch::tensor(last[3]), torch::Tensor()};
+  double begin = INFINITY, end = -INFINITY, busy = 0;
+  for (std::size_t r = 0; r < spans.size(); ++r) {
+    const double* theirs = all[0][r].data_ptr<double>();
+    spans[r].resize(actions);
+    for (std::size_t i = 0; i < actions; ++i) {
+      spans[r][i] = {theirs[4 + 2 * i], theirs[5 + 2 * i]};
+      begin = std::min(begin, spans[r][i].first);
+      end = std::max(end, spans[r][i].second);
+      busy += spans[r][i].second - spans[r][i].first;
+    }
+  }
+  step.out.bubble = end > begin ? 1 - busy / (static_cast<double>(spans.size()) * (end - begin)) : 0;
 }
 
 std::size_t Trainer::buckets_per_step() const { return sync_ ? sync_->buckets().size() : 1; }

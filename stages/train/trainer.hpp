@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/stage.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/kd_loss.hpp"
@@ -67,6 +68,9 @@ struct StepOutcome {
   // whose activations a partition kept at once.
   double bubble = 0;
   int peak_in_flight = 0;
+  /// With a pipeline: each action this process ran ("F3" on track "partition 0"), its times on
+  /// steady_clock (item unset: the step is numbered when applied).
+  std::vector<TimelineSpan> timeline;
   std::chrono::steady_clock::time_point begin, forward_end, backward_end, sync_end, end;
 };
 
@@ -170,6 +174,13 @@ class Trainer {
   std::uint64_t pipelined_forward_backward(const data::Batch& batch,
                                            const torch::Tensor& labels,
                                            Pending& step);
+  /// With partitions across ranks, after a step's pipeline: every rank learns the batch's loss
+  /// and accuracy (from the rank holding the last stage) and every rank's action times `spans`
+  /// (the step's bubble then counts all partitions).
+  void exchange_pipeline_step(bool has_loss,
+                              std::uint64_t& correct,
+                              std::vector<std::vector<std::pair<double, double>>>& spans,
+                              Pending& step);
   /// With partitions across ranks: clips the gradient by its norm over every rank's partition
   /// (the norm clip_grad_norm_ takes of the whole model's) and returns that norm.
   double clip_partitioned_gradients(double max_norm);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct TrainingSession {
   double data_wait_s = 0;
   double bubble_sum = 0;   // with a pipeline: each step's idle share of partition-time, summed
   int peak_in_flight = 0;  // with a pipeline: most micro-batches a partition kept at once
+  // With a pipeline: the actions of the last steps (at most kTimelineSpans), for the trace
+  // and the report's chart.
+  static constexpr std::size_t kTimelineSpans = 20000;
+  std::deque<TimelineSpan> timeline;
   Clock::time_point last_step_end, run_begin;
   std::vector<StepRecord> history;  // without file bytes
   // What live_results() shows: read by the progress sampler's thread while the run lasts.

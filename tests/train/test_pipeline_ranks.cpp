@@ -75,8 +75,11 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
     CHECK(whole < 1e-5);
     if (schedule == "1f1b") {
       CHECK(max_weight_difference(dir / "threads/final.pt", out + "/final.pt") == 0);
-      // Both ranks print their bubble, and each holds about half the optimizer state.
+      // Rank 0's report charts both ranks' actions of the last step, and each rank holds
+      // about half the optimizer state.
       CHECK(ranks.output.find("pipeline_bubble") != std::string::npos);
+      CHECK(ranks.output.find("'student' timeline of item 10 (") != std::string::npos);
+      CHECK(ranks.output.find("\n  partition 1  ") != std::string::npos);
       // AdamW keeps two float32 moments per parameter.
       std::int64_t params = 0;
       for (const auto& p : train::load_model(train::read_checkpoint(out + "/final.pt"))->parameters()) {
