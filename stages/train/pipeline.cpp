@@ -121,8 +121,9 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
     return ((kind == Kind::kForward ? 0 : schedule.stages) + stage) * m + microbatch;
   };
   const auto what = [](Kind kind, int stage, int microbatch) {
-    return (kind == Kind::kForward ? "stage " + std::to_string(stage) + "'s input"
-                                   : "the gradient of stage " + std::to_string(stage) + "'s output") +
+    const std::string s = std::to_string(stage);
+    return (kind == Kind::kForward ? "stage " + s + "'s input"
+                                   : "the gradient of stage " + s + "'s output") +
            " of micro-batch " + std::to_string(microbatch);
   };
   const auto put = [&](Kind kind, int stage, int microbatch, torch::Tensor tensor) {

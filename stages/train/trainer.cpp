@@ -391,7 +391,8 @@ void Trainer::exchange_pipeline_step(bool has_loss,
       busy += spans[r][i].second - spans[r][i].first;
     }
   }
-  step.out.bubble = end > begin ? 1 - busy / (static_cast<double>(spans.size()) * (end - begin)) : 0;
+  const double wall = end - begin;
+  step.out.bubble = wall > 0 ? 1 - busy / (static_cast<double>(spans.size()) * wall) : 0;
 }
 
 std::size_t Trainer::buckets_per_step() const { return sync_ ? sync_->buckets().size() : 1; }

@@ -56,7 +56,8 @@ std::vector<std::string> on_two_ranks(const std::string& schedule, int virtual_s
 TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout(900)) {
   TempDir dir("pp");
   const std::string config = write_config(dir);
-  const Exit whole = run_cli(args(config, dir / "whole", {"stages.student.params.intraop_threads=1"}));
+  const Exit whole =
+      run_cli(args(config, dir / "whole", {"stages.student.params.intraop_threads=1"}));
   REQUIRE_MESSAGE(whole.code == 0, whole.output);
   const Exit threads = run_cli(args(config, dir / "threads",
                                     {"stages.student.params.partitions=2",
@@ -82,9 +83,8 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
       CHECK(ranks.output.find("\n  partition 1  ") != std::string::npos);
       // AdamW keeps two float32 moments per parameter.
       std::int64_t params = 0;
-      for (const auto& p : train::load_model(train::read_checkpoint(out + "/final.pt"))->parameters()) {
-        params += p.numel();
-      }
+      const train::ImageModel model = train::load_model(train::read_checkpoint(out + "/final.pt"));
+      for (const auto& p : model->parameters()) params += p.numel();
       const double full_mb = static_cast<double>(params) * 8 / 1e6;
       const double rank0_mb = printed(ranks.output, "optimizer_state_mb");
       MESSAGE("optimizer state: " << full_mb << " MB whole, " << rank0_mb << " MB on rank 0");
