@@ -15,7 +15,8 @@ namespace flowtrain {
 /// between them), each with one change from the best layout so far (a stage's concurrency or
 /// intra-op threads, the graph threads), measured in items the last stage completes per
 /// second; the fastest by at least `min_gain` is kept, until no change helps or `max_trials`
-/// ran. The rest of the run uses the chosen layout. Every layout fits `options.cores` (thread_budget_problem).
+/// ran. The rest of the run uses the chosen layout. Every layout fits `options.cores`
+/// (thread_budget_problem).
 ///
 /// Nothing a trial changes alters the results: the stream carries on across trials, graph
 /// threads and concurrency never change them, and only stages whose results do not depend on

@@ -177,14 +177,14 @@ std::string format_timeline(const StageReport& stage, int columns) {
   std::size_t name_width = 0;
   for (const std::string& track : tracks) name_width = std::max(name_width, track.size());
   std::vector<std::string> rows(tracks.size(), std::string(static_cast<std::size_t>(columns), '.'));
+  const auto column = [&](double t) {
+    return std::clamp(static_cast<int>(std::lround((t - begin) / wall * columns)), 0, columns);
+  };
   double busy = 0;
   for (const TimelineSpan* span : spans) {
     busy += span->end_s - span->begin_s;
     std::string& row = rows[static_cast<std::size_t>(
         std::find(tracks.begin(), tracks.end(), span->track) - tracks.begin())];
-    const auto column = [&](double t) {
-      return std::clamp(static_cast<int>(std::lround((t - begin) / wall * columns)), 0, columns);
-    };
     const int from = column(span->begin_s), to = std::max(column(span->end_s), from + 1);
     for (int c = from; c < std::min(to, columns); ++c) {
       const auto k = static_cast<std::size_t>(c - from);

@@ -50,7 +50,7 @@ void OptimizerStepStage::process(GradBucket&& bucket, Emitter<StepRecord>& out) 
 void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
   Trainer& trainer = *s.trainer;
   IntraOpThreads threads(intraop_threads_);
-  const StepOutcome step = trainer.apply();
+  StepOutcome step = trainer.apply();  // its timeline moves into the session
   if (s.steps_this_run == 0) {
     s.run_begin = step.begin;
   } else {
@@ -65,7 +65,7 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
   s.optimizer_s += seconds(step.sync_end, step.end);
   s.bubble_sum += step.bubble;
   s.peak_in_flight = std::max(s.peak_in_flight, step.peak_in_flight);
-  for (TimelineSpan span : step.timeline) {
+  for (TimelineSpan& span : step.timeline) {
     span.item = trainer.state().step;
     s.timeline.push_back(std::move(span));
   }

@@ -3,7 +3,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <array>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -14,7 +13,7 @@ namespace flowtrain::train {
 
 namespace {
 
-// A header: dtype, number of dimensions, up to kMaxDims sizes, the batch's number and position.
+// A header: dtype, number of dimensions, up to kMaxDims sizes, the batch's number and digest.
 constexpr std::int64_t kMaxDims = 6;
 constexpr std::int64_t kHeader = 2 + kMaxDims + 2;
 
@@ -23,15 +22,14 @@ constexpr std::int64_t kHeader = 2 + kMaxDims + 2;
 struct PipelineLink::Impl {
   dist::World& world;
   std::array<std::int64_t, 2> batch{};  // number, digest of its samples
-  std::mutex mutex;                     // sends may come from several threads
-  // Sends in flight, with the tensors they read from.
+  // Sends in flight, with the tensors they read from (from the one thread that runs this
+  // process's pipeline rank).
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> sending;
 
   explicit Impl(dist::World& w) : world(w) {}
 
   void start_send(std::vector<torch::Tensor> tensors, int to, int tag) {
     c10::intrusive_ptr<c10d::Work> work = world.group().send(tensors, to, tag);
-    std::lock_guard lock(mutex);
     sending.emplace_back(std::move(work), std::move(tensors));
   }
 
@@ -92,7 +90,6 @@ torch::Tensor PipelineLink::recv(int from, int tag, const std::string& what) {
 }
 
 void PipelineLink::flush() {
-  std::lock_guard lock(impl_->mutex);
   for (auto& [work, tensors] : impl_->sending) impl_->world.wait(*work, "a pipeline send");
   impl_->sending.clear();
 }

@@ -37,9 +37,8 @@ std::uint64_t sample_digest(const data::Batch& batch) {
   }
   if (batch.views.empty()) {
     const torch::Tensor labels = batch.labels.contiguous();
-    for (std::int64_t i = 0; i < labels.numel(); ++i) {
-      mix(static_cast<std::uint64_t>(labels.data_ptr<std::int64_t>()[i]));
-    }
+    const std::int64_t* label = labels.data_ptr<std::int64_t>();
+    for (std::int64_t i = 0; i < labels.numel(); ++i) mix(static_cast<std::uint64_t>(label[i]));
   }
   return digest >> 1;
 }
@@ -71,19 +70,20 @@ Trainer::Trainer(const TrainerOptions& options,
   }
   if (options_.pipeline.enabled()) build_pipeline(world);
   const bool pipeline_ranks = pipelined_ && pipelined_->link;
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-  const auto make = [this](const auto& shard) { return make_adamw(shard, options_.optimizer); };
-  if (pipeline_ranks) {
-    // Each rank keeps the optimizer state of its partition's parameters and updates them; the
-    // others get them after each step (ZeRO-1's gather with the partitions as shards).
-    std::vector<int> owners;
-    for (const int stage : pipelined_->param_stages) {
-      owners.push_back(pipelined_->schedule.rank_of(stage));
+  if (pipeline_ranks || (options_.zero && world)) {
+    // Sharded optimizer state: ZeRO-1's balanced shards, or with partitions on ranks each rank
+    // keeps its partition's and updates those parameters; the others get them after each step.
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+    std::vector<int> owners;  // empty: ZeRO-1's
+    if (pipeline_ranks) {
+      for (const int stage : pipelined_->param_stages) {
+        owners.push_back(pipelined_->schedule.rank_of(stage));
+      }
     }
-    zero_ = std::make_unique<dist::ShardedOptimizer>(named, world->group(), make, owners);
-  } else if (options_.zero && world) {
-    zero_ = std::make_unique<dist::ShardedOptimizer>(named, world->group(), make);
+    zero_ = std::make_unique<dist::ShardedOptimizer>(
+        named, world->group(),
+        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); }, owners);
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }

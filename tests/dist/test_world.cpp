@@ -228,8 +228,8 @@ TEST_CASE("Dist.World.RankStepsShortNamedByTheOthers" * doctest::timeout(90)) {
   CHECK(r1.code == 1);
   CHECK(r0.output ==
         "child: error: rank 0: the ranks took different numbers of steps: rank 1 finished phase "
-        "main (5 steps), while this rank waits in the all-reduce of step 5 (items dropped on one rank "
-        "only leave it steps short: keep on_bad_sample: replace, and drop nothing in your own "
+        "main (5 steps), while this rank waits in the all-reduce of step 5 (items dropped on one "
+        "rank only leave it steps short: keep on_bad_sample: replace, and drop nothing in your own "
         "stages under data parallelism)\n");
   // Rank 0, which hosts the store, stays long enough for rank 1 to read why it failed.
   CHECK(r1.output.find("child: error: rank 1: rank 0 failed: the ranks took different numbers "
