@@ -35,14 +35,22 @@ struct GradSync::Impl {
   World& world;  // its process group reduces; its wait() names a rank that fails or lags
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
+  std::vector<int> owners;  // ZeRO-2: per parameter, the rank its gradient is reduced to
   std::vector<Bucket> buckets;
+  // A bucket's parts, each reduced to one rank (to every rank: one part, root -1).
+  struct Part {
+    int root = -1;
+    std::int64_t offset = 0;
+    std::int64_t numel = 0;
+  };
+  std::vector<std::vector<Part>> parts;
   std::vector<std::string> waits;  // per bucket, "the all-reduce of gradient bucket 2"
   // Per parameter: its bucket and its offset in the bucket's flat buffer.
   std::vector<std::size_t> bucket_of;
   std::vector<std::int64_t> offset_of;
-  std::vector<torch::Tensor> flat;  // one buffer per bucket
+  std::vector<torch::Tensor> flat;  // one buffer per bucket (with owners: during a step only)
   std::vector<unsigned> hooks;      // per parameter, to remove them
-  std::vector<c10::intrusive_ptr<c10d::Work>> work;
+  std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> work;  // per bucket, per part
   std::vector<std::size_t> pending;  // gradients still missing, per bucket
   std::vector<bool> ready;           // per parameter, this step
   std::string error;                 // a problem seen inside a hook, thrown by finish()
@@ -54,6 +62,8 @@ struct GradSync::Impl {
   std::atomic<std::int64_t> last_done_ns{0};
 
   explicit Impl(World& w) : world(w) {}
+
+  bool sharded() const { return !owners.empty(); }
 
   void reset_step() {
     std::fill(ready.begin(), ready.end(), false);
@@ -74,23 +84,34 @@ struct GradSync::Impl {
     }
     ready[k] = true;
     const std::size_t b = bucket_of[k];
+    if (!flat[b].defined()) flat[b] = torch::empty({buckets[b].numel}, params[k].options());
     flat[b].narrow(0, offset_of[k], grad.numel()).copy_(grad.reshape({-1}));
     if (--pending[b] == 0) {
       // Average as part of the reduction: divide first, then sum across ranks.
       flat[b].div_(world.size());
-      std::vector<torch::Tensor> tensors = {flat[b]};
       if (b == 0 || first_launch == std::chrono::steady_clock::time_point{}) {
         first_launch = std::chrono::steady_clock::now();
       }
-      work[b] = world.group().allreduce(tensors);
-      // Completion time, from the backend's thread: how long communication really took.
-      work[b]->getFuture()->addCallback([this](c10::ivalue::Future&) {
-        const std::int64_t now =
-            std::chrono::steady_clock::now().time_since_epoch().count();
-        std::int64_t seen = last_done_ns.load();
-        while (now > seen && !last_done_ns.compare_exchange_weak(seen, now)) {
+      for (const Part& part : parts[b]) {
+        std::vector<torch::Tensor> tensors = {flat[b].narrow(0, part.offset, part.numel)};
+        c10::intrusive_ptr<c10d::Work> w;
+        if (part.root < 0) {
+          w = world.group().allreduce(tensors);
+        } else {
+          c10d::ReduceOptions options;
+          options.rootRank = part.root;
+          w = world.group().reduce(tensors, options);
         }
-      });
+        // Completion time, from the backend's thread: how long communication really took.
+        w->getFuture()->addCallback([this](c10::ivalue::Future&) {
+          const std::int64_t now =
+              std::chrono::steady_clock::now().time_since_epoch().count();
+          std::int64_t seen = last_done_ns.load();
+          while (now > seen && !last_done_ns.compare_exchange_weak(seen, now)) {
+          }
+        });
+        work[b].push_back(std::move(w));
+      }
     }
   }
 };
@@ -102,6 +123,11 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
   for (const auto& item : model.named_parameters()) {
     s.names.push_back(item.key());
     s.params.push_back(item.value());
+  }
+  s.owners = std::move(options.owners);
+  if (s.sharded() && s.owners.size() != s.params.size()) {
+    throw Error("GradSync: " + std::to_string(s.owners.size()) + " owners for " +
+                std::to_string(s.params.size()) + " parameters");
   }
   // Every rank starts from rank 0's weights and buffers.
   {
@@ -140,14 +166,25 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
   s.bucket_of.resize(s.params.size());
   s.offset_of.resize(s.params.size());
   for (std::size_t b = 0; b < s.buckets.size(); ++b) {
+    // With owners each owner's parameters sit side by side, one part to reduce per owner.
+    std::vector<Impl::Part>& parts = s.parts.emplace_back();
     std::int64_t offset = 0;
-    for (std::size_t k : s.buckets[b].params) {
-      s.bucket_of[k] = b;
-      s.offset_of[k] = offset;
-      offset += numels[k];
+    for (int root = s.sharded() ? 0 : -1; root < (s.sharded() ? world.size() : 0); ++root) {
+      Impl::Part part{root, offset, 0};
+      for (std::size_t k : s.buckets[b].params) {
+        if (s.sharded() && s.owners[k] != root) continue;
+        s.bucket_of[k] = b;
+        s.offset_of[k] = offset;
+        offset += numels[k];
+        part.numel += numels[k];
+      }
+      if (part.numel > 0) parts.push_back(part);
     }
-    s.flat.push_back(torch::zeros({s.buckets[b].numel}, s.params.front().options()));
-    s.waits.push_back("the all-reduce of gradient bucket " + std::to_string(b));
+    s.flat.push_back(s.sharded() ? torch::Tensor()
+                                 : torch::zeros({s.buckets[b].numel}, s.params.front().options()));
+    s.waits.push_back((s.sharded() ? "the reduce to its owners of gradient bucket "
+                                   : "the all-reduce of gradient bucket ") +
+                      std::to_string(b));
   }
   s.pending.resize(s.buckets.size());
   s.ready.resize(s.params.size());
@@ -186,14 +223,19 @@ void GradSync::end_backward() {
 
 void GradSync::complete(std::size_t b) {
   Impl& s = *impl_;
-  s.world.wait(*s.work[b], s.waits[b]);
+  for (const c10::intrusive_ptr<c10d::Work>& w : s.work[b]) s.world.wait(*w, s.waits[b]);
   s.bytes += static_cast<std::uint64_t>(s.flat[b].numel() * s.flat[b].element_size());
   torch::NoGradGuard no_grad;
   for (const std::size_t k : s.buckets[b].params) {
+    if (s.sharded() && s.owners[k] != s.world.rank()) {
+      s.params[k].mutable_grad().reset();  // another rank's optimizer shard updates it
+      continue;
+    }
     const torch::Tensor averaged =
         s.flat[b].narrow(0, s.offset_of[k], s.params[k].numel()).view_as(s.params[k]);
     s.params[k].mutable_grad().copy_(averaged);
   }
+  if (s.sharded()) s.flat[b].reset();
 }
 
 void GradSync::end_step() {
@@ -209,5 +251,13 @@ void GradSync::end_step() {
 const std::vector<Bucket>& GradSync::buckets() const { return impl_->buckets; }
 double GradSync::comm_seconds() const { return impl_->comm_s; }
 std::uint64_t GradSync::reduced_bytes() const { return impl_->bytes; }
+
+std::int64_t GradSync::buffer_bytes() const {
+  std::int64_t bytes = 0;
+  for (const torch::Tensor& f : impl_->flat) {
+    if (f.defined()) bytes += f.numel() * static_cast<std::int64_t>(f.element_size());
+  }
+  return bytes;
+}
 
 }  // namespace flowtrain::dist

@@ -39,6 +39,12 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 /// order, on any threads: they touch disjoint parameters); `end_step()` closes the step. The
 /// graph runs `complete` as the `grad_sync` node, one message per bucket.
 ///
+/// With `owners` (ZeRO-2: which rank's optimizer shard updates each parameter), a bucket is
+/// not all-reduced but reduced: each owner's part of it (its parameters, side by side in the
+/// bucket) goes to that owner alone, and `complete(b)` leaves a gradient only on the parameters
+/// this rank owns, freeing the others and the bucket's buffer. After the step a rank then holds
+/// about 1/world of the gradients instead of all of them, and no bucket buffers.
+///
 ///   GradSync sync(model, *world, {.first_bucket_bytes = 1 << 20});
 ///   loss.backward();  // buckets start reducing as they fill
 ///   sync.end_backward();
@@ -50,6 +56,7 @@ class GradSync {
   struct Options {
     std::int64_t first_bucket_bytes = 1 << 20;   // PyTorch DDP: 1 MB
     std::int64_t bucket_bytes = 25 << 20;        // PyTorch DDP: 25 MB
+    std::vector<int> owners;  // per parameter, its optimizer shard's rank (ZeRO-2); empty: all
   };
 
   GradSync(torch::nn::Module& model, World& world, Options options);
@@ -60,18 +67,20 @@ class GradSync {
   /// After backward: throws Error naming a parameter that got no gradient (unused in the
   /// forward) or two; the step is then abandoned.
   void end_backward();
-  /// Waits for bucket b's all-reduce and writes its averaged gradients to the parameters.
-  /// Thread-safe for different buckets.
+  /// Waits for bucket b's reduction and writes its averaged gradients to the parameters (with
+  /// owners: to this rank's, the others' gradients are freed). Thread-safe for different buckets.
   void complete(std::size_t b);
   /// After every bucket completed: accounts the step's communication time, readies the next.
   void end_step();
 
   const std::vector<Bucket>& buckets() const;
-  /// Bytes reduced, summed over steps.
   /// Communication time, summed over steps: from the start of a step's first reduction to the
   /// end of its last. comm - wait is the part hidden behind backward.
   double comm_seconds() const;
+  /// Bytes reduced, summed over steps.
   std::uint64_t reduced_bytes() const;
+  /// Bytes of the buckets' buffers kept between steps (none with owners: made for a step).
+  std::int64_t buffer_bytes() const;
 
  private:
   struct Impl;

@@ -111,7 +111,9 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.clip_grad_norm = options.clip_grad_norm;
   trainer.skip_nonfinite = options.on_nonfinite == "skip";
   trainer.bf16 = wants_bf16(options.autocast);
-  trainer.zero = options.zero;
+  trainer.zero = options.zero == "true"    ? 1
+                 : options.zero == "false" ? 0
+                                           : std::stoi(options.zero);
   trainer.first_bucket_bytes = static_cast<std::int64_t>(options.first_bucket_mb * 1e6);
   trainer.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * 1e6);
   dist::World* world = context.find<dist::World>();
@@ -274,6 +276,7 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"rank", static_cast<double>(s.trainer->rank())});
     out.push_back({"optimizer_state_mb",
                    static_cast<double>(s.trainer->optimizer_state_bytes()) / 1e6});
+    out.push_back({"gradient_mb", static_cast<double>(s.trainer->gradient_bytes()) / 1e6});
   }
   if (s.checkpoint_s > 0) out.push_back({"checkpoint_s", s.checkpoint_s});
   return out;

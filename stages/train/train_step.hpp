@@ -132,7 +132,7 @@ struct TrainStepOptions {
   bool resume = false;
   double first_bucket_mb = 1.0;
   double bucket_mb = 25.0;
-  bool zero = false;
+  std::string zero = "0";
   PipelineStepOptions pipeline;
   // Declared first (its keys lead the list), but the last field: as the first, GCC 12 at -O3
   // warns falsely (-Wmaybe-uninitialized) about its string in option_specs<TrainStepOptions>.
@@ -180,7 +180,10 @@ struct TrainStepOptions {
     d(first_bucket_mb, "first_bucket_mb",
       "data-parallel: size of the first gradient bucket to all-reduce (MB)", {.min = 0});
     d(bucket_mb, "bucket_mb", "data-parallel: size of the other gradient buckets (MB)", {.min = 0});
-    d(zero, "zero", "data-parallel: shard the optimizer state across the ranks (ZeRO stage 1)");
+    d(zero, "zero",
+      "data-parallel ZeRO stage: 1 (or true) shards the optimizer state across the ranks, 2 the "
+      "gradients too; 0 (or false): every rank holds all of both",
+      {.choices = {"0", "1", "2", "false", "true"}});
     pipeline.declare(d);
   }
 };

@@ -50,7 +50,6 @@ struct Trainer::Pipelined {
   std::vector<PipelineStageFn> stages;
   std::vector<int> param_stages;  // [parameter]: the stage it belongs to
   // Across processes: this rank runs its partition, its tensors travel through the link.
-  dist::World* world = nullptr;
   std::unique_ptr<PipelineLink> link;
   // The step's micro-batches, and what the last partition's loss left of each.
   std::vector<torch::Tensor> images, teacher_logits, labels, targets, logits;
@@ -67,23 +66,32 @@ Trainer::Trainer(const TrainerOptions& options,
   if (world) {
     rank_ = world->rank();
     world_size_ = world->size();
+    world_ = world;
   }
   if (options_.pipeline.enabled()) build_pipeline(world);
   const bool pipeline_ranks = pipelined_ && pipelined_->link;
-  if (pipeline_ranks || (options_.zero && world)) {
-    // Sharded optimizer state: ZeRO-1's balanced shards, or with partitions on ranks each rank
+  if (pipeline_ranks || (options_.zero > 0 && world)) {
+    // Sharded optimizer state: ZeRO's balanced shards, or with partitions on ranks each rank
     // keeps its partition's and updates those parameters; the others get them after each step.
     std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-    std::vector<int> owners;  // empty: ZeRO-1's
+    std::vector<std::int64_t> numels;
+    for (const auto& item : model_->named_parameters()) {
+      named.emplace_back(item.key(), item.value());
+      numels.push_back(item.value().numel());
+    }
+    std::vector<int> owners;
     if (pipeline_ranks) {
       for (const int stage : pipelined_->param_stages) {
         owners.push_back(pipelined_->schedule.rank_of(stage));
       }
+    } else {
+      owners = dist::partition_parameters(numels, world_size_);
     }
+    if (pipeline_ranks || options_.zero >= 2) grad_owners_ = owners;
     zero_ = std::make_unique<dist::ShardedOptimizer>(
         named, world->group(),
-        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); }, owners);
+        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); },
+        std::move(owners));
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }
@@ -110,7 +118,8 @@ Trainer::Trainer(const TrainerOptions& options,
     sync_ = std::make_unique<dist::GradSync>(
         *model_, *world,
         dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
-                                .bucket_bytes = options_.bucket_bytes});
+                                .bucket_bytes = options_.bucket_bytes,
+                                .owners = grad_owners_});
   }
 }
 
@@ -130,8 +139,8 @@ void Trainer::build_pipeline(dist::World* world) {
                 std::to_string(o.partitions) + ") must equal the ranks: each rank runs one "
                 "partition (pipeline and data parallelism together are not supported yet)");
   }
-  if (across_ranks && options_.zero) {
-    throw Error("zero: true does not combine with partitions across ranks: each rank already "
+  if (across_ranks && options_.zero > 0) {
+    throw Error("zero does not combine with partitions across ranks: each rank already "
                 "keeps only its partition's optimizer state");
   }
   if (config.dropout > 0 || config.drop_path > 0) {
@@ -156,7 +165,6 @@ void Trainer::build_pipeline(dist::World* world) {
   ViT vit(vit_impl);
   p->param_stages = vit_parameter_stages(vit, splits);
   if (across_ranks) {
-    p->world = world;
     p->link = std::make_unique<PipelineLink>(*world);
   }
   std::vector<PipelineStageFn> stages = vit_pipeline_stages(
@@ -372,7 +380,7 @@ void Trainer::exchange_pipeline_step(bool has_loss,
   std::vector<std::vector<torch::Tensor>> all(1);
   for (int r = 0; r < world_size_; ++r) all[0].push_back(torch::empty_like(mine));
   std::vector<torch::Tensor> input = {mine};
-  p.world->wait(*p.world->group().allgather(all, input), "the pipeline step's exchange");
+  world_->wait(*world_->group().allgather(all, input), "the pipeline step's exchange");
   const double* last = all[0][static_cast<std::size_t>(
                                   p.schedule.rank_of(p.schedule.stages - 1))]
                            .data_ptr<double>();
@@ -413,8 +421,8 @@ StepOutcome Trainer::apply() {
   const std::uint64_t step = state_.step + 1;
   const double clip = options_.clip_grad_norm;
   const double grad_norm =
-      pipelined_ && pipelined_->link
-          ? clip_partitioned_gradients(clip > 0 ? clip : INFINITY)
+      !grad_owners_.empty()
+          ? clip_sharded_gradients(clip > 0 ? clip : INFINITY)
           : torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
 
   state_.data_position = p.end_position;
@@ -449,24 +457,22 @@ StepOutcome Trainer::apply() {
   return out;
 }
 
-double Trainer::clip_partitioned_gradients(double max_norm) {
-  Pipelined& p = *pipelined_;
+double Trainer::clip_sharded_gradients(double max_norm) {
   const std::vector<torch::Tensor> params = model_->parameters();
-  // Each parameter's gradient norm, on the rank that owns it (0 elsewhere, so the sum is
+  // Each parameter's gradient norm, on the rank that holds it (0 elsewhere, so the sum is
   // exact); then the steps of clip_grad_norm_ on the whole list.
   std::vector<torch::Tensor> norms;
   for (std::size_t k = 0; k < params.size(); ++k) {
     const torch::Tensor& grad = params[k].grad();
-    const bool mine = p.schedule.rank_of(p.param_stages[k]) == rank_;
+    const bool mine = grad_owners_[k] == rank_;
     if (grad.defined() != mine) {
-      throw Error("pipeline rank " + std::to_string(rank_) + ": parameter " +
-                  std::to_string(k) + (mine ? " of its partition got no gradient"
-                                            : " of another partition got a gradient"));
+      throw Error("rank " + std::to_string(rank_) + ": parameter " + std::to_string(k) +
+                  (mine ? " of its shard got no gradient" : " of another rank's shard got one"));
     }
     norms.push_back(mine ? grad.norm(2) : torch::zeros({}, params[k].options()));
   }
   std::vector<torch::Tensor> buffer = {torch::stack(norms)};
-  p.world->wait(*p.world->group().allreduce(buffer), "the gradient norm's all-reduce");
+  world_->wait(*world_->group().allreduce(buffer), "the gradient norm's all-reduce");
   const torch::Tensor total = buffer.front().norm(2);
   const torch::Tensor coefficient = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   for (const torch::Tensor& param : params) {
@@ -483,6 +489,14 @@ double Trainer::sync_comm_seconds() const { return sync_ ? sync_->comm_seconds()
 
 std::int64_t Trainer::optimizer_state_bytes() const {
   return dist::optimizer_state_bytes(optimizer());
+}
+
+std::int64_t Trainer::gradient_bytes() const {
+  std::int64_t bytes = sync_ ? sync_->buffer_bytes() : 0;
+  for (const torch::Tensor& p : model_->parameters()) {
+    if (p.grad().defined()) bytes += p.grad().numel() * static_cast<std::int64_t>(p.element_size());
+  }
+  return bytes;
 }
 
 }  // namespace flowtrain::train

@@ -48,7 +48,8 @@ struct TrainerOptions {
   bool skip_nonfinite = false;   // a NaN/infinite loss or gradient: skip the update (else throw)
   bool bf16 = false;             // autocast the forward to bfloat16
   // With a process group (data parallelism):
-  bool zero = false;             // shard the optimizer state across the ranks (ZeRO-1)
+  // ZeRO stage: 1 shards the optimizer state across the ranks, 2 the gradients too; 0 neither.
+  int zero = 0;
   std::int64_t first_bucket_bytes = 1'000'000;  // first gradient bucket to all-reduce
   std::int64_t bucket_bytes = 25'000'000;       // the other buckets
   /// With one process: partitions are threads of it; with a world: one partition per rank.
@@ -136,6 +137,8 @@ class Trainer {
   double sync_comm_seconds() const;
   /// Bytes of optimizer state this rank holds.
   std::int64_t optimizer_state_bytes() const;
+  /// Bytes of gradients this rank holds between steps (with a group, its buckets' buffers too).
+  std::int64_t gradient_bytes() const;
 
  private:
   torch::optim::AdamW& optimizer() const;
@@ -152,6 +155,10 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;  // without ZeRO
   std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
   std::unique_ptr<dist::GradSync> sync_;            // with a group
+  dist::World* world_ = nullptr;
+  // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, the rank that holds its
+  // gradient and updates it. Empty: every rank holds every gradient.
+  std::vector<int> grad_owners_;
   int rank_ = 0;
   int world_size_ = 1;
   TrainState state_;
@@ -181,9 +188,9 @@ class Trainer {
                               std::uint64_t& correct,
                               std::vector<std::vector<std::pair<double, double>>>& spans,
                               Pending& step);
-  /// With partitions across ranks: clips the gradient by its norm over every rank's partition
-  /// (the norm clip_grad_norm_ takes of the whole model's) and returns that norm.
-  double clip_partitioned_gradients(double max_norm);
+  /// With sharded gradients: clips the gradient by its norm over every rank's share (the norm
+  /// clip_grad_norm_ takes of the whole model's, bit for bit) and returns that norm.
+  double clip_sharded_gradients(double max_norm);
 };
 
 }  // namespace flowtrain::train
