@@ -32,7 +32,8 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 }
 
 struct GradSync::Impl {
-  World& world;  // its process group reduces; its wait() names a rank that fails or lags
+  World& world;  // its wait() names a rank that fails or lags
+  c10d::ProcessGroup& group;  // reduces: the world's, or a subgroup's
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::vector<int> owners;  // ZeRO-2: per parameter, the rank its gradient is reduced to
@@ -61,7 +62,7 @@ struct GradSync::Impl {
   std::chrono::steady_clock::time_point first_launch;
   std::atomic<std::int64_t> last_done_ns{0};
 
-  explicit Impl(World& w) : world(w) {}
+  Impl(World& w, c10d::ProcessGroup& g) : world(w), group(g) {}
 
   bool sharded() const { return !owners.empty(); }
 
@@ -88,7 +89,7 @@ struct GradSync::Impl {
     flat[b].narrow(0, offset_of[k], grad.numel()).copy_(grad.reshape({-1}));
     if (--pending[b] == 0) {
       // Average as part of the reduction: divide first, then sum across ranks.
-      flat[b].div_(world.size());
+      flat[b].div_(group.getSize());
       if (b == 0 || first_launch == std::chrono::steady_clock::time_point{}) {
         first_launch = std::chrono::steady_clock::now();
       }
@@ -96,11 +97,11 @@ struct GradSync::Impl {
         std::vector<torch::Tensor> tensors = {flat[b].narrow(0, part.offset, part.numel)};
         c10::intrusive_ptr<c10d::Work> w;
         if (part.root < 0) {
-          w = world.group().allreduce(tensors);
+          w = group.allreduce(tensors);
         } else {
           c10d::ReduceOptions options;
           options.rootRank = part.root;
-          w = world.group().reduce(tensors, options);
+          w = group.reduce(tensors, options);
         }
         // Completion time, from the backend's thread: how long communication really took.
         w->getFuture()->addCallback([this](c10::ivalue::Future&) {
@@ -117,13 +118,18 @@ struct GradSync::Impl {
 };
 
 GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
-    : impl_(std::make_unique<Impl>(world)) {
+    : impl_(std::make_unique<Impl>(world, options.group ? *options.group : world.group())) {
   Impl& s = *impl_;
-  c10d::ProcessGroup& group = world.group();
+  c10d::ProcessGroup& group = s.group;
+  std::size_t index = 0;
   for (const auto& item : model.named_parameters()) {
-    s.names.push_back(item.key());
-    s.params.push_back(item.value());
+    if (options.selected.empty() || options.selected.at(index)) {
+      s.names.push_back(item.key());
+      s.params.push_back(item.value());
+    }
+    ++index;
   }
+  if (s.params.empty()) throw Error("GradSync: no parameters selected");
   s.owners = std::move(options.owners);
   if (s.sharded() && s.owners.size() != s.params.size()) {
     throw Error("GradSync: " + std::to_string(s.owners.size()) + " owners for " +
@@ -169,7 +175,7 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
     // With owners each owner's parameters sit side by side, one part to reduce per owner.
     std::vector<Impl::Part>& parts = s.parts.emplace_back();
     std::int64_t offset = 0;
-    for (int root = s.sharded() ? 0 : -1; root < (s.sharded() ? world.size() : 0); ++root) {
+    for (int root = s.sharded() ? 0 : -1; root < (s.sharded() ? group.getSize() : 0); ++root) {
       Impl::Part part{root, offset, 0};
       for (std::size_t k : s.buckets[b].params) {
         if (s.sharded() && s.owners[k] != root) continue;
@@ -189,7 +195,7 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
   s.pending.resize(s.buckets.size());
   s.ready.resize(s.params.size());
   s.reset_step();
-  for (std::size_t k = 0; k < s.params.size(); ++k) {
+  for (std::size_t k = 0; k < s.params.size() && !options.accumulate; ++k) {
     Impl* impl = impl_.get();
     s.hooks.push_back(
         s.params[k].register_hook([impl, k](torch::Tensor grad) { impl->on_gradient(k, grad); }));
@@ -197,8 +203,17 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
 }
 
 GradSync::~GradSync() {
-  for (std::size_t k = 0; k < impl_->params.size(); ++k) {
+  for (std::size_t k = 0; k < impl_->hooks.size(); ++k) {
     impl_->params[k].remove_hook(impl_->hooks[k]);
+  }
+}
+
+void GradSync::reduce_accumulated() {
+  Impl& s = *impl_;
+  for (const Bucket& bucket : s.buckets) {
+    for (const std::size_t k : bucket.params) {
+      if (s.params[k].grad().defined()) s.on_gradient(k, s.params[k].grad());
+    }
   }
 }
 
@@ -227,7 +242,7 @@ void GradSync::complete(std::size_t b) {
   s.bytes += static_cast<std::uint64_t>(s.flat[b].numel() * s.flat[b].element_size());
   torch::NoGradGuard no_grad;
   for (const std::size_t k : s.buckets[b].params) {
-    if (s.sharded() && s.owners[k] != s.world.rank()) {
+    if (s.sharded() && s.owners[k] != s.group.getRank()) {
       s.params[k].mutable_grad().reset();  // another rank's optimizer shard updates it
       continue;
     }

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace c10d {
+class ProcessGroup;
+}
+
 namespace flowtrain::dist {
 
 class World;
@@ -57,6 +61,14 @@ class GradSync {
     std::int64_t first_bucket_bytes = 1 << 20;   // PyTorch DDP: 1 MB
     std::int64_t bucket_bytes = 25 << 20;        // PyTorch DDP: 25 MB
     std::vector<int> owners;  // per parameter, its optimizer shard's rank (ZeRO-2); empty: all
+    /// The ranks that average (a pipeline partition's data-parallel replicas); null: the
+    /// world's. Ranks and owners above are ranks of this group.
+    c10d::ProcessGroup* group = nullptr;
+    /// Which of the module's parameters take part (a pipeline partition's); empty: all.
+    std::vector<bool> selected;
+    /// Gradients accumulate over several backward passes (a pipeline's micro-batches), so no
+    /// hooks: reduce_accumulated() starts every bucket after the last pass.
+    bool accumulate = false;
   };
 
   GradSync(torch::nn::Module& model, World& world, Options options);
@@ -64,6 +76,9 @@ class GradSync {
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
 
+  /// With `accumulate`, after the step's last backward pass: starts every bucket's reduction
+  /// from the gradients the parameters accumulated.
+  void reduce_accumulated();
   /// After backward: throws Error naming a parameter that got no gradient (unused in the
   /// forward) or two; the step is then abandoned.
   void end_backward();

@@ -127,6 +127,7 @@ struct World::Impl {
   c10::intrusive_ptr<c10d::TCPStore> monitor;
   mutable std::mutex monitor_mutex;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::map<std::vector<int>, c10::intrusive_ptr<c10d::ProcessGroup>> subgroups;
   int sequence = 0;  // of barriers and gathers, which every rank calls in the same order
   std::atomic<int> phases_finished{0};  // finished_phase() calls: the phase this rank is in
 
@@ -138,6 +139,7 @@ struct World::Impl {
 
   ~Impl() {
     stop_heartbeats();
+    subgroups.clear();
     group.reset();
     monitor.reset();
     store.reset();  // on rank 0, the store's server goes last
@@ -339,26 +341,37 @@ struct World::Impl {
   }
 
   void create_group([[maybe_unused]] int local_rank) {
-    // Gloo's own rendezvous keys, apart from ours.
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("pg", store);
+#ifdef FLOWTRAIN_WITH_CUDA
+    if (backend == "nccl") {
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank % c10::cuda::device_count()));
+    }
+#endif
+    group = make_group("pg", rank, size);
+  }
+
+  // A process group of `members` ranks in which this one is `member`, its backend's own
+  // rendezvous keys under `prefix` in the store, apart from ours.
+  c10::intrusive_ptr<c10d::ProcessGroup> make_group(const std::string& prefix,
+                                                    int member,
+                                                    int members) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     try {
       if (backend == "gloo") {
         auto options = c10d::ProcessGroupGloo::Options::create(timeout);
         options->devices.push_back(gloo_device(host));
-        group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
-      } else {
-#ifdef FLOWTRAIN_WITH_CUDA
-        c10::cuda::set_device(
-            static_cast<c10::DeviceIndex>(local_rank % c10::cuda::device_count()));
-        auto options = c10d::ProcessGroupNCCL::Options::create();
-        options->timeout = timeout;
-        group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, size, options);
-#endif
+        return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, member, members, options);
       }
+#ifdef FLOWTRAIN_WITH_CUDA
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout;
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, member, members, options);
+#endif
     } catch (const std::exception& e) {
       throw WorldError("rank " + std::to_string(rank) + " cannot create the " + backend +
-                       " process group (store at " + address() + "): " + one_line(e));
+                       " process group '" + prefix + "' (store at " + address() +
+                       "): " + one_line(e));
     }
+    throw Error("no process group for backend '" + backend + "'");
   }
 };
 
@@ -402,6 +415,25 @@ int World::size() const { return impl_->size; }
 const std::string& World::backend() const { return impl_->backend; }
 std::string World::address() const { return impl_->address(); }
 c10d::ProcessGroup& World::group() { return *impl_->group; }
+
+c10d::ProcessGroup& World::subgroup(const std::vector<int>& ranks) {
+  Impl& s = *impl_;
+  const auto found = s.subgroups.find(ranks);
+  if (found != s.subgroups.end()) return *found->second;
+  const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+  if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) || ranks.front() < 0 ||
+      ranks.back() >= s.size ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    throw Error("World::subgroup: rank " + std::to_string(s.rank) +
+                " asked for a group of " + rank_list(ranks) + " of " + std::to_string(s.size) +
+                " (sorted, distinct, and including itself)");
+  }
+  std::string prefix = "pg/group";
+  for (const int r : ranks) prefix += "/" + std::to_string(r);
+  auto group = s.make_group(prefix, static_cast<int>(me - ranks.begin()),
+                            static_cast<int>(ranks.size()));
+  return *s.subgroups.emplace(ranks, std::move(group)).first->second;
+}
 c10d::Store& World::store() { return *impl_->store; }
 std::chrono::milliseconds World::timeout() const { return impl_->timeout; }
 

@@ -62,6 +62,11 @@ class World {
   const std::string& backend() const;  // "gloo" or "nccl"
   std::string address() const;         // "MASTER_ADDR:PORT" of the store
   c10d::ProcessGroup& group();
+  /// A process group of some of the world's ranks (sorted, this one among them), in which
+  /// ranks[i] is rank i: c10d's new_group. Every member asks for it, the others never do;
+  /// made at the first call and kept. Pipeline and data parallelism together use one per
+  /// pipeline and one per partition's data-parallel replicas.
+  c10d::ProcessGroup& subgroup(const std::vector<int>& ranks);
   c10d::Store& store();
   std::chrono::milliseconds timeout() const;
 

@@ -20,27 +20,31 @@ constexpr std::int64_t kHeader = 2 + kMaxDims + 2;
 }  // namespace
 
 struct PipelineLink::Impl {
-  dist::World& world;
+  dist::World& world;          // its wait() names a rank that fails or lags
+  c10d::ProcessGroup& group;   // the pipeline's ranks
+  int first_rank;              // the job rank of the group's rank 0
   std::array<std::int64_t, 2> batch{};  // number, digest of its samples
   // Sends in flight, with the tensors they read from (from the one thread that runs this
   // process's pipeline rank).
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> sending;
 
-  explicit Impl(dist::World& w) : world(w) {}
+  Impl(dist::World& w, c10d::ProcessGroup& g, int first) : world(w), group(g), first_rank(first) {}
+
+  std::string job_rank(int r) const { return "rank " + std::to_string(first_rank + r); }
 
   void start_send(std::vector<torch::Tensor> tensors, int to, int tag) {
-    c10::intrusive_ptr<c10d::Work> work = world.group().send(tensors, to, tag);
+    c10::intrusive_ptr<c10d::Work> work = group.send(tensors, to, tag);
     sending.emplace_back(std::move(work), std::move(tensors));
   }
 
   void receive(torch::Tensor tensor, int from, int tag, const std::string& what) {
     std::vector<torch::Tensor> tensors = {std::move(tensor)};
-    world.wait(*world.group().recv(tensors, from, tag),
-               "receiving " + what + " from rank " + std::to_string(from));
+    world.wait(*group.recv(tensors, from, tag), "receiving " + what + " from " + job_rank(from));
   }
 };
 
-PipelineLink::PipelineLink(dist::World& world) : impl_(std::make_unique<Impl>(world)) {}
+PipelineLink::PipelineLink(dist::World& world, c10d::ProcessGroup& group, int first_rank)
+    : impl_(std::make_unique<Impl>(world, group, first_rank)) {}
 
 PipelineLink::~PipelineLink() = default;
 
@@ -48,7 +52,7 @@ void PipelineLink::set_batch(std::uint64_t number, std::uint64_t digest) {
   impl_->batch = {static_cast<std::int64_t>(number), static_cast<std::int64_t>(digest)};
 }
 
-int PipelineLink::rank() const { return impl_->world.rank(); }
+int PipelineLink::rank() const { return impl_->group.getRank(); }
 
 void PipelineLink::send(int to, int tag, const torch::Tensor& tensor, const std::string& what) {
   if (tensor.dim() > kMaxDims || !tensor.is_contiguous()) {
@@ -72,7 +76,7 @@ torch::Tensor PipelineLink::recv(int from, int tag, const std::string& what) {
   const auto* h = header.data_ptr<std::int64_t>();
   const std::int64_t number = h[2 + kMaxDims], digest = h[3 + kMaxDims];
   if (number != impl_->batch[0] || digest != impl_->batch[1]) {
-    throw Error("rank " + std::to_string(from) + " sent " + what + " of batch " +
+    throw Error(impl_->job_rank(from) + " sent " + what + " of batch " +
                 std::to_string(number) + ", but this rank holds batch " +
                 std::to_string(impl_->batch[0]) +
                 (number == impl_->batch[0] ? " with other samples" : "") +
@@ -80,7 +84,7 @@ torch::Tensor PipelineLink::recv(int from, int tag, const std::string& what) {
                 "source ranks_per_shard: <partitions>)");
   }
   if (h[1] < 0 || h[1] > kMaxDims) {
-    throw Error("rank " + std::to_string(from) + " sent a damaged header for " + what);
+    throw Error(impl_->job_rank(from) + " sent a damaged header for " + what);
   }
   const std::vector<std::int64_t> shape(h + 2, h + 2 + h[1]);
   torch::Tensor tensor =

@@ -6,25 +6,29 @@
 
 #include "stages/train/pipeline.hpp"
 
+namespace c10d {
+class ProcessGroup;
+}
+
 namespace flowtrain::dist {
 class World;
 }
 
 namespace flowtrain::train {
 
-/// Pipeline ranks in separate processes: pipeline rank r is rank r of the job's c10d process
-/// group, and tensors travel by point-to-point send and recv (Gloo here, NCCL where LibTorch
-/// has CUDA). Each tensor goes as a small header (dtype, shape, and the batch it belongs to)
+/// Pipeline ranks in separate processes: pipeline rank r is rank r of a c10d process group (the
+/// job's, or with data parallelism too, the pipeline's subgroup: job ranks first_rank + r), and
+/// tensors travel by point-to-point send and recv (Gloo here, NCCL where LibTorch has CUDA). Each tensor goes as a small header (dtype, shape, and the batch it belongs to)
 /// and then its data, so the receiver allocates it and checks that both ranks hold the same
 /// batch. A receive waits through World::wait: a rank that failed or stopped responding is
 /// named within seconds instead of after the timeout.
 ///
-///   PipelineLink link(*world);
+///   PipelineLink link(*world, world->group(), 0);
 ///   link.set_batch(batch.number, digest);  // of the batch's samples
 ///   run_pipeline_batch(schedule, stages, input, threads, weights, &link);
 class PipelineLink final : public PipelineTransport {
  public:
-  explicit PipelineLink(dist::World& world);
+  PipelineLink(dist::World& world, c10d::ProcessGroup& group, int first_rank);
   ~PipelineLink() override;
 
   /// The batch the next tensors belong to, by its number and a digest of its samples: a

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 
 #include "distributed/grad_sync.hpp"
 #include "distributed/world.hpp"
@@ -49,8 +50,12 @@ struct Trainer::Pipelined {
   PipelineSchedule schedule;
   std::vector<PipelineStageFn> stages;
   std::vector<int> param_stages;  // [parameter]: the stage it belongs to
-  // Across processes: this rank runs its partition, its tensors travel through the link.
+  // Across processes: this rank runs its partition, its tensors travel through the link to
+  // the other ranks of its pipeline (`group`); with data parallelism too, `replicas` are the
+  // ranks holding the same partition in the other pipelines.
   std::unique_ptr<PipelineLink> link;
+  c10d::ProcessGroup* group = nullptr;
+  c10d::ProcessGroup* replicas = nullptr;
   // The step's micro-batches, and what the last partition's loss left of each.
   std::vector<torch::Tensor> images, teacher_logits, labels, targets, logits;
   std::vector<KdLoss> losses;
@@ -72,7 +77,9 @@ Trainer::Trainer(const TrainerOptions& options,
   const bool pipeline_ranks = pipelined_ && pipelined_->link;
   if (pipeline_ranks || (options_.zero > 0 && world)) {
     // Sharded optimizer state: ZeRO's balanced shards, or with partitions on ranks each rank
-    // keeps its partition's and updates those parameters; the others get them after each step.
+    // keeps its partition's and updates those parameters; the pipeline's other ranks get them
+    // after each step.
+    c10d::ProcessGroup& group = pipeline_ranks ? *pipelined_->group : world->group();
     std::vector<std::pair<std::string, torch::Tensor>> named;
     std::vector<std::int64_t> numels;
     for (const auto& item : model_->named_parameters()) {
@@ -87,15 +94,19 @@ Trainer::Trainer(const TrainerOptions& options,
     } else {
       owners = dist::partition_parameters(numels, world_size_);
     }
-    if (pipeline_ranks || options_.zero >= 2) grad_owners_ = owners;
+    if (pipeline_ranks || options_.zero >= 2) {
+      grad_owners_ = owners;
+      grad_group_ = &group;
+    }
     zero_ = std::make_unique<dist::ShardedOptimizer>(
-        named, world->group(),
+        named, group,
         [this](const auto& shard) { return make_adamw(shard, options_.optimizer); },
         std::move(owners));
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }
-  const std::uint64_t pipeline_ranks_count = pipeline_ranks ? world_size_ : 0;
+  const std::uint64_t pipeline_ranks_count =
+      pipeline_ranks ? static_cast<std::uint64_t>(options_.pipeline.partitions) : 0;
   if (resume_from) {
     const TrainState& saved = resume_from->state;
     if (saved.world_size != static_cast<std::uint64_t>(world_size_) ||
@@ -113,13 +124,19 @@ Trainer::Trainer(const TrainerOptions& options,
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = zero_ ? static_cast<std::uint64_t>(world_size_) : 0;
   state_.pipeline_ranks = pipeline_ranks_count;
-  if (world && !pipeline_ranks) {
-    // After any restore: every rank starts from rank 0's weights.
-    sync_ = std::make_unique<dist::GradSync>(
-        *model_, *world,
-        dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
-                                .bucket_bytes = options_.bucket_bytes,
-                                .owners = grad_owners_});
+  if (world && (!pipeline_ranks || pipelined_->replicas)) {
+    // After any restore: every rank starts from rank 0's weights. With pipelines, each
+    // partition's gradients are averaged over its replicas once its micro-batches are done.
+    dist::GradSync::Options sync{.first_bucket_bytes = options_.first_bucket_bytes,
+                                 .bucket_bytes = options_.bucket_bytes};
+    if (pipeline_ranks) {
+      sync.group = pipelined_->replicas;
+      for (const int owner : grad_owners_) sync.selected.push_back(owner == pipelined_->link->rank());
+      sync.accumulate = true;
+    } else if (options_.zero >= 2) {
+      sync.owners = grad_owners_;
+    }
+    sync_ = std::make_unique<dist::GradSync>(*model_, *world, std::move(sync));
   }
 }
 
@@ -134,10 +151,11 @@ void Trainer::build_pipeline(dist::World* world) {
                 config.describe());
   }
   const bool across_ranks = world && world->size() > 1;
-  if (across_ranks && o.partitions != world->size()) {
+  if (across_ranks && (o.partitions < 2 || world->size() % o.partitions != 0)) {
     throw Error("with " + std::to_string(world->size()) + " ranks, partitions (" +
-                std::to_string(o.partitions) + ") must equal the ranks: each rank runs one "
-                "partition (pipeline and data parallelism together are not supported yet)");
+                std::to_string(o.partitions) + ") must be 2 or more and divide the ranks: each " +
+                "run of partitions consecutive ranks is a pipeline, and the pipelines are " +
+                "data-parallel");
   }
   if (across_ranks && options_.zero > 0) {
     throw Error("zero does not combine with partitions across ranks: each rank already "
@@ -165,7 +183,19 @@ void Trainer::build_pipeline(dist::World* world) {
   ViT vit(vit_impl);
   p->param_stages = vit_parameter_stages(vit, splits);
   if (across_ranks) {
-    p->link = std::make_unique<PipelineLink>(*world);
+    // Pipeline g is ranks g*P ... g*P + P-1; partition r's replicas are ranks r, r + P, ...
+    const int P = o.partitions;
+    const int first = world->rank() / P * P;
+    if (P == world->size()) {
+      p->group = &world->group();
+    } else {
+      std::vector<int> pipeline(static_cast<std::size_t>(P)), replicas;
+      std::iota(pipeline.begin(), pipeline.end(), first);
+      for (int r = world->rank() % P; r < world->size(); r += P) replicas.push_back(r);
+      p->group = &world->subgroup(pipeline);  // every rank makes its pipeline's first
+      p->replicas = &world->subgroup(replicas);
+    }
+    p->link = std::make_unique<PipelineLink>(*world, *p->group, first);
   }
   std::vector<PipelineStageFn> stages = vit_pipeline_stages(
       vit, splits, [this, pipelined](const ModelOutput& out, int m) {
@@ -223,6 +253,7 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
     RECORD_USER_SCOPE("student pipeline");
     optimizer().zero_grad();
     p.out.correct = pipelined_forward_backward(batch, labels, p);
+    if (sync_) sync_->reduce_accumulated();  // pipelines side by side: average over replicas
     p.out.forward_end = p.out.backward_end = Clock::now();
   } else {
     torch::Tensor logits;
@@ -364,7 +395,8 @@ void Trainer::exchange_pipeline_step(bool has_loss,
   Pipelined& p = *pipelined_;
   const double nan = std::nan("");
   const auto value = [&](const torch::Tensor& t) { return t.defined() ? t.item<double>() : nan; };
-  const std::size_t actions = p.schedule.actions[static_cast<std::size_t>(rank_)].size();
+  const auto me = static_cast<std::size_t>(p.link->rank());
+  const std::size_t actions = p.schedule.actions[me].size();
   torch::Tensor mine = torch::zeros({static_cast<std::int64_t>(4 + 2 * actions)}, torch::kDouble);
   double* v = mine.data_ptr<double>();
   if (has_loss) {
@@ -374,13 +406,13 @@ void Trainer::exchange_pipeline_step(bool has_loss,
     v[3] = value(step.loss.kd);
   }
   for (std::size_t i = 0; i < actions; ++i) {
-    v[4 + 2 * i] = spans[static_cast<std::size_t>(rank_)][i].first;
-    v[5 + 2 * i] = spans[static_cast<std::size_t>(rank_)][i].second;
+    v[4 + 2 * i] = spans[me][i].first;
+    v[5 + 2 * i] = spans[me][i].second;
   }
   std::vector<std::vector<torch::Tensor>> all(1);
-  for (int r = 0; r < world_size_; ++r) all[0].push_back(torch::empty_like(mine));
+  for (int r = 0; r < p.group->getSize(); ++r) all[0].push_back(torch::empty_like(mine));
   std::vector<torch::Tensor> input = {mine};
-  world_->wait(*world_->group().allgather(all, input), "the pipeline step's exchange");
+  world_->wait(*p.group->allgather(all, input), "the pipeline step's exchange");
   const double* last = all[0][static_cast<std::size_t>(
                                   p.schedule.rank_of(p.schedule.stages - 1))]
                            .data_ptr<double>();
@@ -464,7 +496,7 @@ double Trainer::clip_sharded_gradients(double max_norm) {
   std::vector<torch::Tensor> norms;
   for (std::size_t k = 0; k < params.size(); ++k) {
     const torch::Tensor& grad = params[k].grad();
-    const bool mine = grad_owners_[k] == rank_;
+    const bool mine = grad_owners_[k] == grad_group_->getRank();
     if (grad.defined() != mine) {
       throw Error("rank " + std::to_string(rank_) + ": parameter " + std::to_string(k) +
                   (mine ? " of its shard got no gradient" : " of another rank's shard got one"));
@@ -472,7 +504,7 @@ double Trainer::clip_sharded_gradients(double max_norm) {
     norms.push_back(mine ? grad.norm(2) : torch::zeros({}, params[k].options()));
   }
   std::vector<torch::Tensor> buffer = {torch::stack(norms)};
-  world_->wait(*world_->group().allreduce(buffer), "the gradient norm's all-reduce");
+  world_->wait(*grad_group_->allreduce(buffer), "the gradient norm's all-reduce");
   const torch::Tensor total = buffer.front().norm(2);
   const torch::Tensor coefficient = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   for (const torch::Tensor& param : params) {

@@ -15,6 +15,10 @@
 #include "stages/train/model.hpp"
 #include "stages/train/pipeline_schedule.hpp"
 
+namespace c10d {
+class ProcessGroup;
+}
+
 namespace flowtrain::dist {
 class GradSync;
 class ShardedOptimizer;
@@ -156,9 +160,10 @@ class Trainer {
   std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
   std::unique_ptr<dist::GradSync> sync_;            // with a group
   dist::World* world_ = nullptr;
-  // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, the rank that holds its
-  // gradient and updates it. Empty: every rank holds every gradient.
+  // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, the rank of grad_group_
+  // that holds its gradient and updates it. Empty: every rank holds every gradient.
   std::vector<int> grad_owners_;
+  c10d::ProcessGroup* grad_group_ = nullptr;
   int rank_ = 0;
   int world_size_ = 1;
   TrainState state_;
