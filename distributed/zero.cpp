@@ -34,73 +34,93 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 }
 
 struct ShardedOptimizer::Impl {
-  c10d::ProcessGroup& group;
-  std::vector<std::vector<torch::Tensor>> by_owner;  // [rank] -> the parameters it owns
-  std::vector<torch::Tensor> flat;                   // [rank] -> one buffer for its shard
+  // One level of gathering: per rank of its group, the parameters it owns and a buffer for them.
+  struct Gather {
+    c10d::ProcessGroup* group;
+    std::vector<std::vector<torch::Tensor>> by_owner;
+    std::vector<torch::Tensor> flat;
+  };
+  std::vector<Gather> levels;
   std::unique_ptr<torch::optim::AdamW> local;
   std::size_t owned = 0;
-
-  explicit Impl(c10d::ProcessGroup& g) : group(g) {}
 };
 
 ShardedOptimizer::ShardedOptimizer(const Named& params,
                                    c10d::ProcessGroup& group,
                                    const Factory& make,
-                                   std::vector<int> owner)
-    : impl_(std::make_unique<Impl>(group)) {
-  if (owner.empty()) {
-    std::vector<std::int64_t> numels;
-    for (const auto& item : params) numels.push_back(item.second.numel());
-    owner = partition_parameters(numels, group.getSize());
-  }
-  if (owner.size() != params.size()) {
-    throw Error("ShardedOptimizer: " + std::to_string(owner.size()) + " owners for " +
-                std::to_string(params.size()) + " parameters");
-  }
-  impl_->by_owner.resize(static_cast<std::size_t>(group.getSize()));
-  Named mine;
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    if (owner[k] < 0 || owner[k] >= group.getSize()) {
-      throw Error("ShardedOptimizer: " + params[k].first + " owned by rank " +
-                  std::to_string(owner[k]) + " of " + std::to_string(group.getSize()));
+                                   std::vector<int> owners)
+    : ShardedOptimizer(params, {Level{&group, std::move(owners)}}, make) {}
+
+ShardedOptimizer::ShardedOptimizer(const Named& params,
+                                   std::vector<Level> levels,
+                                   const Factory& make)
+    : impl_(std::make_unique<Impl>()) {
+  std::vector<bool> mine(params.size(), true);
+  for (Level& level : levels) {
+    const int ranks = level.group->getSize();
+    if (level.owners.empty()) {
+      std::vector<std::int64_t> numels;
+      for (const auto& item : params) numels.push_back(item.second.numel());
+      level.owners = partition_parameters(numels, ranks);
     }
-    impl_->by_owner[static_cast<std::size_t>(owner[k])].push_back(params[k].second);
-    if (owner[k] == group.getRank()) mine.push_back(params[k]);
+    if (level.owners.size() != params.size()) {
+      throw Error("ShardedOptimizer: " + std::to_string(level.owners.size()) + " owners for " +
+                  std::to_string(params.size()) + " parameters");
+    }
+    Impl::Gather& gather = impl_->levels.emplace_back();
+    gather.group = level.group;
+    gather.by_owner.resize(static_cast<std::size_t>(ranks));
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const int owner = level.owners[k];
+      if (owner < -1 || owner >= ranks) {
+        throw Error("ShardedOptimizer: " + params[k].first + " owned by rank " +
+                    std::to_string(owner) + " of " + std::to_string(ranks));
+      }
+      if (owner < 0) continue;
+      gather.by_owner[static_cast<std::size_t>(owner)].push_back(params[k].second);
+      if (owner != level.group->getRank()) mine[k] = false;
+    }
+    for (const std::vector<torch::Tensor>& shard : gather.by_owner) {
+      gather.flat.push_back(shard.empty() ? torch::Tensor()
+                                          : torch::utils::flatten_dense_tensors(shard));
+    }
   }
-  impl_->owned = mine.size();
-  for (const std::vector<torch::Tensor>& shard : impl_->by_owner) {
-    impl_->flat.push_back(shard.empty() ? torch::Tensor()
-                                        : torch::utils::flatten_dense_tensors(shard));
+  Named local;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (mine[k]) local.push_back(params[k]);
   }
-  impl_->local = make(mine);
+  impl_->owned = local.size();
+  impl_->local = make(local);
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
 
 void ShardedOptimizer::step() {
   impl_->local->step();
-  // Every rank gets each shard from its owner: one broadcast per owner, through a buffer made
-  // once. The owner packs its updated parameters; the others unpack what arrives.
+  // Every rank gets each shard from its owner: one broadcast per owner and level, through a
+  // buffer made once. The owner packs its updated parameters; the others unpack what arrives.
   torch::NoGradGuard no_grad;
-  const auto rank = static_cast<std::size_t>(impl_->group.getRank());
-  for (std::size_t r = 0; r < impl_->by_owner.size(); ++r) {
-    const std::vector<torch::Tensor>& shard = impl_->by_owner[r];
-    if (shard.empty()) continue;
-    torch::Tensor& flat = impl_->flat[r];
-    std::int64_t offset = 0;
-    for (const torch::Tensor& p : shard) {
-      if (r == rank) flat.narrow(0, offset, p.numel()).copy_(p.reshape({-1}));
-      offset += p.numel();
-    }
-    std::vector<torch::Tensor> buffer = {flat};
-    c10d::BroadcastOptions options;
-    options.rootRank = static_cast<int64_t>(r);
-    impl_->group.broadcast(buffer, options)->wait();
-    if (r == rank) continue;
-    offset = 0;
-    for (const torch::Tensor& p : shard) {
-      p.copy_(flat.narrow(0, offset, p.numel()).view_as(p));
-      offset += p.numel();
+  for (Impl::Gather& gather : impl_->levels) {
+    const auto rank = static_cast<std::size_t>(gather.group->getRank());
+    for (std::size_t r = 0; r < gather.by_owner.size(); ++r) {
+      const std::vector<torch::Tensor>& shard = gather.by_owner[r];
+      if (shard.empty()) continue;
+      torch::Tensor& flat = gather.flat[r];
+      std::int64_t offset = 0;
+      for (const torch::Tensor& p : shard) {
+        if (r == rank) flat.narrow(0, offset, p.numel()).copy_(p.reshape({-1}));
+        offset += p.numel();
+      }
+      std::vector<torch::Tensor> buffer = {flat};
+      c10d::BroadcastOptions options;
+      options.rootRank = static_cast<int64_t>(r);
+      gather.group->broadcast(buffer, options)->wait();
+      if (r == rank) continue;
+      offset = 0;
+      for (const torch::Tensor& p : shard) {
+        p.copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+        offset += p.numel();
+      }
     }
   }
 }

@@ -41,6 +41,17 @@ class ShardedOptimizer {
                    c10d::ProcessGroup& group,
                    const Factory& make,
                    std::vector<int> owners = {});
+
+  /// Sharded over several groups in turn (pipeline partitions that are also data-parallel:
+  /// within a partition's replicas, then along the pipeline). A level's owners[k] is the rank of
+  /// its group that owns params[k], or -1 where the level leaves params[k] alone. This rank
+  /// updates the parameters it owns at every level that names it; the step then gathers level
+  /// by level, each parameter broadcast from its owner within each group.
+  struct Level {
+    c10d::ProcessGroup* group;
+    std::vector<int> owners;
+  };
+  ShardedOptimizer(const Named& params, std::vector<Level> levels, const Factory& make);
   ~ShardedOptimizer();
 
   /// Updates this rank's shard, then gathers every parameter from its owner.

@@ -22,7 +22,7 @@ struct TrainState {
   std::uint64_t data_position = 0;  // source items consumed: the resumed run starts here
   std::uint64_t skipped_steps = 0;  // batches skipped for a non-finite loss
   std::uint64_t world_size = 1;     // data-parallel ranks that trained (each writes its file)
-  std::uint64_t zero_shards = 0;    // ZeRO-1: optimizer state sharded over this many ranks
+  std::uint64_t zero_shards = 0;    // optimizer state in this many shards (ZeRO, partitions)
   /// Pipeline parallelism across this many ranks (0: none): each rank's optimizer state is that
   /// of its partition's parameters.
   std::uint64_t pipeline_ranks = 0;

@@ -76,45 +76,66 @@ Trainer::Trainer(const TrainerOptions& options,
   if (options_.pipeline.enabled()) build_pipeline(world);
   const bool pipeline_ranks = pipelined_ && pipelined_->link;
   if (pipeline_ranks || (options_.zero > 0 && world)) {
-    // Sharded optimizer state: ZeRO's balanced shards, or with partitions on ranks each rank
-    // keeps its partition's and updates those parameters; the pipeline's other ranks get them
-    // after each step.
-    c10d::ProcessGroup& group = pipeline_ranks ? *pipelined_->group : world->group();
+    // Sharded optimizer state: ZeRO's balanced shards over the ranks; with partitions on ranks
+    // each rank keeps its partition's (with zero and pipelines side by side, its balanced share
+    // of it among the partition's replicas) and updates those parameters; after each step the
+    // other ranks get them.
     std::vector<std::pair<std::string, torch::Tensor>> named;
     std::vector<std::int64_t> numels;
     for (const auto& item : model_->named_parameters()) {
       named.emplace_back(item.key(), item.value());
       numels.push_back(item.value().numel());
     }
-    std::vector<int> owners;
+    std::vector<dist::ShardedOptimizer::Level> levels;
     if (pipeline_ranks) {
+      std::vector<int> partition_of;
       for (const int stage : pipelined_->param_stages) {
-        owners.push_back(pipelined_->schedule.rank_of(stage));
+        partition_of.push_back(pipelined_->schedule.rank_of(stage));
       }
+      const int me = pipelined_->link->rank();
+      if (options_.zero > 0) {
+        std::vector<std::int64_t> mine;
+        for (std::size_t k = 0; k < numels.size(); ++k) {
+          if (partition_of[k] == me) mine.push_back(numels[k]);
+        }
+        const std::vector<int> shares =
+            dist::partition_parameters(mine, pipelined_->replicas->getSize());
+        std::vector<int> owners(numels.size(), -1);  // other partitions: not this level's
+        for (std::size_t k = 0, i = 0; k < numels.size(); ++k) {
+          if (partition_of[k] == me) owners[k] = shares[i++];
+        }
+        levels.push_back({pipelined_->replicas, std::move(owners)});
+      }
+      levels.push_back({pipelined_->group, partition_of});
+      grad_owners_ = std::move(partition_of);
+      grad_group_ = pipelined_->group;
     } else {
-      owners = dist::partition_parameters(numels, world_size_);
-    }
-    if (pipeline_ranks || options_.zero >= 2) {
-      grad_owners_ = owners;
-      grad_group_ = &group;
+      levels.push_back({&world->group(), dist::partition_parameters(numels, world_size_)});
+      if (options_.zero >= 2) {
+        grad_owners_ = levels.back().owners;
+        grad_group_ = levels.back().group;
+      }
     }
     zero_ = std::make_unique<dist::ShardedOptimizer>(
-        named, group,
-        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); },
-        std::move(owners));
+        named, std::move(levels),
+        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); });
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }
   const std::uint64_t pipeline_ranks_count =
       pipeline_ranks ? static_cast<std::uint64_t>(options_.pipeline.partitions) : 0;
+  // How many optimizer shards there are: one per partition, or with ZeRO one per rank.
+  const std::uint64_t shards =
+      !zero_                ? 0
+      : options_.zero > 0   ? static_cast<std::uint64_t>(world_size_)
+                            : pipeline_ranks_count;
   if (resume_from) {
     const TrainState& saved = resume_from->state;
     if (saved.world_size != static_cast<std::uint64_t>(world_size_) ||
-        saved.zero_shards != (zero_ ? saved.world_size : 0) ||
-        saved.pipeline_ranks != pipeline_ranks_count) {
+        saved.zero_shards != shards || saved.pipeline_ranks != pipeline_ranks_count) {
       throw Error(resume_from->path + " was written by " + std::to_string(saved.world_size) +
                   " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
-                  (saved.zero_shards && !saved.pipeline_ranks ? " with ZeRO" : "") +
+                  (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
                   "; resume it with the same number of ranks, zero and partitions settings");
     }
     restore_training(*resume_from, model_, optimizer());
@@ -122,7 +143,7 @@ Trainer::Trainer(const TrainerOptions& options,
     resumed_ = true;
   }
   state_.world_size = static_cast<std::uint64_t>(world_size_);
-  state_.zero_shards = zero_ ? static_cast<std::uint64_t>(world_size_) : 0;
+  state_.zero_shards = shards;
   state_.pipeline_ranks = pipeline_ranks_count;
   if (world && (!pipeline_ranks || pipelined_->replicas)) {
     // After any restore: every rank starts from rank 0's weights. With pipelines, each
@@ -131,7 +152,9 @@ Trainer::Trainer(const TrainerOptions& options,
                                  .bucket_bytes = options_.bucket_bytes};
     if (pipeline_ranks) {
       sync.group = pipelined_->replicas;
-      for (const int owner : grad_owners_) sync.selected.push_back(owner == pipelined_->link->rank());
+      for (const int owner : grad_owners_) {
+        sync.selected.push_back(owner == pipelined_->link->rank());
+      }
       sync.accumulate = true;
     } else if (options_.zero >= 2) {
       sync.owners = grad_owners_;
@@ -157,9 +180,14 @@ void Trainer::build_pipeline(dist::World* world) {
                 "run of partitions consecutive ranks is a pipeline, and the pipelines are " +
                 "data-parallel");
   }
-  if (across_ranks && options_.zero > 0) {
-    throw Error("zero does not combine with partitions across ranks: each rank already "
-                "keeps only its partition's optimizer state");
+  if (across_ranks && options_.zero > 0 && o.partitions == world->size()) {
+    throw Error("zero with one pipeline across the ranks: each rank already keeps only its "
+                "partition's optimizer state (zero: 1 shards it further among a partition's "
+                "replicas, when the ranks are several pipelines)");
+  }
+  if (across_ranks && options_.zero >= 2) {
+    throw Error("zero: 2 does not combine with partitions across ranks yet: use zero: 1, which "
+                "shards each partition's optimizer state among its replicas");
   }
   if (config.dropout > 0 || config.drop_path > 0) {
     // ATen's one CPU generator would serve the partitions' threads in an order that depends
@@ -251,7 +279,7 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
   }
   if (pipelined_) {
     RECORD_USER_SCOPE("student pipeline");
-    optimizer().zero_grad();
+    model_->zero_grad();  // every parameter's, not only this rank's optimizer shard's
     p.out.correct = pipelined_forward_backward(batch, labels, p);
     if (sync_) sync_->reduce_accumulated();  // pipelines side by side: average over replicas
     p.out.forward_end = p.out.backward_end = Clock::now();
@@ -273,7 +301,7 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
     p.out.forward_end = Clock::now();
     {
       RECORD_USER_SCOPE("student backward");
-      optimizer().zero_grad();
+      model_->zero_grad();
       // Backward even for a non-finite loss: with data parallelism every rank must take part
       // in the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
       p.loss.total.backward();
@@ -470,7 +498,7 @@ StepOutcome Trainer::apply() {
     if (!options_.skip_nonfinite) {
       throw Error(what + "; lower lr, or set on_nonfinite: skip to skip such steps");
     }
-    optimizer().zero_grad();
+    model_->zero_grad();
     ++state_.skipped_steps;
     out.end = Clock::now();
     return out;

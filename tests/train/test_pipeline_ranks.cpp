@@ -71,9 +71,10 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
     const Exit ranks = run_cli(args(config, out, on_two_ranks(schedule, virtual_stages)));
     REQUIRE_MESSAGE(ranks.code == 0, ranks.output);
     CHECK(train::read_checkpoint(out + "/final.pt").state.step == 10);
-    const double whole = max_weight_difference(dir / "whole/final.pt", out + "/final.pt");
-    MESSAGE(schedule << " on 2 ranks vs the whole model: largest weight difference " << whole);
-    CHECK(whole < 1e-5);
+    const double from_whole = max_weight_difference(dir / "whole/final.pt", out + "/final.pt");
+    MESSAGE(schedule << " on 2 ranks vs the whole model: largest weight difference "
+                     << from_whole);
+    CHECK(from_whole < 1e-5);
     if (schedule == "1f1b") {
       CHECK(max_weight_difference(dir / "threads/final.pt", out + "/final.pt") == 0);
       // Rank 0's report charts both ranks' actions of the last step, and each rank holds
@@ -114,7 +115,8 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
 // pipelines reading different halves of the data. Each partition's gradients are averaged over
 // its replica in the other pipeline, so the weights end where 2 data-parallel ranks of the whole
 // model end (within 1e-5: the micro-batches sum in another order), and a run resumed from its
-// step files ends bit-identical.
+// step files ends bit-identical. With zero: 1 each rank keeps half its partition's optimizer
+// state (its replica the other half) and the weights do not change.
 TEST_CASE("Dist.Pipeline.TwoPipelinesOfTwoRanksAreDataParallel" * doctest::timeout(900)) {
   TempDir dir("pp-dp");
   const std::string config = write_config(dir);
@@ -137,6 +139,16 @@ TEST_CASE("Dist.Pipeline.TwoPipelinesOfTwoRanksAreDataParallel" * doctest::timeo
   CHECK(difference < 1e-5);
   CHECK(run.output.find("\n  partition 1  ") != std::string::npos);
   CHECK(run.output.find("rank 3: wall") != std::string::npos);
+
+  std::vector<std::string> sharded = both;
+  sharded.push_back("stages.student.params.zero=1");
+  const Exit zero = run_cli(args(config, dir / "pp-dp-zero", sharded));
+  REQUIRE_MESSAGE(zero.code == 0, zero.output);
+  CHECK(max_weight_difference(out + "/final.pt", dir / "pp-dp-zero/final.pt") == 0);
+  const double partition_mb = printed(run.output, "optimizer_state_mb");
+  const double share_mb = printed(zero.output, "optimizer_state_mb");
+  MESSAGE("optimizer state on rank 0: " << partition_mb << " MB, " << share_mb << " MB with zero");
+  CHECK(share_mb / partition_mb == doctest::Approx(0.5).epsilon(0.25));
 
   fs::copy_file(out + "/final.pt", dir / "uninterrupted.pt");
   for (const std::string suffix : {"", ".rank1", ".rank2", ".rank3"}) {
