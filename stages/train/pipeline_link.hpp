@@ -20,8 +20,9 @@ namespace flowtrain::train {
 /// job's, or with data parallelism too, the pipeline's subgroup: job ranks first_rank + r), and
 /// tensors travel by point-to-point send and recv (Gloo here, NCCL where LibTorch has CUDA).
 /// Each tensor goes as a small header (dtype, shape, and the batch it belongs to) and then its
-/// data, so the receiver allocates it and checks that both ranks hold the same batch. A receive waits through World::wait: a rank that failed or stopped responding is
-/// named within seconds instead of after the timeout.
+/// data, so the receiver allocates it and checks that both ranks hold the same batch. A receive
+/// waits through World::wait: a rank that failed or stopped responding is named within seconds
+/// instead of after the timeout.
 ///
 ///   PipelineLink link(*world, world->group(), 0);
 ///   link.set_batch(batch.number, digest);  // of the batch's samples

@@ -90,8 +90,9 @@ struct PipelineStepOptions {
   void declare(Declare& d) {
     d(partitions, "partitions",
       "pipeline parallelism: model partitions (1: none; a ViT only); in one process each on its "
-      "own thread with intraop_threads / partitions intra-op threads, in a job of as many "
-      "ranks one per rank (give the training source ranks_per_shard: partitions)",
+      "own thread with intraop_threads / partitions intra-op threads, in a job one per rank, "
+      "each run of partitions consecutive ranks a pipeline, the pipelines data-parallel (give "
+      "the training source ranks_per_shard: partitions)",
       {.min = 1, .max = 256});
     d(microbatches, "microbatches",
       "pipeline parallelism: micro-batches per batch (the loss is still the batch's mean)",
@@ -181,8 +182,9 @@ struct TrainStepOptions {
       "data-parallel: size of the first gradient bucket to all-reduce (MB)", {.min = 0});
     d(bucket_mb, "bucket_mb", "data-parallel: size of the other gradient buckets (MB)", {.min = 0});
     d(zero, "zero",
-      "data-parallel ZeRO stage: 1 (or true) shards the optimizer state across the ranks, 2 the "
-      "gradients too; 0 (or false): every rank holds all of both",
+      "data-parallel ZeRO stage: 1 (or true) shards the optimizer state across the ranks (with "
+      "pipelines side by side, a partition's among its replicas), 2 the gradients too; 0 (or "
+      "false): every rank holds all of both",
       {.choices = {"0", "1", "2", "false", "true"}});
     pipeline.declare(d);
   }
