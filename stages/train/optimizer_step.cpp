@@ -65,6 +65,8 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
   s.optimizer_s += seconds(step.sync_end, step.end);
   s.bubble_sum += step.bubble;
   s.peak_in_flight = std::max(s.peak_in_flight, step.peak_in_flight);
+  std::int64_t& peak_bytes = s.steps_this_run == 1 ? s.first_peak_bytes : s.peak_bytes;
+  peak_bytes = std::max(peak_bytes, step.peak_bytes);
   for (TimelineSpan& span : step.timeline) {
     span.item = trainer.state().step;
     s.timeline.push_back(std::move(span));

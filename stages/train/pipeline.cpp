@@ -12,6 +12,7 @@
 
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
+#include "stages/train/thread_memory.hpp"
 
 namespace flowtrain::train {
 
@@ -106,6 +107,7 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   result.losses.assign(static_cast<std::size_t>(m), 0.0);
   result.spans.resize(schedule.actions.size());
   result.peak_in_flight.assign(static_cast<std::size_t>(schedule.stages), 0);
+  result.peak_bytes.assign(schedule.actions.size(), 0);
   std::vector<int> in_flight(static_cast<std::size_t>(schedule.stages), 0);
   Mailbox mail;
   std::mutex error_mutex;
@@ -144,6 +146,10 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
 
   const auto run_rank = [&](std::size_t rank) {
     IntraOpThreads threads(intraop_threads);
+    const int slot = static_cast<int>(rank) % CountThreadMemory::kSlots;
+    CountThreadMemory count(slot);
+    thread_memory_reset_peak(slot);
+    const std::int64_t held_before = thread_memory_live(slot);
     for (const PipelineAction& a : schedule.actions[rank]) {
       const auto s = static_cast<std::size_t>(a.stage);
       Kept& k = kept[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)];
@@ -192,6 +198,7 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
       }
       result.spans[rank].emplace_back(start, seconds());
     }
+    result.peak_bytes[rank] = thread_memory_peak(slot) - held_before;
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {

@@ -49,6 +49,10 @@ struct PipelineBatchResult {
   std::vector<std::vector<std::pair<double, double>>> spans;
   double bubble = 0;                // 1 - busy / (ranks x wall): the ranks' idle share (here)
   std::vector<int> peak_in_flight;  // [stage]: most micro-batches whose activations it kept
+  /// [rank]: the most CPU tensor memory its thread's allocations held at once during the batch,
+  /// above what they held at its start (the activations kept for backward, and transient
+  /// workspace); with a transport, this process's rank's only (the others' 0).
+  std::vector<std::int64_t> peak_bytes;
 };
 
 /// Runs the forward and backward of one batch through `stages` as `schedule` orders them, in

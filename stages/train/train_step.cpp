@@ -263,6 +263,9 @@ std::vector<StageResult> TrainStepStage::results() const {
     if (s.trainer->pipelined()) {
       out.push_back({"pipeline_bubble", s.bubble_sum / static_cast<double>(s.steps_this_run)});
       out.push_back({"peak_microbatches_kept", static_cast<double>(s.peak_in_flight)});
+      out.push_back({"peak_partition_mb",
+                     static_cast<double>(s.steps_this_run > 1 ? s.peak_bytes : s.first_peak_bytes) /
+                         1e6});
     }
     if (s.trainer->world_size() > 1) {
       // sync_comm: all-reduce time from the first bucket's start to the last one's end;

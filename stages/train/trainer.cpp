@@ -376,6 +376,7 @@ std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
   step.out.loss = r.loss;
   step.out.bubble = r.bubble;
   step.out.peak_in_flight = *std::max_element(r.peak_in_flight.begin(), r.peak_in_flight.end());
+  step.out.peak_bytes = *std::max_element(r.peak_bytes.begin(), r.peak_bytes.end());
   // Each rank's actions, on steady_clock seconds: [rank][i] = (start, end).
   std::vector<std::vector<std::pair<double, double>>> spans = r.spans;
   const double start_s = std::chrono::duration<double>(r.start.time_since_epoch()).count();

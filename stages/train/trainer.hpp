@@ -69,10 +69,12 @@ struct StepOutcome {
   std::uint64_t correct = 0;  // training predictions that matched the label
   std::uint64_t seen = 0;     // samples in the batch
   std::uint64_t batch_number = 0;  // Batch::number of its batch
-  // With a pipeline: the share of partition-time idle in this step, and the most micro-batches
-  // whose activations a partition kept at once.
+  // With a pipeline: the share of partition-time idle in this step, the most micro-batches
+  // whose activations a partition kept at once, and the most memory a partition of this
+  // process held at once (PipelineBatchResult::peak_bytes).
   double bubble = 0;
   int peak_in_flight = 0;
+  std::int64_t peak_bytes = 0;
   /// With a pipeline: each action this process ran ("F3" on track "partition 0"), its times on
   /// steady_clock (item unset: the step is numbered when applied).
   std::vector<TimelineSpan> timeline;

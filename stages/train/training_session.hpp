@@ -29,6 +29,9 @@ struct TrainingSession {
   double data_wait_s = 0;
   double bubble_sum = 0;   // with a pipeline: each step's idle share of partition-time, summed
   int peak_in_flight = 0;  // with a pipeline: most micro-batches a partition kept at once
+  // With a pipeline: the most memory a partition held in a step, over the steps after this
+  // run's first (whose backward also makes the gradients, kept from then on), and in the first.
+  std::int64_t peak_bytes = 0, first_peak_bytes = 0;
   // With a pipeline: the actions of the last steps (at most kTimelineSpans), for the trace
   // and the report's chart.
   static constexpr std::size_t kTimelineSpans = 20000;

@@ -119,6 +119,36 @@ TEST_CASE("Train.PipelineParallel.WeightsAfterStepsEqualTheUnsplitModels" * doct
   }
 }
 
+// The memory each partition's thread held at once follows the micro-batches it kept: GPipe's
+// first partition keeps all 8 micro-batches' activations until its backwards, 1F1B's at most 2.
+// Measured on the second batch (the first also makes the gradients, kept from then on).
+TEST_CASE("Train.PipelineParallel.PeakMemoryFollowsTheMicrobatchesKept" * doctest::timeout(120)) {
+  std::vector<std::int64_t> peaks;
+  for (const Kind kind : {Kind::kGPipe, Kind::k1F1B}) {
+    ViT model = fresh_model();
+    const PipelineSchedule schedule = make_pipeline_schedule(kind, 2, 8);
+    torch::manual_seed(3);
+    const torch::Tensor images = torch::randn({64, 3, 32, 32});
+    const torch::Tensor labels = torch::randint(0, 5, {64}, torch::kLong);
+    const auto stages = vit_pipeline_stages(model, {2}, [&](const ModelOutput& out, int m) {
+      return torch::nn::functional::cross_entropy(out.logits, labels.slice(0, 8 * m, 8 * m + 8));
+    });
+    PipelineBatchResult r;
+    for (int n = 0; n < 2; ++n) {
+      model->zero_grad();
+      r = run_pipeline_batch(schedule, stages,
+                             [&](int m) { return images.slice(0, 8 * m, 8 * m + 8); }, 1);
+    }
+    REQUIRE(r.peak_bytes.size() == 2);
+    MESSAGE(std::string(to_string(kind)) << ": partitions held " << r.peak_bytes[0] << " and "
+                            << r.peak_bytes[1] << " bytes at most");
+    CHECK(r.peak_bytes[0] > 0);
+    CHECK(r.peak_bytes[1] > 0);
+    peaks.push_back(r.peak_bytes[0]);
+  }
+  CHECK(peaks[0] > 2 * peaks[1]);
+}
+
 // A stage that fails stops every rank (none waits forever for its tensor) and is named.
 TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doctest::timeout(60)) {
   ViT model = fresh_model();

@@ -80,6 +80,7 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
       // Rank 0's report charts both ranks' actions of the last step, and each rank holds
       // about half the optimizer state.
       CHECK(ranks.output.find("pipeline_bubble") != std::string::npos);
+      CHECK(printed(ranks.output, "peak_partition_mb") > 0);
       CHECK(ranks.output.find("'student' timeline of item 10 (") != std::string::npos);
       CHECK(ranks.output.find("\n  partition 1  ") != std::string::npos);
       // AdamW keeps two float32 moments per parameter.
