@@ -75,11 +75,15 @@ Trainer::Trainer(const TrainerOptions& options,
   }
   if (options_.pipeline.enabled()) build_pipeline(world);
   const bool pipeline_ranks = pipelined_ && pipelined_->link;
+  // What this rank's GradSync reduces: its partition's parameters with pipelines (empty: all),
+  // and with ZeRO-2 to which rank of its group each of those goes (empty: to all).
+  std::vector<bool> sync_selected;
+  std::vector<int> sync_owners;
   if (pipeline_ranks || (options_.zero > 0 && world)) {
     // Sharded optimizer state: ZeRO's balanced shards over the ranks; with partitions on ranks
     // each rank keeps its partition's (with zero and pipelines side by side, its balanced share
     // of it among the partition's replicas) and updates those parameters; after each step the
-    // other ranks get them.
+    // other ranks get them. With ZeRO-2 a rank keeps only the gradients it updates with.
     std::vector<std::pair<std::string, torch::Tensor>> named;
     std::vector<std::int64_t> numels;
     for (const auto& item : model_->named_parameters()) {
@@ -93,27 +97,36 @@ Trainer::Trainer(const TrainerOptions& options,
         partition_of.push_back(pipelined_->schedule.rank_of(stage));
       }
       const int me = pipelined_->link->rank();
+      for (const int partition : partition_of) sync_selected.push_back(partition == me);
+      grad_held_ = sync_selected;
+      grad_group_ = pipelined_->group;
       if (options_.zero > 0) {
         std::vector<std::int64_t> mine;
         for (std::size_t k = 0; k < numels.size(); ++k) {
-          if (partition_of[k] == me) mine.push_back(numels[k]);
+          if (sync_selected[k]) mine.push_back(numels[k]);
         }
+        const int replica = pipelined_->replicas->getRank();
         const std::vector<int> shares =
             dist::partition_parameters(mine, pipelined_->replicas->getSize());
         std::vector<int> owners(numels.size(), -1);  // other partitions: not this level's
         for (std::size_t k = 0, i = 0; k < numels.size(); ++k) {
-          if (partition_of[k] == me) owners[k] = shares[i++];
+          if (!sync_selected[k]) continue;
+          owners[k] = shares[i++];
+          if (options_.zero >= 2) grad_held_[k] = owners[k] == replica;
+        }
+        if (options_.zero >= 2) {
+          sync_owners = shares;
+          grad_group_ = &world->group();  // each gradient now on one rank of all
         }
         levels.push_back({pipelined_->replicas, std::move(owners)});
       }
-      levels.push_back({pipelined_->group, partition_of});
-      grad_owners_ = std::move(partition_of);
-      grad_group_ = pipelined_->group;
+      levels.push_back({pipelined_->group, std::move(partition_of)});
     } else {
       levels.push_back({&world->group(), dist::partition_parameters(numels, world_size_)});
       if (options_.zero >= 2) {
-        grad_owners_ = levels.back().owners;
-        grad_group_ = levels.back().group;
+        sync_owners = levels.back().owners;
+        for (const int owner : sync_owners) grad_held_.push_back(owner == rank_);
+        grad_group_ = &world->group();
       }
     }
     zero_ = std::make_unique<dist::ShardedOptimizer>(
@@ -148,18 +161,14 @@ Trainer::Trainer(const TrainerOptions& options,
   if (world && (!pipeline_ranks || pipelined_->replicas)) {
     // After any restore: every rank starts from rank 0's weights. With pipelines, each
     // partition's gradients are averaged over its replicas once its micro-batches are done.
-    dist::GradSync::Options sync{.first_bucket_bytes = options_.first_bucket_bytes,
-                                 .bucket_bytes = options_.bucket_bytes};
-    if (pipeline_ranks) {
-      sync.group = pipelined_->replicas;
-      for (const int owner : grad_owners_) {
-        sync.selected.push_back(owner == pipelined_->link->rank());
-      }
-      sync.accumulate = true;
-    } else if (options_.zero >= 2) {
-      sync.owners = grad_owners_;
-    }
-    sync_ = std::make_unique<dist::GradSync>(*model_, *world, std::move(sync));
+    sync_ = std::make_unique<dist::GradSync>(
+        *model_, *world,
+        dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
+                                .bucket_bytes = options_.bucket_bytes,
+                                .owners = std::move(sync_owners),
+                                .group = pipeline_ranks ? pipelined_->replicas : nullptr,
+                                .selected = std::move(sync_selected),
+                                .accumulate = pipeline_ranks});
   }
 }
 
@@ -182,12 +191,8 @@ void Trainer::build_pipeline(dist::World* world) {
   }
   if (across_ranks && options_.zero > 0 && o.partitions == world->size()) {
     throw Error("zero with one pipeline across the ranks: each rank already keeps only its "
-                "partition's optimizer state (zero: 1 shards it further among a partition's "
-                "replicas, when the ranks are several pipelines)");
-  }
-  if (across_ranks && options_.zero >= 2) {
-    throw Error("zero: 2 does not combine with partitions across ranks yet: use zero: 1, which "
-                "shards each partition's optimizer state among its replicas");
+                "partition's optimizer state and gradients (zero shards them further among a "
+                "partition's replicas, when the ranks are several pipelines)");
   }
   if (config.dropout > 0 || config.drop_path > 0) {
     // ATen's one CPU generator would serve the partitions' threads in an order that depends
@@ -482,7 +487,7 @@ StepOutcome Trainer::apply() {
   const std::uint64_t step = state_.step + 1;
   const double clip = options_.clip_grad_norm;
   const double grad_norm =
-      !grad_owners_.empty()
+      !grad_held_.empty()
           ? clip_sharded_gradients(clip > 0 ? clip : INFINITY)
           : torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
 
@@ -525,7 +530,7 @@ double Trainer::clip_sharded_gradients(double max_norm) {
   std::vector<torch::Tensor> norms;
   for (std::size_t k = 0; k < params.size(); ++k) {
     const torch::Tensor& grad = params[k].grad();
-    const bool mine = grad_owners_[k] == grad_group_->getRank();
+    const bool mine = grad_held_[k];
     if (grad.defined() != mine) {
       throw Error("rank " + std::to_string(rank_) + ": parameter " + std::to_string(k) +
                   (mine ? " of its shard got no gradient" : " of another rank's shard got one"));

@@ -162,9 +162,10 @@ class Trainer {
   std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
   std::unique_ptr<dist::GradSync> sync_;            // with a group
   dist::World* world_ = nullptr;
-  // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, the rank of grad_group_
-  // that holds its gradient and updates it. Empty: every rank holds every gradient.
-  std::vector<int> grad_owners_;
+  // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, whether this rank holds
+  // its gradient after the sync; within grad_group_ each gradient is held by one rank. Empty:
+  // every rank holds every gradient.
+  std::vector<bool> grad_held_;
   c10d::ProcessGroup* grad_group_ = nullptr;
   int rank_ = 0;
   int world_size_ = 1;

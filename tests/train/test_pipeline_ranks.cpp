@@ -117,7 +117,8 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
 // its replica in the other pipeline, so the weights end where 2 data-parallel ranks of the whole
 // model end (within 1e-5: the micro-batches sum in another order), and a run resumed from its
 // step files ends bit-identical. With zero: 1 each rank keeps half its partition's optimizer
-// state (its replica the other half) and the weights do not change.
+// state (its replica the other half), with zero: 2 half its gradients too (and no bucket
+// buffers), and the weights do not change.
 TEST_CASE("Dist.Pipeline.TwoPipelinesOfTwoRanksAreDataParallel" * doctest::timeout(900)) {
   TempDir dir("pp-dp");
   const std::string config = write_config(dir);
@@ -150,6 +151,16 @@ TEST_CASE("Dist.Pipeline.TwoPipelinesOfTwoRanksAreDataParallel" * doctest::timeo
   const double share_mb = printed(zero.output, "optimizer_state_mb");
   MESSAGE("optimizer state on rank 0: " << partition_mb << " MB, " << share_mb << " MB with zero");
   CHECK(share_mb / partition_mb == doctest::Approx(0.5).epsilon(0.25));
+  // zero: 2 reduces each of the partition's gradients to the replica that updates it.
+  sharded.back() = "stages.student.params.zero=2";
+  const Exit zero2 = run_cli(args(config, dir / "pp-dp-zero2", sharded));
+  REQUIRE_MESSAGE(zero2.code == 0, zero2.output);
+  CHECK(max_weight_difference(out + "/final.pt", dir / "pp-dp-zero2/final.pt") == 0);
+  const double gradient_mb = printed(zero.output, "gradient_mb");
+  const double gradient_share_mb = printed(zero2.output, "gradient_mb");
+  MESSAGE("gradients on rank 0: " << gradient_mb << " MB, " << gradient_share_mb
+                                  << " MB with zero: 2");
+  CHECK(gradient_share_mb / gradient_mb == doctest::Approx(0.25).epsilon(0.3));
 
   fs::copy_file(out + "/final.pt", dir / "uninterrupted.pt");
   for (const std::string suffix : {"", ".rank1", ".rank2", ".rank3"}) {
@@ -172,5 +183,20 @@ TEST_CASE("Dist.Pipeline.RanksOnDifferentSamplesFailByName" * doctest::timeout(3
   CHECK_MESSAGE(run.output.find("the ranks of a pipeline must read the same batches (give the "
                                 "training source ranks_per_shard: <partitions>)") !=
                     std::string::npos,
+                run.output);
+}
+
+// Ranks that are not a multiple of the partitions cannot form pipelines: every rank says so
+// before the first step.
+TEST_CASE("Dist.Pipeline.PartitionsMustDivideTheRanks" * doctest::timeout(300)) {
+  TempDir dir("pp-divide");
+  std::vector<std::string> three = on_two_ranks("1f1b", 1);
+  three[1] = "3";
+  three[2] = "stages.source.params.ranks_per_shard=1";
+  three.push_back("cores=6");
+  const Exit run = run_cli(args(write_config(dir), dir / "out", three));
+  CHECK(run.code != 0);
+  CHECK_MESSAGE(run.output.find("with 3 ranks, partitions (2) must be 2 or more and divide the "
+                                "ranks") != std::string::npos,
                 run.output);
 }
