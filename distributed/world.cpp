@@ -434,6 +434,7 @@ c10d::ProcessGroup& World::subgroup(const std::vector<int>& ranks) {
                             static_cast<int>(ranks.size()));
   return *s.subgroups.emplace(ranks, std::move(group)).first->second;
 }
+
 c10d::Store& World::store() { return *impl_->store; }
 std::chrono::milliseconds World::timeout() const { return impl_->timeout; }
 
