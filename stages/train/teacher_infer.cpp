@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "distributed/job.hpp"
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
@@ -12,10 +13,21 @@
 namespace flowtrain::train {
 
 TeacherInferStage::TeacherInferStage(const Options& options)
-    : model_(InferenceModel::load_required(options.model, options.precision())),
-      model_path_(options.model),
-      precision_(options.precision()),
-      intraop_threads_(options.intraop_threads) {}
+    : model_(InferenceModel::load_required(options.inference.model,
+                                           options.inference.precision())),
+      model_path_(options.inference.model),
+      precision_(options.inference.precision()),
+      intraop_threads_(options.inference.intraop_threads) {
+  const int k = options.ranks_per_shard;
+  if (k > 1) {
+    const JobPlacement job = job_placement_from_env();
+    if (job.world_size % k != 0) {
+      throw Error("param 'ranks_per_shard' (" + std::to_string(k) +
+                  ") must divide the job's ranks (" + std::to_string(job.world_size) + ")");
+    }
+    skip_ = job.rank % k != k - 1;
+  }
+}
 
 TeacherInferStage::~TeacherInferStage() = default;
 
@@ -47,6 +59,13 @@ ModelOutput TeacherInferStage::forward(const at::Tensor& images, double& seconds
 }
 
 std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemContext&) {
+  if (skip_) {
+    if (batch.teacher_pending) {
+      throw Error("ranks_per_shard does not combine with a teacher_cache yet: the cache would "
+                  "wait for outputs this rank does not compute");
+    }
+    return std::move(batch);
+  }
   if (std::shared_ptr<data::TeacherOutputsPending> pending = std::move(batch.teacher_pending)) {
     // A teacher_cache sent the batch: compute the rows it lacks, and let it fill the batch.
     const std::vector<std::int64_t>& rows = pending->rows();

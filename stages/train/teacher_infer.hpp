@@ -21,9 +21,23 @@ namespace flowtrain::train {
 /// TorchScript module; with concurrency > 1 several batches run through it at once, ahead of
 /// the student. Behind a teacher_cache it runs only on the rows the cache lacks
 /// (Batch::teacher_pending) and hands their outputs to it.
+struct TeacherInferOptions {
+  InferenceOptions inference;
+  int ranks_per_shard = 1;
+  template <class Declare>
+  void declare(Declare& d) {
+    inference.declare(d);
+    d(ranks_per_shard, "ranks_per_shard",
+      "pipeline ranks that share their samples (the training source's ranks_per_shard): only "
+      "the last of each such group runs the teacher, as only the last partition uses its "
+      "outputs; the others pass their batches on without them",
+      {.min = 1, .max = 1 << 20});
+  }
+};
+
 class TeacherInferStage final : public Map<data::Batch, data::Batch> {
  public:
-  using Options = InferenceOptions;
+  using Options = TeacherInferOptions;
   explicit TeacherInferStage(const Options& options);
   ~TeacherInferStage() override;
   static StageDoc describe();
@@ -54,6 +68,7 @@ class TeacherInferStage final : public Map<data::Batch, data::Batch> {
   std::once_flag fingerprint_once_;
   std::uint64_t fingerprint_ = 0;  // teacher_fingerprint, made when a teacher_cache first asks
   int intraop_threads_;
+  bool skip_ = false;  // a pipeline rank before the last: its batches need no teacher outputs
   std::atomic<std::uint64_t> images_{0}, batches_{0}, forward_ns_{0};
 };
 

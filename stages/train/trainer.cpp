@@ -257,12 +257,17 @@ StepOutcome Trainer::step(const data::Batch& batch) {
 }
 
 std::size_t Trainer::forward_backward(const data::Batch& batch) {
-  if (!batch.teacher_logits.defined() && options_.loss.alpha < 1) {
+  // Of a pipeline's ranks only the one holding the last stage computes the loss: the others
+  // may get their batches without teacher outputs (teacher_infer's ranks_per_shard).
+  const bool takes_loss =
+      !pipelined_ || !pipelined_->link ||
+      pipelined_->schedule.rank_of(pipelined_->schedule.stages - 1) == pipelined_->link->rank();
+  if (!batch.teacher_logits.defined() && options_.loss.alpha < 1 && takes_loss) {
     throw Error("batch " + std::to_string(batch.number) +
                 " has no teacher outputs: put a teacher_infer stage before this one, or set "
                 "alpha: 1 for supervised training");
   }
-  if (!batch.teacher_logits.defined() && model_->config().distillation_token) {
+  if (!batch.teacher_logits.defined() && model_->config().distillation_token && takes_loss) {
     throw Error("batch " + std::to_string(batch.number) +
                 " has no teacher outputs for the model's distillation token: put a "
                 "teacher_infer stage before this one, or set distillation_token: false");

@@ -62,7 +62,7 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
        {std::pair{dir / "a.pt", &alone_a}, std::pair{dir / "b.pt", &alone_b}}) {
     Pipeline p;
     p.add("batches", std::make_unique<RandomBatches>(6));
-    p.add<TeacherInferStage>("teacher", {.model = model});
+    p.add<TeacherInferStage>("teacher", {.inference = {.model = model}});
     p.add("sink", seen->sink());
     const RunReport report = p.run({.threads = 2});
     // Its results: images, time per batch, and the rate of its products (from the ViT's shape).
@@ -81,8 +81,9 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
   SeenBatches joined;
   Pipeline p;
   p.add("batches", std::make_unique<RandomBatches>(6));
-  p.add<TeacherInferStage>("teacher_a", {.model = dir / "a.pt"}, {.queue_capacity = 2});
-  p.add<TeacherInferStage>("teacher_b", {.model = dir / "b.pt"},
+  p.add<TeacherInferStage>("teacher_a", {.inference = {.model = dir / "a.pt"}},
+                           {.queue_capacity = 2});
+  p.add<TeacherInferStage>("teacher_b", {.inference = {.model = dir / "b.pt"}},
                            {.queue_capacity = 2, .inputs = {"batches"}});
   p.add<JoinTeachersStage>(
       "join", {}, {.concurrency = 2, .queue_capacity = 2, .inputs = {"teacher_a", "teacher_b"}});

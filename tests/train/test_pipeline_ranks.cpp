@@ -172,6 +172,35 @@ TEST_CASE("Dist.Pipeline.TwoPipelinesOfTwoRanksAreDataParallel" * doctest::timeo
   CHECK(max_weight_difference(dir / "uninterrupted.pt", out + "/final.pt") == 0);
 }
 
+// Distillation with the student's partitions on 2 ranks: only the last partition uses the
+// teacher's outputs, so with teacher_infer's ranks_per_shard the teacher runs on rank 1 only,
+// and the weights are those of both ranks running it.
+TEST_CASE("Dist.Pipeline.TeacherRunsOnTheLastRankOnly" * doctest::timeout(600)) {
+  TempDir dir("pp-kd");
+  const Exit teacher = run_cli(args(write_config(dir), dir / "teacher", {}));
+  REQUIRE_MESSAGE(teacher.code == 0, teacher.output);
+  const std::string config = dir / "kd.yaml";
+  std::ofstream(config) << "threads: 1\ncores: 2\nstages:\n" + data_stages("train", 1, true) +
+                               "  - {type: teacher_infer, name: teacher, params: {model: " +
+                               (dir / "teacher/final.pt") +
+                               "}}\n"
+                               "  - {type: train_step, name: student, queue_capacity: 2, params: "
+                               "{classes: 4, image_size: 32, patch_size: 8, dim: 48, depth: 4, "
+                               "heads: 3, alpha: 0.5, lr: 0.002, warmup_steps: 2}}\n";
+  std::vector<Exit> runs;
+  for (const std::string k : {"1", "2"}) {
+    std::vector<std::string> two = on_two_ranks("1f1b", 1);
+    two.push_back("stages.teacher.params.ranks_per_shard=" + k);
+    runs.push_back(run_cli(args(config, dir / ("kd-" + k), two)));
+    REQUIRE_MESSAGE(runs.back().code == 0, runs.back().output);
+  }
+  CHECK(max_weight_difference(dir / "kd-1/final.pt", dir / "kd-2/final.pt") == 0);
+  // Rank 0's report: its teacher ran on every image, then on none.
+  CHECK(runs[0].output.find("results of 'teacher': images 320") != std::string::npos);
+  CHECK_MESSAGE(runs[1].output.find("results of 'teacher': images 0\n") != std::string::npos,
+                runs[1].output);
+}
+
 // Ranks of a pipeline reading different samples (the source sharded by rank, as for data
 // parallelism) fail at the first batch, saying what to set.
 TEST_CASE("Dist.Pipeline.RanksOnDifferentSamplesFailByName" * doctest::timeout(300)) {

@@ -94,7 +94,7 @@ RunReport run_cached(
   Pipeline p;
   p.add("batches", std::make_unique<ViewBatches>(batches, std::move(view_of)));
   p.add("cache", std::make_unique<TeacherCacheStage>(cache, context));
-  p.add<TeacherInferStage>("teacher", {.model = teacher},
+  p.add<TeacherInferStage>("teacher", {.inference = {.model = teacher}},
                            {.concurrency = 2, .queue_capacity = 2, .inputs = {"cache.miss"}});
   p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"cache.hit", "teacher"}});
   p.add("sink", seen.sink());
