@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "distributed/world.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::dist {
@@ -41,6 +42,7 @@ struct ShardedOptimizer::Impl {
     std::vector<torch::Tensor> flat;
   };
   std::vector<Gather> levels;
+  World* world = nullptr;
   std::unique_ptr<torch::optim::AdamW> local;
   std::size_t owned = 0;
 };
@@ -53,8 +55,10 @@ ShardedOptimizer::ShardedOptimizer(const Named& params,
 
 ShardedOptimizer::ShardedOptimizer(const Named& params,
                                    std::vector<Level> levels,
-                                   const Factory& make)
+                                   const Factory& make,
+                                   World* world)
     : impl_(std::make_unique<Impl>()) {
+  impl_->world = world;
   std::vector<bool> mine(params.size(), true);
   for (Level& level : levels) {
     const int ranks = level.group->getSize();
@@ -114,7 +118,12 @@ void ShardedOptimizer::step() {
       std::vector<torch::Tensor> buffer = {flat};
       c10d::BroadcastOptions options;
       options.rootRank = static_cast<int64_t>(r);
-      gather.group->broadcast(buffer, options)->wait();
+      const c10::intrusive_ptr<c10d::Work> work = gather.group->broadcast(buffer, options);
+      if (impl_->world) {
+        impl_->world->wait(*work, "the gather of updated parameters from their owner");
+      } else {
+        work->wait();
+      }
       if (r == rank) continue;
       offset = 0;
       for (const torch::Tensor& p : shard) {

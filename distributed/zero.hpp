@@ -16,6 +16,8 @@ class ProcessGroup;
 
 namespace flowtrain::dist {
 
+class World;
+
 /// Which rank owns each parameter under ZeRO stage 1, as PyTorch's ZeroRedundancyOptimizer
 /// partitions them: in order, each parameter to the rank with the fewest elements so far.
 std::vector<int> partition_parameters(const std::vector<std::int64_t>& numels, int ranks);
@@ -51,7 +53,12 @@ class ShardedOptimizer {
     c10d::ProcessGroup* group;
     std::vector<int> owners;
   };
-  ShardedOptimizer(const Named& params, std::vector<Level> levels, const Factory& make);
+  /// With `world`, each gather waits through World::wait: a rank that died or hung is named
+  /// within seconds instead of after the collective's timeout.
+  ShardedOptimizer(const Named& params,
+                   std::vector<Level> levels,
+                   const Factory& make,
+                   World* world = nullptr);
   ~ShardedOptimizer();
 
   /// Updates this rank's shard, then gathers every parameter from its owner.

@@ -131,7 +131,7 @@ Trainer::Trainer(const TrainerOptions& options,
     }
     zero_ = std::make_unique<dist::ShardedOptimizer>(
         named, std::move(levels),
-        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); });
+        [this](const auto& shard) { return make_adamw(shard, options_.optimizer); }, world);
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }
