@@ -72,10 +72,11 @@ struct ModelOptions {
 };
 
 /// Pipeline model parallelism (a ViT): `partitions` threads of one process each run a piece of
-/// the model on intraop_threads / partitions intra-op threads, or, as a job of as many ranks as
-/// partitions, each rank runs one piece on its intraop_threads; each batch flows through them as
-/// `microbatches` micro-batches in the order `pipeline_schedule` gives
-/// (stages/train/pipeline.hpp). A group of TrainStepOptions, its keys flat in YAML.
+/// the model on intraop_threads / partitions intra-op threads, or, in a job, each rank runs one
+/// piece on its intraop_threads (each run of `partitions` consecutive ranks a pipeline, the
+/// pipelines data-parallel); each batch flows through them as `microbatches` micro-batches in
+/// the order `pipeline_schedule` gives (stages/train/pipeline.hpp). A group of
+/// TrainStepOptions, its keys flat in YAML.
 struct PipelineStepOptions {
   int partitions = 1;
   int microbatches = 1;
