@@ -47,6 +47,21 @@ std::vector<std::string> on_two_ranks(const std::string& schedule, int virtual_s
           "stages.student.params.virtual_stages=" + std::to_string(virtual_stages)};
 }
 
+// Removes `files` from `out` (back to an earlier step's checkpoints), runs `extra` again and
+// checks that the run resumed at `step` and ended bit-identical to `uninterrupted`.
+void check_exact_resume(const std::string& config,
+                        const std::string& out,
+                        const std::vector<std::string>& extra,
+                        const std::vector<std::string>& files,
+                        int step,
+                        const std::string& uninterrupted) {
+  for (const std::string& file : files) REQUIRE(fs::remove(out + "/" + file));
+  const Exit resumed = run_cli(args(config, out, extra));
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  CHECK(resumed.output.find("resumed_at " + std::to_string(step)) != std::string::npos);
+  CHECK(max_weight_difference(uninterrupted, out + "/final.pt") == 0);
+}
+
 }  // namespace
 
 // Two ranks, each holding half the model, end where one process running the same partitions on
@@ -103,13 +118,11 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
   const std::string out = dir / "resumed";
   REQUIRE(run_cli(args(config, out, resuming)).code == 0);
   CHECK(max_weight_difference(dir / "ranks-1f1b/final.pt", out + "/final.pt") == 0);
+  std::vector<std::string> files;
   for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
-    for (const std::string& file : {name, name + ".rank1"}) REQUIRE(fs::remove(out + "/" + file));
+    files.insert(files.end(), {name, name + ".rank1"});
   }
-  const Exit resumed = run_cli(args(config, out, resuming));
-  REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
-  CHECK(resumed.output.find("resumed_at 6") != std::string::npos);
-  CHECK(max_weight_difference(dir / "ranks-1f1b/final.pt", out + "/final.pt") == 0);
+  check_exact_resume(config, out, resuming, files, 6, dir / "ranks-1f1b/final.pt");
 }
 
 // Pipeline and data parallelism together: 4 ranks are 2 pipelines of 2 partitions, the
@@ -163,13 +176,10 @@ TEST_CASE("Dist.Pipeline.TwoPipelinesOfTwoRanksAreDataParallel" * doctest::timeo
   CHECK(gradient_share_mb / gradient_mb == doctest::Approx(0.25).epsilon(0.3));
 
   fs::copy_file(out + "/final.pt", dir / "uninterrupted.pt");
-  for (const std::string suffix : {"", ".rank1", ".rank2", ".rank3"}) {
-    REQUIRE(fs::remove(out + "/final.pt" + suffix));  // back to step 4's files
-  }
-  const Exit resumed = run_cli(args(config, out, both));
-  REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
-  CHECK(resumed.output.find("resumed_at 4") != std::string::npos);
-  CHECK(max_weight_difference(dir / "uninterrupted.pt", out + "/final.pt") == 0);
+  // Back to step 4's files.
+  check_exact_resume(config, out, both,
+                     {"final.pt", "final.pt.rank1", "final.pt.rank2", "final.pt.rank3"}, 4,
+                     dir / "uninterrupted.pt");
 }
 
 // Distillation with the student's partitions on 2 ranks: only the last partition uses the
