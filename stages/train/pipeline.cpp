@@ -200,6 +200,7 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
     }
     result.peak_bytes[rank] = thread_memory_peak(slot) - held_before;
   };
+  install_memory_counting();  // before the ranks' threads allocate
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     if (local(r)) threads.emplace_back(run_rank, static_cast<std::size_t>(r));

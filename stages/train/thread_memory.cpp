@@ -66,13 +66,17 @@ Slot& slot_at(int slot) {
 
 }  // namespace
 
-CountThreadMemory::CountThreadMemory(int slot) : previous_(t_slot) {
-  slot_at(slot);
+void install_memory_counting() {
   static std::once_flag installed;
   std::call_once(installed, [] {
     g_base = c10::GetCPUAllocator();
     c10::SetCPUAllocator(&g_counting, /*priority=*/1);
   });
+}
+
+CountThreadMemory::CountThreadMemory(int slot) : previous_(t_slot) {
+  slot_at(slot);
+  install_memory_counting();
   t_slot = slot;
 }
 

@@ -11,9 +11,11 @@ namespace flowtrain::train {
 /// keeps for backward and its transient workspace. Slots are process-wide (kSlots of them, never
 /// destroyed, as counted tensors may outlive whoever counted them).
 ///
-/// The first CountThreadMemory installs a counting CPU allocator in front of LibTorch's (a
-/// 64-byte header per allocation, a thread-local read and an atomic add); tensors made before
-/// keep their own deleter. Nothing is installed in a process that never counts.
+/// Counting needs a CPU allocator in front of LibTorch's (a 64-byte header per allocation, a
+/// thread-local read and an atomic add; tensors made before keep their own deleter), installed
+/// by install_memory_counting(), once, best before other threads allocate (LibTorch's allocator
+/// pointer is swapped unsynchronised): a Trainer with a pipeline does it when built. Nothing is
+/// installed in a process that never counts.
 ///
 ///   CountThreadMemory count(partition);
 ///   const std::int64_t start = thread_memory_live(partition);
@@ -23,7 +25,7 @@ namespace flowtrain::train {
 class CountThreadMemory {
  public:
   static constexpr int kSlots = 64;
-  explicit CountThreadMemory(int slot);  // slot in [0, kSlots)
+  explicit CountThreadMemory(int slot);  // slot in [0, kSlots); installs counting if not yet
   ~CountThreadMemory();
   CountThreadMemory(const CountThreadMemory&) = delete;
   CountThreadMemory& operator=(const CountThreadMemory&) = delete;
@@ -31,6 +33,9 @@ class CountThreadMemory {
  private:
   int previous_;
 };
+
+/// Puts the counting allocator in front of LibTorch's CPU one; later calls do nothing.
+void install_memory_counting();
 
 /// Bytes counted to `slot` and not yet freed.
 std::int64_t thread_memory_live(int slot);

@@ -14,6 +14,7 @@
 #include "stages/train/compute.hpp"
 #include "stages/train/pipeline.hpp"
 #include "stages/train/pipeline_link.hpp"
+#include "stages/train/thread_memory.hpp"
 #include "stages/train/vit.hpp"
 
 namespace flowtrain::train {
@@ -200,6 +201,9 @@ void Trainer::build_pipeline(dist::World* world) {
     throw Error("pipeline parallelism needs dropout: 0 and drop_path: 0 (the partitions' "
                 "random draws would depend on thread timing)");
   }
+  // Each partition's peak memory is counted (thread_memory.hpp); installed now, while the graph
+  // is still being built and no other thread allocates.
+  install_memory_counting();
   auto p = std::make_unique<Pipelined>();
   p->schedule = make_pipeline_schedule(o.schedule, o.partitions, o.microbatches, o.virtual_stages);
   const std::vector<int> splits =
