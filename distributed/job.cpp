@@ -52,6 +52,15 @@ std::string first_slurm_host(const std::string& nodelist) {
   return first.substr(0, open) + ranges.substr(0, stop);
 }
 
+ShardGroup shard_group(const JobPlacement& job, int ranks_per_shard) {
+  const int k = ranks_per_shard;
+  if (k < 1 || job.world_size % k != 0) {
+    throw Error("param 'ranks_per_shard' (" + std::to_string(k) +
+                ") must divide the job's ranks (" + std::to_string(job.world_size) + ")");
+  }
+  return {job.rank / k, job.world_size / k, job.rank % k};
+}
+
 JobPlacement job_placement_from_env() {
   JobPlacement p;
   if (env("WORLD_SIZE") || env("RANK")) {

@@ -34,6 +34,16 @@ struct JobPlacement {
 /// or inconsistent value (RANK >= WORLD_SIZE, a non-number).
 JobPlacement job_placement_from_env();
 
+/// A job's ranks in groups of `ranks_per_shard` consecutive ranks that read the same samples
+/// (a pipeline's): this rank's group, how many groups, and its place in its group. Throws Error
+/// naming the param when ranks_per_shard does not divide the job's ranks.
+struct ShardGroup {
+  int index = 0;
+  int count = 1;
+  int member = 0;
+};
+ShardGroup shard_group(const JobPlacement& job, int ranks_per_shard);
+
 /// The first host name of a Slurm node list: "gpu[01-04],cpu7" -> "gpu01", "a,b" -> "a".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -230,14 +230,10 @@ SourceOptions resolve_source_options(const DatasetSourceOptions& options) {
   const std::int64_t world_size = check("world_size", options.world_size, 0, kMax);
   if (rank < 0 || world_size == 0) {
     const JobPlacement job = job_placement_from_env();
-    const int k = static_cast<int>(check("ranks_per_shard", options.ranks_per_shard, 1, 1 << 20));
-    if (job.world_size % k != 0) {
-      throw Error("param 'ranks_per_shard' (" + std::to_string(k) +
-                  ") must divide the job's ranks (" + std::to_string(job.world_size) + ")");
-    }
-    o.order.rank = static_cast<std::size_t>(rank < 0 ? job.rank / k : rank);
-    o.order.world_size =
-        static_cast<std::size_t>(world_size == 0 ? job.world_size / k : world_size);
+    const ShardGroup group = shard_group(
+        job, static_cast<int>(check("ranks_per_shard", options.ranks_per_shard, 1, 1 << 20)));
+    o.order.rank = static_cast<std::size_t>(rank < 0 ? group.index : rank);
+    o.order.world_size = static_cast<std::size_t>(world_size == 0 ? group.count : world_size);
   } else {
     o.order.rank = static_cast<std::size_t>(rank);
     o.order.world_size = static_cast<std::size_t>(world_size);

@@ -19,14 +19,7 @@ TeacherInferStage::TeacherInferStage(const Options& options)
       precision_(options.inference.precision()),
       intraop_threads_(options.inference.intraop_threads) {
   const int k = options.ranks_per_shard;
-  if (k > 1) {
-    const JobPlacement job = job_placement_from_env();
-    if (job.world_size % k != 0) {
-      throw Error("param 'ranks_per_shard' (" + std::to_string(k) +
-                  ") must divide the job's ranks (" + std::to_string(job.world_size) + ")");
-    }
-    skip_ = job.rank % k != k - 1;
-  }
+  skip_ = k > 1 && shard_group(job_placement_from_env(), k).member != k - 1;
 }
 
 TeacherInferStage::~TeacherInferStage() = default;
