@@ -226,13 +226,19 @@ class Tuner {
     const auto seconds = [](double s) {
       return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
     };
-    // The rate is the last stage's, between its first and its last completion in the window:
-    // queues filling after the pause do not count, and a slow stage (a training step) is not
-    // rounded to whole items per window.
+    // The rate is the last stage's, over `trial_s` from its first completion after the
+    // warm-up to its last: queues refilling after the pause do not count (a training phase's
+    // first step may come seconds after it), and a slow stage (a training step) is not rounded
+    // to whole items per window.
+    const std::uint64_t before = pipeline_.completed();
     std::thread timer([&] {
       std::unique_lock lock(mutex);
+      // The warm-up lasts `warmup_s` and two completions (a model's first calls are slow).
+      const auto warm = [&] { return done || pipeline_.completed() >= before + 2; };
       if (wake.wait_for(lock, seconds(options_.autotune.warmup_s), [&] { return done; })) return;
-      const Clock::time_point end = Clock::now() + seconds(options_.autotune.trial_s);
+      while (!wake.wait_for(lock, std::chrono::milliseconds(2), warm)) {
+      }
+      if (done) return;
       std::uint64_t seen = pipeline_.completed(), first = 0, last = 0;
       Clock::time_point first_at, last_at;
       for (std::size_t polls = 0;
@@ -244,7 +250,7 @@ class Tuner {
           std::tie(last, last_at) = std::pair(n, now);
           seen = n;
         }
-        if (now >= end && last > first) {
+        if (last > first && now >= first_at + seconds(options_.autotune.trial_s)) {
           rate = static_cast<double>(last - first) /
                  std::chrono::duration<double>(last_at - first_at).count();
           pipeline_.request_pause();
@@ -533,7 +539,7 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
   // Each count gets a short search (its best layout is found again on the run's own work,
   // with the rest of max_trials, once the count is fixed).
   const std::size_t budget =
-      std::max<std::size_t>(3, phase.run.autotune.max_trials / (2 * counts.size()));
+      std::max<std::size_t>(2, phase.run.autotune.max_trials / (2 * counts.size()));
   AutotuneReport tuning;
   std::optional<PipelineConfig> best;
   double best_rate = 0;
@@ -542,6 +548,8 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
     PipelineConfig copy = phase;
     copy.run.on_progress = nullptr;  // the run's progress is the real run's
     copy.run.drops_path.clear();     // and its files too
+    // Half the window: a rehearsal only has to tell the counts apart, and its work is lost.
+    copy.run.autotune.trial_s /= 2;
     for (const std::size_t k : fixed) {
       StageConfig& stage = copy.stages[k];
       stage.params.set(threads_param(stage, registry), static_cast<std::int64_t>(n));
