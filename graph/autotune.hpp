@@ -14,7 +14,8 @@ namespace flowtrain {
 /// its layout on the run's own work: trials are stretches of the run (Pipeline::request_pause
 /// between them), each with one change from the best layout so far (a stage's concurrency or
 /// intra-op threads, the graph threads), measured in items the last stage completes per
-/// second; the fastest by at least `min_gain` is kept, until no change helps or `max_trials`
+/// second (after `warmup_s` and two completions, over `trial_s` from the next completion);
+/// the fastest by at least `min_gain` is kept, until no change helps or `max_trials`
 /// ran. The rest of the run uses the chosen layout. Every layout fits `options.cores`
 /// (thread_budget_problem).
 ///
@@ -44,8 +45,9 @@ RunReport autotune_run(Pipeline& pipeline,
 /// which must not change once the first step is committed. For each count that fits the cores
 /// (the configured one, then 1, 2, 4, ... and all of them) it builds a throwaway copy of the
 /// phase (a rehearsal: BuildContext::rehearsal, whose stages write nothing and whose updates
-/// are never committed), tunes the rest of its layout there with a short search (max(3,
-/// max_trials / (2 x counts)) trials), and keeps the fastest: `phase` is changed to that count
+/// are never committed), tunes the rest of its layout there with a short search (max(2,
+/// max_trials / (2 x counts)) trials of half `trial_s`), and keeps the fastest: `phase` is
+/// changed to that count
 /// and layout, and the run built from it (autotune_run goes on tuning it) is then bit-identical
 /// to one configured with the final settings. Returns the trials (each `rehearsal`) and the chosen
 /// settings, or nothing (leaving `phase` as it was) if autotune is off, no stage's threads

@@ -42,8 +42,9 @@ struct StageOptions {
 /// How a pipeline tunes its layout before the rest of its run (graph/autotune.hpp).
 struct AutotuneOptions {
   bool enabled = false;
-  double warmup_s = 0.5;        // of each trial, not measured (queues filling, caches warming)
-  double trial_s = 2;           // measured window of each trial
+  double warmup_s = 0.5;        // of each trial, and two completions: not measured (queues
+                                // filling, a model's first calls)
+  double trial_s = 2;           // measured window of each trial, from its first completion
   std::size_t max_trials = 10;  // trials in all, the starting layout's included
   double min_gain = 0.03;       // a change is kept if its layout is this much faster (3%)
   /// Resident memory a trial may have added since tuning began (deeper queues hold more

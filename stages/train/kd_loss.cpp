@@ -125,7 +125,9 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
     }
   }
   if (student_regression.defined()) {
-    loss.regression = torch::mse_loss(student_regression, regression_targets);
+    loss.regression = options.regression_l1
+                          ? torch::l1_loss(student_regression, regression_targets)
+                          : torch::mse_loss(student_regression, regression_targets);
     if (options.regression_weight > 0) {
       loss.total = loss.total + options.regression_weight * loss.regression;
     }

@@ -9,6 +9,9 @@ struct KdLossOptions {
   double alpha = 1.0;        // weight of the cross-entropy on labels; 1 - alpha for distillation
   double temperature = 1.0;  // softens both distributions in the distillation term
   double regression_weight = 0;
+  /// The regression term is the mean absolute error (torch's l1_loss) instead of the mean
+  /// squared error: the median is its optimum, not the mean, so outliers pull it less.
+  bool regression_l1 = false;
   /// The label cross-entropy's target puts 1 - label_smoothing on the label and spreads
   /// label_smoothing over all classes (Szegedy et al.; torch's label_smoothing).
   double label_smoothing = 0;
@@ -30,7 +33,7 @@ struct KdLoss {
 ///
 ///   total = alpha * CE(student, labels)
 ///         + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(student / T))
-///         + regression_weight * MSE(student_regression, regression_targets)
+///         + regression_weight * MSE(student_regression, regression_targets)   (or L1)
 ///
 /// CE is the mean over the batch, KL the sum over classes averaged over the batch ("batchmean"),
 /// both from log_softmax; MSE the mean over all elements. The teacher is a constant (detached).

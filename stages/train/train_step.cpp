@@ -106,6 +106,7 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.loss.alpha = options.alpha;
   trainer.loss.temperature = options.temperature;
   trainer.loss.regression_weight = options.regression_weight;
+  trainer.loss.regression_l1 = options.regression_loss == "l1";
   trainer.loss.label_smoothing = options.label_smoothing;
   trainer.loss.hard = options.distillation == "hard";
   trainer.clip_grad_norm = options.clip_grad_norm;

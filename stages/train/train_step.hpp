@@ -116,6 +116,7 @@ struct TrainStepOptions {
   double alpha = 0.5;
   double temperature = 2.0;
   double regression_weight = 0.0;
+  std::string regression_loss = "mse";
   double label_smoothing = 0.0;
   std::string distillation = "soft";
   double lr = 1e-3;
@@ -148,7 +149,11 @@ struct TrainStepOptions {
       "teacher needed)",
       {.min = 0});
     d(temperature, "temperature", "distillation temperature T", {.min = 0});
-    d(regression_weight, "regression_weight", "weight of the regression (MSE) term", {.min = 0});
+    d(regression_weight, "regression_weight", "weight of the regression term", {.min = 0});
+    d(regression_loss, "regression_loss",
+      "the regression term: mse (squared error, pulled by outliers) or l1 (absolute error: "
+      "what a mean absolute error rewards)",
+      {.choices = {"mse", "l1"}});
     d(label_smoothing, "label_smoothing",
       "share of the label cross-entropy's target spread over all classes", {.min = 0, .max = 0.99});
     d(distillation, "distillation",

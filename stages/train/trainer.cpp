@@ -351,11 +351,14 @@ torch::Tensor Trainer::loss_of(const ModelOutput& forward,
   const torch::Tensor scaled = regression.defined() ? targets / scale : torch::Tensor();
   const torch::Tensor distillation =
       forward.distillation.defined() ? forward.distillation.to(torch::kFloat) : torch::Tensor();
-  loss = teacher_logits.defined()
-             ? kd_loss(logits, teacher_logits, labels, options_.loss, regression, scaled,
-                       distillation)
-             : supervised_loss(logits, labels, options_.loss.regression_weight,
-                               options_.loss.label_smoothing, regression, scaled);
+  if (teacher_logits.defined()) {
+    loss = kd_loss(logits, teacher_logits, labels, options_.loss, regression, scaled,
+                   distillation);
+  } else {  // supervised: the labels alone (supervised_loss, with every regression option)
+    KdLossOptions supervised = options_.loss;
+    supervised.alpha = 1;
+    loss = kd_loss(logits, teacher_logits, labels, supervised, regression, scaled);
+  }
   return logits;
 }
 

@@ -151,6 +151,18 @@ TEST_CASE("Train.KdLoss.Alpha1IsCrossEntropy") {
       supervised_loss(tensor(kStudent), labels, 2.0, 0.0, tensor(kRegression), tensor(kTargets));
   CHECK(value(with_regression.total) ==
         doctest::Approx(ce + 2.0 * reference_mse(kRegression, kTargets)).epsilon(1e-12));
+
+  // regression_l1: the mean absolute error, (0.5 + 0.5 + 1 + 0) / 4, whose gradient is each
+  // error's sign / 4 whatever its size (an outlier pulls no harder than any other row).
+  const torch::Tensor regression = tensor(kRegression).requires_grad_(true);
+  const KdLoss l1 = kd_loss(tensor(kStudent), torch::Tensor(), labels,
+                            {.alpha = 1.0, .regression_weight = 2.0, .regression_l1 = true},
+                            regression, tensor(kTargets));
+  CHECK(value(l1.regression) == doctest::Approx(0.5).epsilon(1e-12));
+  CHECK(value(l1.total) == doctest::Approx(ce + 2.0 * 0.5).epsilon(1e-12));
+  l1.total.backward();
+  CHECK(torch::equal(regression.grad(), 2.0 * torch::tensor({{0.25, -0.25}, {-0.25, 0.0}},
+                                                            torch::kDouble)));
 }
 
 TEST_CASE("Train.KdLoss.TeacherGetsNoGradient") {
