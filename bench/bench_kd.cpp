@@ -116,6 +116,7 @@ struct Sample {
   double tuned_images_per_s = 0;  // autotune: images/s after the trials
   double tuning_s = 0;            // autotune: the trials' wall time
   std::string chosen;             // autotune: what it kept
+  std::string trials;             // autotune: its trial table
 };
 
 // A fresh folder under the system temp dir, removed with everything in it at scope exit.
@@ -271,6 +272,7 @@ Sample run_once(const Layout& l,
     if (const flowtrain::AutotuneTrial* chosen = a.chosen()) {
       s.chosen = "chosen in " + std::to_string(a.trials.size()) + " trials: " + chosen->layout;
     }
+    s.trials = flowtrain::format_autotune(a);
   }
   return s;
 }
@@ -479,6 +481,7 @@ int main(int argc, char** argv) {
         std::printf("  autotune (medians): %.1f s of trials; %.1f images/s after them; median "
                     "run %s\n",
                     med(&Sample::tuning_s), med(&Sample::tuned_images_per_s), m.chosen.c_str());
+        std::printf("\n  Its trials:\n\n```\n%s```\n", m.trials.c_str());
       }
     }
     std::printf("\nLoad average at end: %s; total %.0f s\n", load_average().c_str(),

@@ -69,6 +69,10 @@ struct Tunable {
   std::string threads_param;  // the config param that sets them
 };
 
+// Completions a trial's window measures at least, after the first (a slow training step
+// may take a second: a short window would judge it on one or two).
+constexpr std::uint64_t kMinCompletions = 4;
+
 class Tuner {
  public:
   Tuner(Pipeline& pipeline, const RunOptions& options, const std::vector<StageDecl>& config_decls)
@@ -226,10 +230,10 @@ class Tuner {
     const auto seconds = [](double s) {
       return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
     };
-    // The rate is the last stage's, over `trial_s` from its first completion after the
-    // warm-up to its last: queues refilling after the pause do not count (a training phase's
-    // first step may come seconds after it), and a slow stage (a training step) is not rounded
-    // to whole items per window.
+    // The rate is the last stage's, over `trial_s` (and kMinCompletions) from its first
+    // completion after the warm-up to its last: queues refilling after the pause do not count
+    // (a training phase's first step may come seconds after it), a slow stage (a training
+    // step) is not rounded to whole items per window, nor judged on one or two.
     const std::uint64_t before = pipeline_.completed();
     std::thread timer([&] {
       std::unique_lock lock(mutex);
@@ -250,7 +254,7 @@ class Tuner {
           std::tie(last, last_at) = std::pair(n, now);
           seen = n;
         }
-        if (last > first && now >= first_at + seconds(options_.autotune.trial_s)) {
+        if (last >= first + kMinCompletions && now >= first_at + seconds(options_.autotune.trial_s)) {
           rate = static_cast<double>(last - first) /
                  std::chrono::duration<double>(last_at - first_at).count();
           pipeline_.request_pause();
@@ -539,7 +543,7 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
   // Each count gets a short search (its best layout is found again on the run's own work,
   // with the rest of max_trials, once the count is fixed).
   const std::size_t budget =
-      std::max<std::size_t>(2, phase.run.autotune.max_trials / (2 * counts.size()));
+      std::max<std::size_t>(3, phase.run.autotune.max_trials / (2 * counts.size()));
   AutotuneReport tuning;
   std::optional<PipelineConfig> best;
   double best_rate = 0;
