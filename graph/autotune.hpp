@@ -14,7 +14,8 @@ namespace flowtrain {
 /// its layout on the run's own work: trials are stretches of the run (Pipeline::request_pause
 /// between them), each with one change from the best layout so far (a stage's concurrency or
 /// intra-op threads, the graph threads), measured in items the last stage completes per
-/// second (after `warmup_s` and two completions, over `trial_s` from the next completion);
+/// second (after `warmup_s` and two completions, over `trial_s` and 4 completions at least
+/// from the next one);
 /// the fastest by at least `min_gain` is kept, until no change helps or `max_trials`
 /// ran. The rest of the run uses the chosen layout. Every layout fits `options.cores`
 /// (thread_budget_problem).

@@ -45,6 +45,7 @@ struct AutotuneOptions {
   double warmup_s = 0.5;        // of each trial, and two completions: not measured (queues
                                 // filling, a model's first calls)
   double trial_s = 2;           // measured window of each trial, from its first completion
+                                // (and 4 completions at least)
   std::size_t max_trials = 10;  // trials in all, the starting layout's included
   double min_gain = 0.03;       // a change is kept if its layout is this much faster (3%)
   /// Resident memory a trial may have added since tuning began (deeper queues hold more
