@@ -826,7 +826,11 @@ std::string params_markdown(const std::vector<ParamSpec>& specs,
   for (const ParamSpec& p : specs) {
     std::string doc = p.doc;
     if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
-    if (p.max) doc += " (at most " + std::to_string(static_cast<long long>(*p.max)) + ")";
+    if (p.max) {
+      char most[32];
+      std::snprintf(most, sizeof most, " (at most %.10g)", *p.max);  // 0.99, 4096
+      doc += most;
+    }
     out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " + doc +
            " |\n";
   }
