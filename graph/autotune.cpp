@@ -258,7 +258,8 @@ class Tuner {
           std::tie(last, last_at) = std::pair(n, now);
           seen = n;
         }
-        if (last >= first + kMinCompletions && now >= first_at + seconds(options_.autotune.trial_s)) {
+        if (last >= first + kMinCompletions &&
+            now >= first_at + seconds(options_.autotune.trial_s)) {
           rate = static_cast<double>(last - first) /
                  std::chrono::duration<double>(last_at - first_at).count();
           pipeline_.request_pause();
