@@ -530,7 +530,7 @@ const std::vector<ConfigSection> kSections = {
     {"data",
      "where the photos are and how they are split",
      {path_param("folder", "prepared data folder"),
-      float_param("val_fraction", 0.2, "share held out for validation", 0),
+      float_param("val_fraction", 0.2, "share held out for validation", 0, 0.9),
       int_param("seed", 1, "seed of the split"),
       output_path_param("runs", "where runs are written")}},
     {"report", "the HTML report", {bool_param("open", false, "open it when done")}},
@@ -687,7 +687,8 @@ TEST_CASE("Config.Sections.Markdown") {
   CHECK(md.rfind("### `data`\n\nwhere the photos are and how they are split\n\n"
                  "| key | type | default | meaning |\n|---|---|---|---|\n"
                  "| `folder` | path | `\"\"` | prepared data folder |\n"
-                 "| `val_fraction` | float | `0.2` | share held out for validation |\n",
+                 "| `val_fraction` | float | `0.2` | share held out for validation (at most 0.9) "
+                 "|\n",
                  0) == 0);
   CHECK(md.find("### `report`\n\nthe HTML report\n\n| key |") != std::string::npos);
   CHECK(md.find("| `open` | bool | `false` | open it when done |\n") != std::string::npos);
