@@ -46,11 +46,11 @@ RunReport autotune_run(Pipeline& pipeline,
 /// which must not change once the first step is committed. For each count that fits the cores
 /// (the configured one, then 1, 2, 4, ... and all of them) it builds a throwaway copy of the
 /// phase (a rehearsal: BuildContext::rehearsal, whose stages write nothing and whose updates
-/// are never committed), tunes the rest of its layout there with a short search (max(2,
-/// max_trials / (2 x counts)) trials of half `trial_s`), and keeps the fastest: `phase` is
-/// changed to that count
-/// and layout, and the run built from it (autotune_run goes on tuning it) is then bit-identical
-/// to one configured with the final settings. Returns the trials (each `rehearsal`) and the chosen
+/// are never committed), tunes the rest of its layout there with a short search (max(3,
+/// max_trials / (2 x counts)) trials of half `trial_s`, no deeper queues), and keeps the
+/// fastest: `phase` is changed to that count and layout, and the run built from it
+/// (autotune_run goes on tuning it) is then bit-identical to one configured with the final
+/// settings. Returns the trials (each `rehearsal`) and the chosen
 /// settings, or nothing (leaving `phase` as it was) if autotune is off, no stage's threads
 /// change its results, or there is one core. Throws Error if a SIGINT or SIGTERM stops it.
 std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
