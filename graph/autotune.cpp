@@ -101,9 +101,9 @@ class Tuner {
     }
   }
 
-  // Whether a round may try deeper queues (a rehearsal compares thread counts only: the run
-  // tries queues on its own work).
-  void set_deepen_queues(bool deepen) { deepen_queues_ = deepen; }
+  // A rehearsal compares thread counts only (the run tries deeper queues on its own work),
+  // and throws its work in flight away at each pause.
+  void set_rehearsal(bool rehearsal) { rehearsal_ = rehearsal; }
 
   // The outcome of a search: the fastest layout tried, its rate, and the last trial's report.
   struct Search {
@@ -262,7 +262,11 @@ class Tuner {
             now >= first_at + seconds(options_.autotune.trial_s)) {
           rate = static_cast<double>(last - first) /
                  std::chrono::duration<double>(last_at - first_at).count();
-          pipeline_.request_pause();
+          if (rehearsal_) {
+            pipeline_.request_pause_discarding();
+          } else {
+            pipeline_.request_pause();
+          }
           return;
         }
       }
@@ -387,7 +391,7 @@ class Tuner {
       // Its workers wait on full output queues (an ordered consumer waiting for a late item,
       // say): deeper queues for its consumers, within the memory budget. Only entries' queues,
       // which the chosen settings can name.
-      if (deepen_queues_ && load.blocked[i] > 0.05) {
+      if (!rehearsal_ && load.blocked[i] > 0.05) {
         Layout l = best;
         std::string change;
         for (const std::size_t j : consumers_of(decls_, i)) {
@@ -457,7 +461,7 @@ class Tuner {
   std::size_t cores_ = 1;
   Layout start_;
   double baseline_mb_;  // resident memory before the first trial
-  bool deepen_queues_ = true;
+  bool rehearsal_ = false;
 };
 
 // The param that sets an entry's intra-op threads (StageDoc::threads_param; empty: none).
@@ -570,7 +574,7 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
     const std::size_t first = tuning.trials.size();
     StopOnSignal stop(*pipeline);
     Tuner tuner(*pipeline, copy.run, stage_decls(copy, registry));
-    tuner.set_deepen_queues(false);
+    tuner.set_rehearsal(true);
     const Tuner::Search found = tuner.search(budget, tuning);
     if (const int signal = stop.received()) {
       throw Error(std::string("stopped by ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") +

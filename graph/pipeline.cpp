@@ -646,6 +646,13 @@ class Pipeline::Runtime {
         if (nodes_[s].name == nodes_[i].options.token_from) token_receivers_[s].push_back(i);
       }
     }
+    // A stage after one that waits for tokens must finish what it gets, or a token taken
+    // would never come back (nodes_ lists inputs before the stages taking them).
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      for (const InputLink& in : nodes_[i].inputs) {
+        if (tokens_[in.stage] || !may_discard_[in.stage]) may_discard_[i] = false;
+      }
+    }
     if (!options.trace_path.empty()) trace_.emplace(start_);
     sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_, options.on_progress,
                      options.progress_interval_s, pipeline.expected_);
@@ -697,8 +704,10 @@ class Pipeline::Runtime {
   bool stopped() const { return (halt_.load(std::memory_order_relaxed) & kStopped) != 0; }
   // Paused (Pipeline::request_pause) rather than stopped or run to its end.
   bool paused() const {
-    return halt_.load(std::memory_order_relaxed) == kPaused;
+    return (halt_.load(std::memory_order_relaxed) & ~kDiscard) == kPaused;
   }
+  // Paused by request_pause_discarding: items not yet started are thrown away.
+  bool discarding() const { return (halt_.load(std::memory_order_relaxed) & kDiscard) != 0; }
 
  private:
   using Gate = tbb::flow::limiter_node<Message, long long>;
@@ -981,24 +990,26 @@ class Pipeline::Runtime {
     return false;
   }
 
-  // Stage `sender` hands a token to each stage waiting for its tokens: the oldest parked item
-  // starts, or the token is kept for the next one.
+  // Stage `sender` hands a token to each stage waiting for its tokens.
   void send_token(std::size_t sender) {
-    for (const std::size_t r : token_receivers_[sender]) {
-      TokenState& t = *tokens_[r];
-      std::optional<Message> next;
-      {
-        std::lock_guard lock(t.mutex);
-        if (t.parked.empty()) {
-          ++t.available;
-          continue;
-        }
-        next = std::move(t.parked.front());
-        t.parked.pop_front();
+    for (const std::size_t r : token_receivers_[sender]) grant(r);
+  }
+
+  // Stage `r` gets a token: its oldest parked item starts, or the token is kept for the next.
+  void grant(std::size_t r) {
+    TokenState& t = *tokens_[r];
+    std::optional<Message> next;
+    {
+      std::lock_guard lock(t.mutex);
+      if (t.parked.empty()) {
+        ++t.available;
+        return;
       }
-      next->granted = true;
-      graph_->workers[r]->try_put(std::move(*next));
+      next = std::move(t.parked.front());
+      t.parked.pop_front();
     }
+    next->granted = true;
+    graph_->workers[r]->try_put(std::move(*next));
   }
 
   // After the graph drained: an item still parked means its token never came back.
@@ -1014,7 +1025,11 @@ class Pipeline::Runtime {
   }
 
   void handle(std::size_t i, Message& in) {
-    if (!take_token(i, in)) return;
+    // Paused by request_pause_discarding: an item not started becomes a tombstone without
+    // taking a token (one it was granted goes to the next item waiting).
+    const bool discard = in.value && may_discard_[i] && discarding();
+    if (discard && in.granted) grant(i);
+    if (!discard && !take_token(i, in)) return;
     detail::StageCounters& c = *counters_[i];
     c.started.fetch_add(1, std::memory_order_relaxed);
     Stage& stage = *nodes_[i].stage;
@@ -1048,6 +1063,10 @@ class Pipeline::Runtime {
       release(in);
     }
 
+    if (discard) {
+      in.value.reset();
+      parts.clear();
+    }
     if (!in.value) {  // a tombstone: keep the sequence whole, do no work
       if (kind != Kind::kFlatMap && kind != Kind::kSink) push(i, Message{in.seq, nullptr});
       if (kind == Kind::kFlatMap) graph_->gates[i]->decrementer().try_put(1);
@@ -1212,6 +1231,9 @@ class Pipeline::Runtime {
       std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
   std::vector<std::vector<std::size_t>> token_receivers_ =
       std::vector<std::vector<std::size_t>>(nodes_.size());     // [sender]: who waits on it
+  // [i]: whether a discarding pause may throw away its items (no stage before it waits for
+  // tokens).
+  std::vector<bool> may_discard_ = std::vector<bool>(nodes_.size(), true);
   // [i]: the number of the first item stage i receives in this run (its numbering stage's).
   std::vector<std::uint64_t> seq_base_ = std::vector<std::uint64_t>(nodes_.size(), 0);
   const MixStage* mix_ = nullptr;     // that mix, if any
@@ -1231,7 +1253,7 @@ RunReport Pipeline::run(const RunOptions& options) {
     state_ = std::make_unique<RunState>(nodes_, options);
     published_.store(state_.get(), std::memory_order_release);
   }
-  halt_.fetch_and(~kPaused, std::memory_order_relaxed);
+  halt_.fetch_and(~(kPaused | kDiscard), std::memory_order_relaxed);
   paused_ = false;  // a run that fails leaves stages that cannot go on
   Runtime runtime(*this, options);
   RunReport report = runtime.run(options);

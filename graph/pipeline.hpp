@@ -321,6 +321,17 @@ class Pipeline {
   ///   RunReport rest = p.run(options);            // to the end
   void request_pause() noexcept { halt_.fetch_or(kPaused, std::memory_order_relaxed); }
 
+  /// Pauses as request_pause does, but throws the work in flight away instead of finishing
+  /// it: an item a stage has not started yet becomes a gap in the stream (no stage after sees
+  /// it, and it is not counted as a drop), except where a stage waits for tokens
+  /// (StageOptions::token_from) or follows one, so that every token taken comes back. The
+  /// next run goes on after the last item the source produced, so the lost items never come.
+  /// For a run whose work is thrown away anyway: autotune's rehearsals, where finishing a
+  /// training step's queued batches would take seconds.
+  void request_pause_discarding() noexcept {
+    halt_.fetch_or(kPaused | kDiscard, std::memory_order_relaxed);
+  }
+
   /// Between runs (before the first, or after a paused one): stage `stage`'s concurrency or
   /// input queue capacity from now on. Throws Error naming the stage if it does not exist or
   /// cannot take the value; the edges are checked again when run() starts.
@@ -361,8 +372,9 @@ class Pipeline {
   void prepare();
 
   std::vector<Node> nodes_;
-  // Why the sources stop: request_stop and request_pause set their bit; one load per item.
-  static constexpr unsigned kStopped = 1, kPaused = 2;
+  // Why the sources stop: request_stop and request_pause set their bit (and
+  // request_pause_discarding kDiscard too); one load per item.
+  static constexpr unsigned kStopped = 1, kPaused = 2, kDiscard = 4;
   std::atomic<unsigned> halt_{0};
   bool ran_ = false;
   bool paused_ = false;              // the last run was paused: run() continues it

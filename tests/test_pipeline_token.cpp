@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct Loop {
   std::atomic<std::uint64_t> version{0};
   std::atomic<std::uint64_t> forwards{0};
   std::atomic<std::uint64_t> stale{0};  // forwards that started before the previous update
+  std::function<void(std::uint64_t)> after_update;  // of this item, before its token goes back
 };
 
 struct Part {
@@ -63,6 +65,7 @@ class Apply final : public FlatMap<Part, std::uint64_t> {
     seen_ = 0;
     sleep_us(100);
     ++loop_.version;
+    if (loop_.after_update) loop_.after_update(part.item);
     out.emit(part.item);
     if (!withhold_) out.send_token();
   }
@@ -140,6 +143,47 @@ TEST_CASE("Pipeline.Token.DroppedItemsPassWithoutAToken" * doctest::timeout(60))
     CHECK(loop.forwards.load() == 30 - 8);
     CHECK(sink->values.size() == 30 - 8);
     CHECK(report.stages[1].dropped == 8);
+  }
+}
+
+TEST_CASE("Pipeline.Token.DiscardingPauseReturnsEveryToken" * doctest::timeout(60)) {
+  // A pause that throws the work in flight away (autotune's rehearsals), asked for by `apply`
+  // as it updates item 10: the items parked at `forward` for a token, or queued before it,
+  // never start (the token each is granted passes to the next); what is past `forward`
+  // finishes. The next run goes on after the last item produced, every token back.
+  for (const std::size_t threads : {1, 2}) {
+    CAPTURE(threads);
+    Loop loop;
+    auto* sink = new RecordSink;
+    Pipeline p;
+    loop.after_update = [&p](std::uint64_t item) {
+      if (item == 10) p.request_pause_discarding();
+    };
+    p.add("numbers", std::make_unique<CountSource<>>(300))
+        .add("prep", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
+               return std::optional<std::uint64_t>(v);
+             }),
+             {.queue_capacity = 64})
+        .add("forward", std::make_unique<Forward>(loop, 2),
+             {.queue_capacity = 64, .token_from = "apply"})
+        .add("sync", slow_copy(), {.concurrency = 2, .queue_capacity = 4})
+        .add("apply", std::make_unique<Apply>(loop), {.queue_capacity = 4, .ordered = true})
+        .add("sink", std::unique_ptr<Stage>(sink), {.ordered = true});
+    const RunReport first = p.run({.threads = threads});
+    REQUIRE(first.paused);
+    const std::uint64_t produced = p.produced();
+    CHECK(produced > 11);
+    CHECK(loop.forwards.load() == 11);  // forward 11 waited for update 10's token
+    CHECK(loop.version.load() == 11);
+    REQUIRE(sink->values.size() == 11);
+    for (std::uint64_t k = 0; k < 11; ++k) CHECK(sink->values[k] == k);
+
+    const RunReport rest = p.run({.threads = threads});
+    CHECK_FALSE(rest.paused);
+    CHECK(loop.stale.load() == 0);
+    REQUIRE(sink->values.size() == 11 + (300 - produced));
+    for (std::uint64_t v = produced; v < 300; ++v) CHECK(sink->values[11 + v - produced] == v);
+    CHECK(rest.stages[2].dropped == 0);  // thrown away is not dropped
   }
 }
 
