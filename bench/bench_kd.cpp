@@ -61,6 +61,7 @@
 #include "graph/autotune.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 #include "stages/data/synthetic.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/vit.hpp"
@@ -299,6 +300,7 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
   std::size_t steps = 20;
   int reps = 3;
   std::size_t warmup = 3;

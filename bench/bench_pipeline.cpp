@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "graph/freed_memory.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/pipeline.hpp"
 
@@ -92,6 +93,7 @@ Round run(const Layout& l, int steps, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
   const int steps = int_arg(argc, argv, "--steps", 6);
   const int reps = int_arg(argc, argv, "--reps", 3);
   const int threads = int_arg(argc, argv, "--threads", 2);

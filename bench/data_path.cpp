@@ -37,6 +37,7 @@
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 #include "stages/data/augment.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/image_decode.hpp"
@@ -163,6 +164,7 @@ std::string json_string(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
   std::vector<std::string> manifests;
   std::string json_path;
   int reps = 3;

@@ -25,6 +25,7 @@
 
 #include "bench/bench_util.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 #include "graph/pipeline.hpp"
 
 namespace {
@@ -166,6 +167,7 @@ std::string fixed(double value, int decimals) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
   try {
     std::uint64_t items = 1'000'000;
     int reps = 5;

@@ -45,6 +45,7 @@
 
 #include "bench/bench_util.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
@@ -166,6 +167,7 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
   std::string autocast = "none", teacher_weights = "cast-once";
   int threads = 2, steps = 5, warmup = 3, top = 15;
   bool gemm_table = false;

@@ -15,6 +15,7 @@
 #include "distributed/world.hpp"
 #include "graph/autotune.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 #include "graph/pipeline.hpp"
 
 namespace flowtrain::dist {
@@ -85,6 +86,7 @@ std::vector<PipelineConfig*> selected(RunConfig& config, const RunPhasesOptions&
 PhasesOutcome run_phases(RunConfig& config,
                          const RunPhasesOptions& options,
                          const PhaseHooks& hooks) {
+  keep_freed_memory();  // a training step's activations, reused rather than faulted in again
   const std::vector<PipelineConfig*> phases = selected(config, options);
   const JobPlacement placement = job_placement_from_env();
   for (PipelineConfig* phase : phases) {  // all, before any runs

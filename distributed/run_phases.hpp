@@ -43,7 +43,8 @@ struct PhasesOutcome {
 };
 
 /// Runs the phases of a validated config one after another, each built just before it runs (so
-/// it can read what earlier ones wrote). As a rank of a data-parallel job (the launcher's
+/// it can read what earlier ones wrote), the process keeping the memory it frees for reuse
+/// (keep_freed_memory, graph/freed_memory.hpp). As a rank of a data-parallel job (the launcher's
 /// environment says so) it joins the job first; rank 0 prints each phase's header, a progress
 /// line while it runs, its report and one line per rank after it; every rank starts a phase
 /// together. SIGINT or SIGTERM stops the running phase at the next item and the run there.
