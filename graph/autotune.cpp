@@ -16,6 +16,7 @@
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 
 namespace flowtrain {
 
@@ -592,6 +593,7 @@ std::optional<AutotuneReport> autotune_rehearse(PipelineConfig& phase,
       std::tie(best_first, best_last) = std::pair(first, tuning.trials.size());
     }
   }
+  release_freed_memory();  // the rehearsals' buffers, in arenas the run may never use
   if (!best) return std::nullopt;
   // Only the chosen count's winners stay kept: AutotuneReport::chosen is the last of them.
   for (std::size_t t = 0; t < tuning.trials.size(); ++t) {
