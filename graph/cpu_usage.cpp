@@ -43,6 +43,12 @@ double process_cpu_seconds() {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
+std::uint64_t process_page_faults() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<std::uint64_t>(usage.ru_minflt);
+}
+
 namespace {
 // Busy share of the ticks between two readings of one core; 0 if no tick passed.
 double busy_between(const CoreTicks& a, const CoreTicks& b) {
@@ -57,7 +63,8 @@ CpuRecorder::CpuRecorder(Clock::time_point start, Clock::duration interval, std:
       start_(start),
       interval_(interval),
       next_(start + interval),
-      process_start_s_(process_cpu_seconds()) {
+      process_start_s_(process_cpu_seconds()),
+      faults_start_(process_page_faults()) {
   if (std::optional<std::vector<CoreTicks>> ticks = read_core_ticks(stat_path_)) {
     enabled_ = true;
     first_ = *ticks;
@@ -88,6 +95,7 @@ CpuReport CpuRecorder::finish() {
   if (!enabled_) return report;
   report.interval_s = std::chrono::duration<double>(interval_).count();
   report.process_cpu_s = process_cpu_seconds() - process_start_s_;
+  report.page_faults = process_page_faults() - faults_start_;
   std::vector<CoreTicks> end = last_;
   if (std::optional<std::vector<CoreTicks>> ticks = read_core_ticks(stat_path_);
       ticks && ticks->size() == first_.size()) {

@@ -29,6 +29,10 @@ std::optional<std::vector<CoreTicks>> read_core_ticks(const std::string& stat_pa
 /// CPU time this process has used so far (user + system, all threads), in seconds.
 double process_cpu_seconds();
 
+/// Minor page faults this process has taken so far (all threads): pages the kernel mapped in
+/// on first touch, as when freed memory was returned and is used again.
+std::uint64_t process_page_faults();
+
 /// Samples the busy fraction of every core every `interval` and the process's CPU time over the
 /// run. Cheap to poll: `poll` reads /proc/stat only once an interval has passed.
 ///
@@ -61,6 +65,7 @@ class CpuRecorder {
   Clock::time_point next_;
   bool enabled_ = false;
   double process_start_s_ = 0;
+  std::uint64_t faults_start_ = 0;
   std::vector<CoreTicks> first_;
   std::vector<CoreTicks> last_;
   std::vector<SeriesBuilder> series_;  // [core]

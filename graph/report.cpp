@@ -23,16 +23,18 @@ std::string percent(double fraction) {
 
 std::string workers_text(const StageReport& s) { return count_text(s.workers, "worker"); }
 
-// "core 0 93%, core 1 88% (this process 1.78 CPU-s per wall-s)"
+// "core 0 93%, core 1 88% (this process 1.78 CPU-s per wall-s, 120 page faults a second)"
 std::string cpu_text(const RunReport& r) {
   std::string line;
   for (std::size_t c = 0; c < r.cpu.core_mean.size(); ++c) {
     line += (c ? ", core " : "core ") + std::to_string(c) + " " + percent(r.cpu.core_mean[c]);
   }
   if (r.wall_s > 0) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, " (this process %.2f CPU-s per wall-s)",
-                  r.cpu.process_cpu_s / r.wall_s);
+    char buf[128];
+    std::snprintf(buf, sizeof buf,
+                  " (this process %.2f CPU-s per wall-s, %.0f page faults a second)",
+                  r.cpu.process_cpu_s / r.wall_s,
+                  static_cast<double>(r.cpu.page_faults) / r.wall_s);
     line += buf;
   }
   return line;

@@ -46,6 +46,7 @@ struct CpuReport {
   std::vector<std::vector<double>> cores; // [core][sample]: busy fraction 0..1 in the interval
   std::vector<double> core_mean;          // [core]: busy fraction over the whole run
   double process_cpu_s = 0;               // CPU time of this process during the run (user+sys)
+  std::uint64_t page_faults = 0;          // minor page faults of this process during the run
 };
 
 /// What one stage did during a run.

@@ -264,6 +264,7 @@ CpuReport read_cpu(const Reader& in, const YAML::Node& map) {
   const std::string path = "cpu.";
   in.field(map, "interval_s", cpu.interval_s, path);
   in.field(map, "process_cpu_s", cpu.process_cpu_s, path);
+  in.field(map, "page_faults", cpu.page_faults, path);
   in.numbers(map, "times_s", cpu.times_s, path);
   in.numbers(map, "core_mean", cpu.core_mean, path);
   const YAML::Node cores = in.list(map, "cores", path);
@@ -300,6 +301,7 @@ std::string report_to_yaml(const RunReport& r) {
   key("cpu") << YAML::BeginMap;
   key("interval_s") << number(r.cpu.interval_s);
   key("process_cpu_s") << number(r.cpu.process_cpu_s);
+  key("page_faults") << r.cpu.page_faults;
   key("core_mean");
   emit_numbers(out, r.cpu.core_mean);
   key("times_s");

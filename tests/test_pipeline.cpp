@@ -1,8 +1,10 @@
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -549,7 +551,27 @@ TEST_CASE("Pipeline.Cpu.BusyCoresAndProcessTime" * doctest::timeout(60)) {
   CHECK(summed > 0.8 * r.cpu.process_cpu_s / r.wall_s);
   const std::string text = format_report(r);
   CHECK(text.find("\ncpu: core 0 ") != std::string::npos);
-  CHECK(text.find(" CPU-s per wall-s)\n") != std::string::npos);
+  CHECK(text.find(" page faults a second)\n") != std::string::npos);
+}
+
+TEST_CASE("Pipeline.Cpu.PageFaultsOfTheRun" * doctest::timeout(60)) {
+  if (!detail::read_core_ticks()) return;
+  // Each item maps 4 MB, writes it and unmaps it: 1,024 pages faulted in an item.
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(10));
+  p.add("touch", std::make_unique<ProbeMap<>>([](std::uint64_t&& v, ItemContext&) {
+          constexpr std::size_t kBytes = 4 << 20;
+          void* m = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0);
+          REQUIRE(m != MAP_FAILED);
+          std::memset(m, 1, kBytes);
+          munmap(m, kBytes);
+          return std::optional<std::uint64_t>(v);
+        }));
+  p.add("sink", null_sink());
+  const RunReport r = p.run({.threads = 1});
+  CHECK(r.cpu.page_faults >= 10 * 1024);
+  CHECK(r.cpu.page_faults < 10 * 1024 + 5000);  // the run's own, not the process's so far
 }
 
 TEST_CASE("Pipeline.Cpu.ShortRunStillHasMeans" * doctest::timeout(60)) {

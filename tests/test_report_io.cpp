@@ -79,6 +79,7 @@ void check_same(const RunReport& a, const RunReport& b) {
   CHECK(a.cpu.cores == b.cpu.cores);
   CHECK(a.cpu.core_mean == b.cpu.core_mean);
   CHECK(a.cpu.process_cpu_s == b.cpu.process_cpu_s);
+  CHECK(a.cpu.page_faults == b.cpu.page_faults);
   REQUIRE(a.stages.size() == b.stages.size());
   for (std::size_t i = 0; i < a.stages.size(); ++i) {
     const StageReport& x = a.stages[i];

@@ -727,7 +727,8 @@ std::string phase_section(const PhaseProfile& phase, std::size_t index) {
   std::string run = "wall " + fixed(r.wall_s, 2) + " s";
   if (r.cpu.process_cpu_s > 0 && r.wall_s > 0) {
     run += "; this process used " + fixed(r.cpu.process_cpu_s, 1) + " CPU-s (" +
-           fixed(r.cpu.process_cpu_s / r.wall_s, 2) + " cores on average)";
+           fixed(r.cpu.process_cpu_s / r.wall_s, 2) + " cores on average) and took " +
+           fixed(static_cast<double>(r.cpu.page_faults) / r.wall_s, 0) + " page faults a second";
   }
   if (r.stopped) run += "; stopped early on request: the counts are what was completed";
   out += "<p class=\"facts\"><b>run:</b> " + escape(run) + "</p>\n";
