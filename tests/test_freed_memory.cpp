@@ -1,22 +1,17 @@
 // keep_freed_memory: a training step's freed buffers come back without page faults.
 #include <doctest/doctest.h>
-#include <sys/resource.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "graph/cpu_usage.hpp"
 #include "graph/freed_memory.hpp"
 
 using namespace flowtrain;
 
 namespace {
-
-long minor_faults() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
-}
 
 // Like a training step's activations: three 6 MB buffers allocated, written and freed.
 void step() {
@@ -42,9 +37,9 @@ TEST_CASE("FreedMemory.TheNextStepsTakeNoPageFaults" * doctest::timeout(60)) {
   REQUIRE(keep_freed_memory());
   step();
   step();
-  const long before = minor_faults();
+  const std::uint64_t before = detail::process_page_faults();
   for (int s = 0; s < 8; ++s) step();
   // glibc's defaults return the 18 MB to the kernel after each step (about 4,600 page faults a
   // step here); kept, the 8 steps reuse the pages the first two faulted in.
-  CHECK(minor_faults() - before < 500);
+  CHECK(detail::process_page_faults() - before < 500);
 }
