@@ -15,7 +15,8 @@
 // --breakdown adds where the time of one image goes, on one thread, with the files already in
 // memory: whole-image decode (as decode_whole), crop decode of the training views, the floor of
 // any decode that reads all of the entropy-coded data (a 1-pixel crop), rendering the view
-// (resize, flip, jitter) and normalising it into floats.
+// (resize, flip, jitter) and normalising it into floats, and the last two fused as decode_crop
+// runs them (render_view_normalized).
 //
 // Every training path draws RandomResizedCrop views with flip and colour jitter (0.2 each) and
 // batches of 64. One warm-up run of each pipeline precedes the timed ones (page cache, allocator,
@@ -43,6 +44,7 @@
 #include "stages/data/image_decode.hpp"
 #include "stages/data/jpeg_crop.hpp"
 #include "stages/data/normalizer.hpp"
+#include "stages/data/render_normalized.hpp"
 
 namespace {
 
@@ -114,7 +116,7 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
   std::map<std::string, std::vector<double>> us;
   const std::vector<std::string> steps = {"whole decode (DCT rule)", "crop decode",
                                           "entropy floor (1-pixel crop)", "render view",
-                                          "normalise"};
+                                          "normalise", "render view + normalise, fused"};
   for (int r = 0; r <= reps; ++r) {  // the first pass warms up
     std::map<std::string, double> total;
     for (std::size_t i = 0; i < files.size(); ++i) {
@@ -142,6 +144,11 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
                                      flowtrain::data::Resample::kAreaFrom2x);
       });
       time(steps[4], [&] { normalize(view, row.data()); });
+      time(steps[5], [&] {
+        flowtrain::data::render_view_normalized(decoded, crop, params, size,
+                                                flowtrain::data::Resample::kAreaFrom2x, normalize,
+                                                view, row.data());
+      });
     }
     if (r == 0) continue;
     for (const auto& [step, t] : total) us[step].push_back(t / static_cast<double>(files.size()));

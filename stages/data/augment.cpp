@@ -111,12 +111,7 @@ void apply_augment(const Image& in, const AugmentParams& p, int size, Image& out
   render_view(in, crop_rect(p, in.width, in.height), p, size, out);
 }
 
-void render_view(const Image& in,
-                 const PixelRect& crop,
-                 const AugmentParams& p,
-                 int size,
-                 Image& out,
-                 Resample resample) {
+void resize_view(const Image& in, const PixelRect& crop, int size, Image& out, Resample resample) {
   if (in.channels != 3) throw Error("augment expects RGB images (3 channels)");
   const cv::Mat src(in.height, in.width, CV_8UC3, const_cast<std::uint8_t*>(in.pixels.data()));
   out.width = out.height = size;
@@ -128,6 +123,16 @@ void render_view(const Image& in,
                         : std::min(crop.width, crop.height) >= 2 * size;
   cv::resize(src(cv::Rect(crop.x, crop.y, crop.width, crop.height)), dst, dst.size(), 0, 0,
              area ? cv::INTER_AREA : cv::INTER_LINEAR);
+}
+
+void render_view(const Image& in,
+                 const PixelRect& crop,
+                 const AugmentParams& p,
+                 int size,
+                 Image& out,
+                 Resample resample) {
+  resize_view(in, crop, size, out, resample);
+  cv::Mat dst(size, size, CV_8UC3, out.pixels.data());
   if (p.flip) cv::flip(dst, dst, 1);
 
   if (p.brightness != 1 || p.contrast != 1) {

@@ -107,6 +107,14 @@ enum class Resample {
   kAreaFrom2x,
 };
 
+/// Resizes the rectangle `crop` of an RGB image to a size x size RGB image: render_view's first
+/// step.
+void resize_view(const Image& in,
+                 const PixelRect& crop,
+                 int size,
+                 Image& out,
+                 Resample resample = Resample::kAreaWhenShrinking);
+
 /// Renders the view `params` describes from the rectangle `crop` of an RGB image into a size x
 /// size RGB image: resize, flip, then brightness, contrast and saturation in that fixed order.
 void render_view(const Image& in,

@@ -8,6 +8,7 @@
 #include "stages/data/jpeg_crop.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
+#include "stages/data/render_normalized.hpp"
 
 namespace flowtrain::data {
 
@@ -16,8 +17,10 @@ namespace {
 /// Per-thread state: the decoder and the buffers it reuses from sample to sample.
 struct CropScratch {
   JpegCropDecoder decoder;
-  Image decoded;  // the crop's strip, or the whole image
-  Image view;     // size x size RGB
+  Image decoded;    // the crop's strip, or the whole image
+  PixelRect crop;   // the view's rectangle in `decoded`
+  Resample resample = Resample::kAreaWhenShrinking;
+  Image resized;    // size x size RGB
 
   void trim() {
     if (decoded.pixels.capacity() > kKeepScratchBytes) PixelBuffer().swap(decoded.pixels);
@@ -65,30 +68,29 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   const bool decoded = policy_.decode(sample, ctx, [&](Sample& s) {
     std::span<const std::uint8_t> bytes;
     std::string error = sample_bytes(s, bytes, decode_.max_file_bytes);
-    bool rendered = false;
+    bool cropped = false;
     if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
       s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
-      PixelRect crop;
-      if (scratch.decoder.decode(s.augment, size_, scratch.decoded, crop)) {
-        render_view(scratch.decoded, crop, s.augment, size_, scratch.view, Resample::kAreaFrom2x);
-        rendered = true;
-      }
+      cropped = scratch.decoder.decode(s.augment, size_, scratch.decoded, scratch.crop);
+      scratch.resample = Resample::kAreaFrom2x;
     }
-    if (error.empty() && !rendered) {
+    if (error.empty() && !cropped) {
       // Not a JPEG this decoder takes, or a refusal: the whole-image decoder decides and says why.
       error = decode_image(bytes, decode_, scratch.decoded).error;
       if (error.empty()) {
         const Image& image = scratch.decoded;
         s.augment = augment_.draw(s.index, s.epoch, static_cast<double>(image.width) / image.height);
-        render_view(image, crop_rect(s.augment, image.width, image.height), s.augment, size_,
-                    scratch.view);
+        scratch.crop = crop_rect(s.augment, image.width, image.height);
+        scratch.resample = Resample::kAreaWhenShrinking;
       }
     }
     release_encoded(s);
-    scratch.trim();
     return error;
   });
-  if (!decoded) return std::nullopt;
+  if (!decoded) {
+    scratch.trim();
+    return std::nullopt;
+  }
 
   BatchRow row;
   row.batch = ctx.seq() / static_cast<std::uint64_t>(batch_size_);
@@ -97,7 +99,10 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   row.position = sample.position;
   row.buffers = buffers_for(row.batch, sample);
   BatchBuffers& buffers = *row.buffers;
-  normalize_(scratch.view, buffers.images.data_ptr<float>() + row.row * 3 * size_ * size_);
+  render_view_normalized(scratch.decoded, scratch.crop, sample.augment, size_, scratch.resample,
+                         normalize_, scratch.resized,
+                         buffers.images.data_ptr<float>() + row.row * 3 * size_ * size_);
+  scratch.trim();
   buffers.labels.data_ptr<std::int64_t>()[row.row] = sample.label;
   std::copy(sample.targets.begin(), sample.targets.end(),
             buffers.targets.data_ptr<float>() + row.row * buffers.targets.size(1));

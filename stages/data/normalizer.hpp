@@ -31,6 +31,9 @@ class Normalizer {
   explicit Normalizer(const NormalizeOptions& options);
   /// Writes the 3 x height x width floats of an RGB image to `chw`.
   void operator()(const Image& rgb, float* chw) const;
+  /// The float map of channel c: out = pixel * scale(c) + bias(c), as one fused multiply-add.
+  float scale(int c) const { return scale_[c]; }
+  float bias(int c) const { return bias_[c]; }
 
  private:
   float scale_[3];
