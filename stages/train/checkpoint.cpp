@@ -20,6 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormatKey = "flowtrain.format";
+constexpr const char* kAverageKey = "average";  // WeightAverage's weights
 constexpr std::int64_t kFormatVersion = 1;
 
 // The ModelConfig fields as (key, int member) and (key, double member) pairs: one list for both
@@ -87,7 +88,8 @@ std::int64_t read_int(torch::serialize::InputArchive& archive,
 
 std::string checkpoint_bytes(const ImageModel& model,
                              const torch::optim::Optimizer* optimizer,
-                             const TrainState& state) {
+                             const TrainState& state,
+                             const ImageModel* average) {
   torch::serialize::OutputArchive archive;
   archive.write(kFormatKey, c10::IValue(kFormatVersion));
   const ModelConfig& config = model->config();
@@ -119,6 +121,11 @@ std::string checkpoint_bytes(const ImageModel& model,
   torch::serialize::OutputArchive weights;
   model->save(weights);
   archive.write("model", weights);
+  if (average) {
+    torch::serialize::OutputArchive averaged;
+    (*average)->save(averaged);
+    archive.write(kAverageKey, averaged);
+  }
   if (optimizer) {
     torch::serialize::OutputArchive optimizer_state;
     optimizer->save(optimizer_state);
@@ -241,35 +248,50 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
 }
 
 namespace {
-void load_weights(const Checkpoint& checkpoint, ImageModel& model) {
+/// Loads the archive entry `key` ("model" or kAverageKey) into `model`; returns false if the
+/// file has no such entry and `required` is false.
+bool load_weights(const Checkpoint& checkpoint,
+                  ImageModel& model,
+                  const char* key = "model",
+                  bool required = true) {
+  bool found = false;
   damaged_is_an_error(checkpoint.path, [&] {
     torch::serialize::InputArchive weights;
-    if (!checkpoint.archive.try_read("model", weights)) {
-      throw Error(checkpoint.path + ": checkpoint has no model");
+    if (!checkpoint.archive.try_read(key, weights)) {
+      if (required) throw Error(checkpoint.path + ": checkpoint has no " + key);
+      return;
     }
     try {
       model->load(weights);
     } catch (const c10::Error& e) {
-      throw Error(checkpoint.path +
-                  ": cannot load the model weights: " + e.what_without_backtrace());
+      throw Error(checkpoint.path + ": cannot load the " + key +
+                  " weights: " + e.what_without_backtrace());
     }
+    found = true;
   });
+  return found;
 }
 }  // namespace
 
 ImageModel load_model(const Checkpoint& checkpoint) {
   ImageModel model = make_model(checkpoint.config);
-  load_weights(checkpoint, model);
+  if (!load_weights(checkpoint, model, kAverageKey, /*required=*/false)) {
+    load_weights(checkpoint, model);
+  }
   model->eval();
   return model;
 }
 
-void restore_training(const Checkpoint& checkpoint, ImageModel model, torch::optim::Optimizer& optimizer) {
+bool restore_training(const Checkpoint& checkpoint,
+                      ImageModel model,
+                      torch::optim::Optimizer& optimizer,
+                      ImageModel* average) {
   if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
     throw Error(checkpoint.path + ": the checkpoint's model differs from the configured one (" +
                 diff + ")");
   }
   load_weights(checkpoint, model);
+  const bool averaged = average && load_weights(checkpoint, *average, kAverageKey, false);
   damaged_is_an_error(checkpoint.path, [&] {
     torch::serialize::InputArchive optimizer_state;
     if (!checkpoint.archive.try_read("optimizer", optimizer_state)) {
@@ -283,6 +305,7 @@ void restore_training(const Checkpoint& checkpoint, ImageModel model, torch::opt
       generator.set_state(rng);
     }
   });
+  return averaged;
 }
 
 std::vector<std::string> step_checkpoints(const std::string& dir, int rank) {

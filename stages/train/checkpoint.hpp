@@ -37,12 +37,15 @@ struct Checkpoint {
   mutable torch::serialize::InputArchive archive;  // reading it is not const in LibTorch
 };
 
-/// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG and,
-/// unless `optimizer` is null (a model-only file), the optimizer state. Taking the bytes is
-/// what must happen between steps; writing them (write_file_atomically) can happen later.
+/// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG,
+/// unless `optimizer` is null (a model-only file) the optimizer state, and unless `average` is
+/// null the averaged weights (entry "average", WeightAverage), which load_model then gives.
+/// Taking the bytes is what must happen between steps; writing them (write_file_atomically)
+/// can happen later.
 std::string checkpoint_bytes(const ImageModel& model,
                              const torch::optim::Optimizer* optimizer,
-                             const TrainState& state);
+                             const TrainState& state,
+                             const ImageModel* average = nullptr);
 
 /// checkpoint_bytes written with write_file_atomically:
 ///
@@ -63,12 +66,18 @@ Checkpoint read_checkpoint(const std::string& path);
 /// text file), so a caller can try it as something else without reading it twice.
 std::optional<Checkpoint> try_read_checkpoint(const std::string& path);
 
-/// A model built from the checkpoint's config with its weights, in eval mode.
+/// A model built from the checkpoint's config with its weights, in eval mode: the averaged
+/// weights when the file has them (training with ema_decay), else the trained ones.
 ImageModel load_model(const Checkpoint& checkpoint);
 
 /// Puts the checkpoint's weights into `model`, its state into `optimizer`, and restores the
 /// global CPU random generator. Throws Error if the model's shape differs from the file's.
-void restore_training(const Checkpoint& checkpoint, ImageModel model, torch::optim::Optimizer& optimizer);
+/// With `average`: the file's averaged weights go into it, and the result says whether the file
+/// had them (a run that did not average has not).
+bool restore_training(const Checkpoint& checkpoint,
+                      ImageModel model,
+                      torch::optim::Optimizer& optimizer,
+                      ImageModel* average = nullptr);
 
 /// The step files of rank `rank` in `dir` ("step-N.pt", or "step-N.pt.rankR" for R > 0),
 /// oldest first; empty if none or no folder.

@@ -110,6 +110,7 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.loss.label_smoothing = options.label_smoothing;
   trainer.loss.hard = options.distillation == "hard";
   trainer.clip_grad_norm = options.clip_grad_norm;
+  trainer.ema_decay = options.ema_decay;
   trainer.skip_nonfinite = options.on_nonfinite == "skip";
   trainer.bf16 = wants_bf16(options.autocast);
   trainer.zero = options.zero == "true"    ? 1

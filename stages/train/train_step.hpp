@@ -125,6 +125,7 @@ struct TrainStepOptions {
   std::uint64_t total_steps = 0;
   double weight_decay = 0.05;
   double clip_grad_norm = 1.0;
+  double ema_decay = 0.0;
   std::string on_nonfinite = "fail";
   int intraop_threads = 1;
   std::string autocast = "none";
@@ -168,6 +169,11 @@ struct TrainStepOptions {
     d(weight_decay, "weight_decay", "AdamW weight decay on weight matrices", {.min = 0});
     d(clip_grad_norm, "clip_grad_norm", "clip the gradient's global norm to this (0: off)",
       {.min = 0});
+    d(ema_decay, "ema_decay",
+      "> 0: also average the weights (exponential moving average, decay min(ema_decay, "
+      "(1 + step) / (10 + step))); checkpoints carry the average, and evaluation, export and "
+      "teacher_infer use it (0: off)",
+      {.min = 0, .max = 0.99999});
     d(on_nonfinite, "on_nonfinite",
       "a NaN/infinite loss or gradient: stop the run, or skip the update and count it",
       {.choices = {"fail", "skip"}});

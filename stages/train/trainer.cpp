@@ -143,6 +143,10 @@ Trainer::Trainer(const TrainerOptions& options,
       !zero_                ? 0
       : options_.zero > 0   ? static_cast<std::uint64_t>(world_size_)
                             : pipeline_ranks_count;
+  if (options_.ema_decay > 0) {
+    average_ = std::make_unique<WeightAverage>(model_, options_.ema_decay);
+  }
+  bool average_restored = false;
   if (resume_from) {
     const TrainState& saved = resume_from->state;
     if (saved.world_size != static_cast<std::uint64_t>(world_size_) ||
@@ -152,7 +156,9 @@ Trainer::Trainer(const TrainerOptions& options,
                   (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
                   "; resume it with the same number of ranks, zero and partitions settings");
     }
-    restore_training(*resume_from, model_, optimizer());
+    ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
+    average_restored =
+        restore_training(*resume_from, model_, optimizer(), average_ ? &averaged : nullptr);
     state_ = saved;
     resumed_ = true;
   }
@@ -171,6 +177,9 @@ Trainer::Trainer(const TrainerOptions& options,
                                 .selected = std::move(sync_selected),
                                 .accumulate = pipeline_ranks});
   }
+  // Averaging starts from the weights every rank starts from (a run resumed from a file that
+  // did not average, from the restored ones).
+  if (average_ && !average_restored) average_->reset(model_);
 }
 
 Trainer::~Trainer() = default;
@@ -529,6 +538,7 @@ StepOutcome Trainer::apply() {
   } else {
     optimizer_->step();
   }
+  if (average_) average_->update(model_, step);
   out.end = Clock::now();
   state_.step = step;
   out.applied = true;
@@ -560,7 +570,9 @@ double Trainer::clip_sharded_gradients(double max_norm) {
 }
 
 std::string Trainer::checkpoint(bool with_optimizer) const {
-  return checkpoint_bytes(model_, with_optimizer ? &optimizer() : nullptr, state_);
+  const ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
+  return checkpoint_bytes(model_, with_optimizer ? &optimizer() : nullptr, state_,
+                          average_ ? &averaged : nullptr);
 }
 
 double Trainer::sync_comm_seconds() const { return sync_ ? sync_->comm_seconds() : 0; }

@@ -14,6 +14,7 @@
 #include "stages/train/optimizer.hpp"
 #include "stages/train/model.hpp"
 #include "stages/train/pipeline_schedule.hpp"
+#include "stages/train/weight_average.hpp"
 
 namespace c10d {
 class ProcessGroup;
@@ -51,6 +52,9 @@ struct TrainerOptions {
   double clip_grad_norm = 1.0;   // 0: off
   bool skip_nonfinite = false;   // a NaN/infinite loss or gradient: skip the update (else throw)
   bool bf16 = false;             // autocast the forward to bfloat16
+  /// > 0: also keep an exponential moving average of the weights with this decay
+  /// (WeightAverage), which checkpoints carry and inference loads.
+  double ema_decay = 0;
   // With a process group (data parallelism):
   // ZeRO stage: 1 shards the optimizer state across the ranks, 2 the gradients too; 0 neither.
   int zero = 0;
@@ -161,6 +165,7 @@ class Trainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;  // without ZeRO
   std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
   std::unique_ptr<dist::GradSync> sync_;            // with a group
+  std::unique_ptr<WeightAverage> average_;          // with ema_decay
   dist::World* world_ = nullptr;
   // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, whether this rank holds
   // its gradient after the sync; within grad_group_ each gradient is held by one rank. Empty:
