@@ -608,8 +608,29 @@ void write_resolved_paths(const YAML::Node& root,
   }
 }
 
-// The YAML of the config after overrides, headed by a comment saying where it came from.
+// Puts back into `resolved` (a copy of the config after everything) each string that
+// `references` (the same config before its `${key}` references were replaced) wrote with one.
+void keep_references(YAML::Node resolved, const YAML::Node& references) {
+  if (resolved.IsMap() && references.IsMap()) {
+    for (auto it = resolved.begin(); it != resolved.end(); ++it) {
+      const YAML::Node reference = references[it->first.Scalar()];
+      if (reference) keep_references(it->second, reference);
+    }
+  } else if (resolved.IsSequence() && references.IsSequence()) {
+    for (std::size_t i = 0; i < resolved.size() && i < references.size(); ++i) {
+      keep_references(resolved[i], references[i]);
+    }
+  } else if (resolved.IsScalar() && references.IsScalar() &&
+             references.Scalar().find("${") != std::string::npos) {
+    resolved = references.Scalar();
+  }
+}
+
+// The YAML of the config after overrides, headed by a comment saying where it came from. A
+// value that refers to another key (`${output.dir}/teacher`) keeps the reference, so a run
+// started from the saved text with `output.dir=OTHER` writes to OTHER, not to this run's folder.
 std::string effective_text(const YAML::Node& root,
+                           const YAML::Node& references,
                            const std::string& origin,
                            const std::vector<std::string>& overrides) {
   std::string out = "# effective config of " + origin;
@@ -617,8 +638,10 @@ std::string effective_text(const YAML::Node& root,
   for (std::size_t i = 0; i < overrides.size(); ++i) {
     out += (i == 0 ? " with overrides: " : ", ") + overrides[i];
   }
+  YAML::Node emitted = YAML::Clone(root);
+  keep_references(emitted, references);
   YAML::Emitter emitter;
-  emitter << root;
+  emitter << emitted;
   return out + "\n" + emitter.c_str() + "\n";
 }
 
@@ -689,10 +712,12 @@ void substitute_cwd(YAML::Node node) {
 }
 
 // Reads config text, applies the overrides, then `${cwd}` and the `${...}` key references.
+// `references`, if given, receives the config as it was before the key references.
 YAML::Node load_root(const std::string& text,
                      const std::string& origin,
                      const std::vector<std::string>& overrides,
-                     Locator& loc) {
+                     Locator& loc,
+                     YAML::Node* references = nullptr) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -706,6 +731,7 @@ YAML::Node load_root(const std::string& text,
     apply_override(root, text_override, loc);
   }
   substitute_cwd(root);
+  if (references) *references = YAML::Clone(root);
   interpolate(root, root, loc);
   return root;
 }
@@ -797,11 +823,12 @@ RunConfig parse(const std::string& text,
     }
   }
   Locator loc(origin);
-  const YAML::Node root = load_root(text, origin, overrides, loc);
+  YAML::Node references;
+  const YAML::Node root = load_root(text, origin, overrides, loc, &references);
   try {
     RunConfig config = validate(root, origin, base_dir, loc, registry, sections);
     write_resolved_paths(root, config, registry, sections);
-    config.effective_text = effective_text(root, origin, overrides);
+    config.effective_text = effective_text(root, references, origin, overrides);
     return config;
   } catch (const YAML::Exception& e) {
     throw Error(origin + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);

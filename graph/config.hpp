@@ -77,7 +77,9 @@ struct RunConfig {
   std::map<std::string, Params> sections;
   /// The config after the overrides, as YAML to save beside a run's outputs: a comment line
   /// naming the origin and the overrides, then the keys. Path params (of stages and sections)
-  /// are written resolved and absolute, so the text reads the same from any folder.
+  /// are written resolved and absolute, so the text reads the same from any folder; a value
+  /// that refers to another key (`${output.dir}/teacher`) is written with its reference, so
+  /// an override of that key moves it too.
   std::string effective_text;
 };
 

@@ -722,7 +722,17 @@ TEST_CASE("Config.Interpolation.ReferencesResolveAfterOverrides") {
   const RunConfig moved = load_run_config(path, {"data.folder=."}, kSections, test_registry());
   std::filesystem::current_path(cwd);
   CHECK(moved.phases[0].stages[0].params.get_string("path") == "data.txt");
-  CHECK(moved.effective_text.find("${") == std::string::npos);
+  // The effective text keeps the reference and the referred value, absolute: read back from
+  // any folder it names the same file, and an override of the key moves the value with it.
+  CHECK(moved.effective_text.find("path: \"${data.folder}/data.txt\"") != std::string::npos);
+  const RunConfig again = parse_run_config(moved.effective_text, "again.yaml", {}, kSections,
+                                           test_registry());
+  CHECK(again.phases[0].stages[0].params.get_string("path") == (dir / "other/data.txt").string());
+  const RunConfig elsewhere = parse_run_config(
+      moved.effective_text, "again.yaml", {"data.folder=" + (dir / "photos").string()}, kSections,
+      test_registry());
+  CHECK(elsewhere.phases[0].stages[0].params.get_string("path") ==
+        (dir / "photos/data.txt").string());
 
   // A reference to no key names it.
   CHECK_THROWS_WITH_AS(load_run_config(path, {"stages.lines.params.path=\"${data.fodler}/x\""}, kSections,
