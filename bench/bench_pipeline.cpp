@@ -13,6 +13,7 @@
 // Run: build/bench/bench_pipeline [--steps 6] [--reps 3] [--threads 2]   (float32)
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,29 @@ Round run(const Layout& l, int steps, int threads) {
   return r;
 }
 
+/// What `partition_balance: measured` sees on this model and picks, against counting blocks.
+void print_measured_balance() {
+  using namespace flowtrain::train;
+  torch::manual_seed(1);
+  ViT model(model_config("vit_ti", 112, 10));
+  model->train();
+  const std::vector<double> s = vit_piece_seconds(model, torch::randn({8, 3, 112, 112}));
+  const auto [low, high] = std::minmax_element(s.begin() + 1, s.end() - 1);
+  std::printf("\nMeasured balance (vit_piece_seconds, forward + backward of 8 images, 1 "
+              "thread): embedding %.2f ms, blocks %.2f-%.2f ms, heads %.2f ms\n\n",
+              s.front() * 1e3, *low * 1e3, *high * 1e3, s.back() * 1e3);
+  const auto text = [](const std::vector<int>& v) {
+    std::string out;
+    for (const int x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
+    return "[" + out + "]";
+  };
+  std::printf("| stages | measured splits | counted splits |\n|---:|---|---|\n");
+  for (const int stages : {2, 3, 4}) {
+    std::printf("| %d | %s | %s |\n", stages, text(measured_splits(s, stages)).c_str(),
+                text(balanced_splits(12, stages)).c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,5 +177,6 @@ int main(int argc, char** argv) {
                 bubble.c_str(), textbook.c_str(), simulated.c_str(),
                 peak.empty() ? "-" : peak.c_str());
   }
+  print_measured_balance();
   return 0;
 }

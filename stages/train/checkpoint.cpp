@@ -117,6 +117,9 @@ std::string checkpoint_bytes(const ImageModel& model,
     }
   }
   archive.write("state.epoch", c10::IValue(std::int64_t{state.epoch}));
+  archive.write("state.pipeline_splits",
+                c10::IValue(std::vector<std::int64_t>(state.pipeline_splits.begin(),
+                                                      state.pipeline_splits.end())));
 
   torch::serialize::OutputArchive weights;
   model->save(weights);
@@ -230,6 +233,15 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
     }
     checkpoint.state.epoch =
         static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
+    if (c10::IValue splits; checkpoint.archive.try_read("state.pipeline_splits", splits)) {
+      if (!splits.isIntList()) throw Error(path + ": checkpoint's 'state.pipeline_splits' is damaged");
+      for (const std::int64_t split : splits.toIntVector()) {
+        if (split < 1 || split > 1 << 20) {
+          throw Error(path + ": checkpoint's 'state.pipeline_splits' is damaged");
+        }
+        checkpoint.state.pipeline_splits.push_back(static_cast<int>(split));
+      }
+    }
     // The file holds the model's weights, at least 2 bytes each: a damaged config must not
     // build a model larger than that (its fields could ask for any size).
     try {

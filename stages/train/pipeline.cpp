@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -279,6 +280,84 @@ std::vector<int> balanced_splits(int depth, int stages) {
   }
   std::vector<int> splits;
   for (int s = 1; s < stages; ++s) splits.push_back(s * depth / stages);
+  return splits;
+}
+
+std::vector<double> vit_piece_seconds(ViT& model, const torch::Tensor& images, int reps) {
+  const int depth = model->config().depth;
+  std::vector<std::vector<double>> samples(static_cast<std::size_t>(depth) + 2);
+  // Each piece from a detached input, so that its backward is its own.
+  const auto timed = [](auto&& forward, const torch::Tensor& input, std::vector<double>& into) {
+    const auto begin = std::chrono::steady_clock::now();
+    torch::Tensor out = forward(input);
+    out.backward(torch::ones_like(out));
+    into.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    return out.detach().requires_grad_(true);
+  };
+  for (int rep = 0; rep <= reps; ++rep) {
+    torch::Tensor tokens = timed([&](const torch::Tensor& x) { return model->embed(x); }, images,
+                                 samples[0]);
+    for (int b = 0; b < depth; ++b) {
+      tokens = timed([&](const torch::Tensor& x) { return model->run_blocks(x, b, b + 1); },
+                     tokens, samples[static_cast<std::size_t>(b) + 1]);
+    }
+    timed(
+        [&](const torch::Tensor& x) {
+          const ModelOutput out = model->head(x);
+          torch::Tensor sum = out.logits.sum();
+          if (out.distillation.defined()) sum = sum + out.distillation.sum();
+          if (out.regression.defined()) sum = sum + out.regression.sum();
+          return sum;
+        },
+        tokens, samples.back());
+  }
+  std::vector<double> costs;
+  for (std::vector<double>& s : samples) {
+    s.erase(s.begin());  // the warm-up
+    std::sort(s.begin(), s.end());
+    costs.push_back(s[s.size() / 2]);
+  }
+  return costs;
+}
+
+std::vector<int> measured_splits(const std::vector<double>& costs, int stages) {
+  const int depth = static_cast<int>(costs.size()) - 2;
+  if (depth < 1 || stages < 1 || stages > depth) {
+    throw Error("cannot split a ViT of " + std::to_string(std::max(depth, 0)) + " blocks into " +
+                std::to_string(stages) + " pipeline stages");
+  }
+  // w[i]: block i's cost, the embedding's added to the first and the heads' to the last.
+  std::vector<double> w(costs.begin() + 1, costs.end() - 1);
+  w.front() += costs.front();
+  w.back() += costs.back();
+  std::vector<double> prefix = {0};
+  for (const double c : w) prefix.push_back(prefix.back() + c);
+  // best[k][j]: the smallest largest cost of blocks [0, j) in k stages; from[k][j]: where the
+  // last of those stages begins.
+  const auto n = static_cast<std::size_t>(depth);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(stages) + 1,
+                                        std::vector<double>(n + 1, inf));
+  std::vector<std::vector<std::size_t>> from(best.size(), std::vector<std::size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (std::size_t k = 1; k < best.size(); ++k) {
+    for (std::size_t j = k; j <= n; ++j) {
+      for (std::size_t i = k - 1; i < j; ++i) {
+        const double cost = std::max(best[k - 1][i], prefix[j] - prefix[i]);
+        if (cost < best[k][j]) {
+          best[k][j] = cost;
+          from[k][j] = i;
+        }
+      }
+    }
+  }
+  std::vector<int> splits(static_cast<std::size_t>(stages) - 1);
+  std::size_t end = n;
+  for (std::size_t k = best.size() - 1; k > 1; --k) {
+    end = from[k][end];
+    splits[k - 2] = static_cast<int>(end);
+  }
   return splits;
 }
 

@@ -75,6 +75,11 @@ PipelineOptions PipelineStepOptions::config(int intraop_threads, int ranks) cons
     }
     o.splits.push_back(static_cast<int>(split));
   }
+  o.measured_balance = partition_balance == "measured";
+  if (o.measured_balance && !o.splits.empty()) {
+    throw Error("params 'partition_splits' and 'partition_balance: measured' both say where to "
+                "split: give one of them");
+  }
   if (ranks > 1) {  // one partition per rank, on the rank's threads
     o.threads = intraop_threads;
     return o;
@@ -263,6 +268,11 @@ std::vector<StageResult> TrainStepStage::results() const {
                                    (s.forward_s + s.backward_s) / 1e9});
     }
     if (s.trainer->pipelined()) {
+      // Where the model was split: chunk c begins at block pipeline_split_c.
+      const std::vector<int>& splits = state().pipeline_splits;
+      for (std::size_t c = 0; c < splits.size(); ++c) {
+        out.push_back({"pipeline_split_" + std::to_string(c + 1), static_cast<double>(splits[c])});
+      }
       out.push_back({"pipeline_bubble", s.bubble_sum / static_cast<double>(s.steps_this_run)});
       out.push_back({"peak_microbatches_kept", static_cast<double>(s.peak_in_flight)});
       out.push_back({"peak_partition_mb",

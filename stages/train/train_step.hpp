@@ -83,6 +83,7 @@ struct PipelineStepOptions {
   std::string pipeline_schedule = "1f1b";
   int virtual_stages = 1;
   std::vector<double> partition_splits;
+  std::string partition_balance = "blocks";
 
   /// Throws Error for counts that do not fit `intraop_threads` (in one process: `ranks` 1).
   PipelineOptions config(int intraop_threads, int ranks) const;
@@ -106,8 +107,14 @@ struct PipelineStepOptions {
       "pipeline parallelism: model chunks per partition (interleaved schedule)",
       {.min = 1, .max = 64});
     d(partition_splits, "partition_splits",
-      "pipeline parallelism: ViT block indices where chunks begin, e.g. [6] (empty: as equal "
-      "as the blocks divide)");
+      "pipeline parallelism: ViT block indices where chunks begin, e.g. [6] (empty: as "
+      "partition_balance says)");
+    d(partition_balance, "partition_balance",
+      "pipeline parallelism without partition_splits: blocks (chunks of as equal a count of "
+      "blocks as they divide) or measured (of as equal a cost, each block's forward and "
+      "backward timed on a probe batch at the start, with the embedding and the heads; across "
+      "ranks rank 0 times them, and a resumed run keeps its checkpoint's splits)",
+      {.choices = {"blocks", "measured"}});
   }
 };
 

@@ -1,5 +1,6 @@
 #include "stages/train/trainer.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -50,6 +51,7 @@ std::uint64_t sample_digest(const data::Batch& batch) {
 struct Trainer::Pipelined {
   PipelineSchedule schedule;
   std::vector<PipelineStageFn> stages;
+  std::vector<int> splits;        // block indices where the model's chunks begin
   std::vector<int> param_stages;  // [parameter]: the stage it belongs to
   // Across processes: this rank runs its partition, its tensors travel through the link to
   // the other ranks of its pipeline (`group`); with data parallelism too, `replicas` are the
@@ -74,7 +76,7 @@ Trainer::Trainer(const TrainerOptions& options,
     world_size_ = world->size();
     world_ = world;
   }
-  if (options_.pipeline.enabled()) build_pipeline(world);
+  if (options_.pipeline.enabled()) build_pipeline(world, resume_from);
   const bool pipeline_ranks = pipelined_ && pipelined_->link;
   // What this rank's GradSync reduces: its partition's parameters with pipelines (empty: all),
   // and with ZeRO-2 to which rank of its group each of those goes (empty: to all).
@@ -165,6 +167,7 @@ Trainer::Trainer(const TrainerOptions& options,
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = shards;
   state_.pipeline_ranks = pipeline_ranks_count;
+  if (pipelined_) state_.pipeline_splits = pipelined_->splits;
   if (world && (!pipeline_ranks || pipelined_->replicas)) {
     // After any restore: every rank starts from rank 0's weights. With pipelines, each
     // partition's gradients are averaged over its replicas once its micro-batches are done.
@@ -184,7 +187,47 @@ Trainer::Trainer(const TrainerOptions& options,
 
 Trainer::~Trainer() = default;
 
-void Trainer::build_pipeline(dist::World* world) {
+std::vector<int> Trainer::pipeline_splits(ViT& vit,
+                                          int stages,
+                                          dist::World* world,
+                                          const Checkpoint* resume_from) const {
+  const PipelineOptions& o = options_.pipeline;
+  if (!o.splits.empty()) return o.splits;
+  if (!o.measured_balance) return balanced_splits(vit->config().depth, stages);
+  if (resume_from && !resume_from->state.pipeline_splits.empty()) {
+    return resume_from->state.pipeline_splits;  // each rank's optimizer state follows them
+  }
+  torch::Tensor splits;
+  if (!world || world->rank() == 0) {
+    // A probe micro-batch of 8 images from a generator of its own (training's draws must not
+    // depend on it); the costs scale alike with the batch.
+    const ModelConfig& config = vit->config();
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed);
+    const torch::Tensor probe = torch::randn(
+        {8, config.channels, config.image_size, config.image_size}, generator, torch::kFloat);
+    std::vector<double> costs;
+    {
+      Autocast autocast(options_.bf16);
+      costs = vit_piece_seconds(vit, probe);
+    }
+    for (torch::Tensor& p : vit->parameters()) p.mutable_grad().reset();  // as never trained
+    const std::vector<int> measured = measured_splits(costs, stages);
+    splits = torch::tensor(std::vector<std::int64_t>(measured.begin(), measured.end()));
+  } else {
+    splits = torch::zeros({stages - 1}, torch::kLong);
+  }
+  if (world) {  // every rank splits where rank 0 measured
+    std::vector<torch::Tensor> one = {splits};
+    world->wait(*world->group().broadcast(one), "the broadcast of the measured pipeline splits");
+  }
+  std::vector<int> out;
+  for (std::int64_t i = 0; i < splits.numel(); ++i) {
+    out.push_back(static_cast<int>(splits[i].item<std::int64_t>()));
+  }
+  return out;
+}
+
+void Trainer::build_pipeline(dist::World* world, const Checkpoint* resume_from) {
   const PipelineOptions& o = options_.pipeline;
   const ModelConfig& config = model_->config();
   const std::shared_ptr<ViTImpl> vit_impl = std::dynamic_pointer_cast<ViTImpl>(model_.ptr());
@@ -215,8 +258,8 @@ void Trainer::build_pipeline(dist::World* world) {
   install_memory_counting();
   auto p = std::make_unique<Pipelined>();
   p->schedule = make_pipeline_schedule(o.schedule, o.partitions, o.microbatches, o.virtual_stages);
-  const std::vector<int> splits =
-      o.splits.empty() ? balanced_splits(config.depth, p->schedule.stages) : o.splits;
+  ViT vit(vit_impl);
+  const std::vector<int> splits = pipeline_splits(vit, p->schedule.stages, world, resume_from);
   if (static_cast<int>(splits.size()) + 1 != p->schedule.stages) {
     throw Error(std::to_string(splits.size()) + " split points make " +
                 std::to_string(splits.size() + 1) + " model chunks, but " +
@@ -226,7 +269,7 @@ void Trainer::build_pipeline(dist::World* world) {
   }
   Pipelined* pipelined = p.get();
   const bool bf16 = options_.bf16;
-  ViT vit(vit_impl);
+  p->splits = splits;
   p->param_stages = vit_parameter_stages(vit, splits);
   if (across_ranks) {
     // Pipeline g is ranks g*P ... g*P + P-1; partition r's replicas are ranks r, r + P, ...

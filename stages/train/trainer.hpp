@@ -14,6 +14,7 @@
 #include "stages/train/optimizer.hpp"
 #include "stages/train/model.hpp"
 #include "stages/train/pipeline_schedule.hpp"
+#include "stages/train/vit.hpp"
 #include "stages/train/weight_average.hpp"
 
 namespace c10d {
@@ -35,7 +36,11 @@ namespace flowtrain::train {
 struct PipelineOptions {
   int partitions = 1;       // pipeline ranks (threads); 1 with 1 micro-batch: no pipeline
   int virtual_stages = 1;   // model chunks per partition (schedule kInterleaved)
-  std::vector<int> splits;  // block indices where chunks begin (empty: as equal as they divide)
+  std::vector<int> splits;  // block indices where chunks begin (empty: balanced)
+  /// With no splits given: balance the chunks by each block's measured cost (vit_piece_seconds;
+  /// across ranks, rank 0's measurement; resumed, the checkpoint's splits) instead of by their
+  /// count.
+  bool measured_balance = false;
   int microbatches = 1;
   PipelineScheduleKind schedule = PipelineScheduleKind::k1F1B;
   int threads = 1;  // intra-op threads of each partition
@@ -188,7 +193,13 @@ class Trainer {
 
   struct Pipelined;  // the schedule and the model's partitions
   std::unique_ptr<Pipelined> pipelined_;
-  void build_pipeline(dist::World* world);
+  void build_pipeline(dist::World* world, const Checkpoint* resume_from);
+  /// Where build_pipeline splits the model: the given splits, else the checkpoint's or measured
+  /// ones (measured_balance), else as equal a count of blocks as they divide.
+  std::vector<int> pipeline_splits(ViT& vit,
+                                   int stages,
+                                   dist::World* world,
+                                   const Checkpoint* resume_from) const;
   /// forward_backward's forward, loss and backward through the pipeline; returns how many of
   /// the batch's predictions matched their label.
   std::uint64_t pipelined_forward_backward(const data::Batch& batch,

@@ -8,7 +8,9 @@
 #include "graph/error.hpp"
 #include "stages/train/pipeline.hpp"
 #include "stages/train/train_step.hpp"
+#include "stages/train/trainer.hpp"
 #include "tests/train/relative_difference.hpp"
+#include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::train;
@@ -194,4 +196,71 @@ TEST_CASE("Train.PipelineParallel.StepOptionsCheckedAgainstTheThreads") {
   o.partition_splits = {2.5};
   CHECK_THROWS_WITH(o.config(2, 1),
                     "param 'partition_splits' must hold block indices (whole numbers >= 1)");
+}
+
+TEST_CASE("Train.PipelineParallel.MeasuredSplitsGiveTheSmallestLargestStage") {
+  // [embedding, blocks..., heads]: the embedding counts with the first block, the heads with
+  // the last.
+  CHECK(measured_splits({0.5, 1, 1, 1, 1, 2.5}, 2) == std::vector<int>{3});
+  CHECK(measured_splits({0, 1, 1, 1, 1, 0}, 2) == balanced_splits(4, 2));
+  CHECK(measured_splits({0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, 3) == balanced_splits(12, 3));
+  CHECK(measured_splits({0, 4, 1, 1, 1, 1, 0}, 2) == std::vector<int>{1});
+  CHECK(measured_splits({0, 1, 2, 3, 4, 5, 6, 0}, 3) == std::vector<int>{3, 5});  // 6 | 9 | 6
+  // Equal choices: the earliest splits. 10 then 1s: every 2-way split has 10 as its largest.
+  CHECK(measured_splits({10, 0, 1, 1, 1, 0}, 2) == std::vector<int>{1});
+  CHECK(measured_splits({0, 1, 1, 0}, 1).empty());
+  CHECK_THROWS_WITH(measured_splits({0, 1, 1, 0}, 3),
+                    "cannot split a ViT of 2 blocks into 3 pipeline stages");
+}
+
+TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * doctest::timeout(120)) {
+  // 20,000 classes on a narrow ViT: the heads cost far more than a block, so the measured
+  // balance gives the last partition one block where counting gives it two.
+  TrainerOptions options;
+  options.model = ModelConfig{.image_size = 16, .patch_size = 8, .dim = 32, .depth = 4,
+                              .heads = 2, .classes = 20000};
+  options.loss.alpha = 1;
+  options.seed = 4;
+  ViT vit(options.model);
+  const torch::Tensor probe = torch::randn({8, 3, 16, 16});
+  const std::vector<double> costs = vit_piece_seconds(vit, probe);
+  REQUIRE(costs.size() == 6);
+  for (const double c : costs) CHECK(c > 0);
+  CHECK(costs.back() > 2 * costs[1]);
+  CHECK(measured_splits(costs, 2) == std::vector<int>{3});
+
+  // Through the Trainer: the split it measured is in its state, and a checkpoint keeps it.
+  torch::manual_seed(11);
+  data::Batch b;
+  b.labels = torch::randint(0, 20000, {8}, torch::kLong);
+  b.images = torch::randn({8, 3, 16, 16});
+  b.end_position = 8;
+  TrainerOptions piped = options;
+  piped.pipeline = {.partitions = 2, .measured_balance = true, .microbatches = 2};
+  Trainer trainer(piped), reference(options);
+  CHECK(trainer.state().pipeline_splits == std::vector<int>{3});
+  trainer.step(b);
+  reference.step(b);
+  // Where the model is split does not change the math.
+  CHECK(relative_difference(*trainer.model(), *reference.model()) < 1e-5);
+  testing::TempDir dir("measured-splits");
+  write_file_atomically(dir / "step.pt", trainer.checkpoint(true));
+  CHECK(read_checkpoint(dir / "step.pt").state.pipeline_splits == std::vector<int>{3});
+
+  // Resumed, it splits where its checkpoint says (each rank's optimizer state follows the
+  // split), not where it would measure.
+  TrainerOptions given = piped;
+  given.pipeline.measured_balance = false;
+  given.pipeline.splits = {2};
+  Trainer at_two(given);
+  at_two.step(b);
+  write_file_atomically(dir / "step.pt", at_two.checkpoint(true));
+  const Checkpoint checkpoint = read_checkpoint(dir / "step.pt");
+  Trainer resumed(piped, nullptr, &checkpoint);
+  CHECK(resumed.state().pipeline_splits == std::vector<int>{2});
+
+  // Both ways of saying where to split: refused.
+  PipelineStepOptions both{.partitions = 2, .partition_splits = {2}};
+  both.partition_balance = "measured";
+  CHECK_THROWS_WITH(both.config(2, 1), doctest::Contains("give one of them"));
 }

@@ -110,14 +110,22 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
   }
 
   // Checkpoints every 2 steps, each rank its own file: resumed from step 6, the run ends where
-  // the uninterrupted one did, bit for bit.
+  // the uninterrupted one did, bit for bit. The split is measured (rank 0's, which both ranks
+  // use and record), and a resumed run keeps it; where the model is split does not change
+  // the weights.
   std::vector<std::string> resuming = on_two_ranks("1f1b", 1);
   resuming.insert(resuming.end(), {"stages.student.params.checkpoint_every=2",
                                    "stages.student.params.keep_checkpoints=3",
-                                   "stages.student.params.resume=true"});
+                                   "stages.student.params.resume=true",
+                                   "stages.student.params.partition_balance=measured"});
   const std::string out = dir / "resumed";
-  REQUIRE(run_cli(args(config, out, resuming)).code == 0);
+  const Exit measured = run_cli(args(config, out, resuming));
+  REQUIRE_MESSAGE(measured.code == 0, measured.output);
   CHECK(max_weight_difference(dir / "ranks-1f1b/final.pt", out + "/final.pt") == 0);
+  const std::vector<int> splits = train::read_checkpoint(out + "/final.pt").state.pipeline_splits;
+  REQUIRE(splits.size() == 1);
+  CHECK(train::read_checkpoint(out + "/final.pt.rank1").state.pipeline_splits == splits);
+  CHECK(printed(measured.output, "pipeline_split_1") == splits[0]);
   std::vector<std::string> files;
   for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
     files.insert(files.end(), {name, name + ".rank1"});
