@@ -234,11 +234,10 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
     checkpoint.state.epoch =
         static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
     if (c10::IValue splits; checkpoint.archive.try_read("state.pipeline_splits", splits)) {
-      if (!splits.isIntList()) throw Error(path + ": checkpoint's 'state.pipeline_splits' is damaged");
+      const std::string damaged = path + ": checkpoint's 'state.pipeline_splits' is damaged";
+      if (!splits.isIntList()) throw Error(damaged);
       for (const std::int64_t split : splits.toIntVector()) {
-        if (split < 1 || split > 1 << 20) {
-          throw Error(path + ": checkpoint's 'state.pipeline_splits' is damaged");
-        }
+        if (split < 1 || split > 1 << 20) throw Error(damaged);
         checkpoint.state.pipeline_splits.push_back(static_cast<int>(split));
       }
     }
