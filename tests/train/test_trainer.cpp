@@ -7,6 +7,7 @@
 
 #include "graph/error.hpp"
 #include "stages/train/trainer.hpp"
+#include "tests/train/fixed_task.hpp"
 #include "tests/train/relative_difference.hpp"
 #include "tests/train/training_fixture.hpp"
 
@@ -27,16 +28,7 @@ TrainerOptions tiny(std::uint64_t seed) {
   return options;
 }
 
-// Batch `number` of a fixed synthetic set: the class is the mean intensity's third.
-data::Batch batch(std::uint64_t number) {
-  torch::manual_seed(1000 + number);  // the data, not the training, follows this seed
-  data::Batch b;
-  b.number = number;
-  b.end_position = (number + 1) * 8;
-  b.labels = torch::randint(0, 3, {8}, torch::kLong);
-  b.images = torch::randn({8, 3, 16, 16}) * 0.1 + b.labels.view({8, 1, 1, 1}).to(torch::kFloat);
-  return b;
-}
+data::Batch batch(std::uint64_t number) { return testing::fixed_task_batch(number); }
 
 // Steps `from` to `to` (exclusive), each on its own batch, built before the step so the
 // trainer's random draws are its own.

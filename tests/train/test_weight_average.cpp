@@ -8,6 +8,7 @@
 
 #include "graph/error.hpp"
 #include "stages/train/trainer.hpp"
+#include "tests/train/fixed_task.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
@@ -32,15 +33,7 @@ TrainerOptions tiny(const std::string& arch, double ema_decay) {
   return options;
 }
 
-data::Batch batch(std::uint64_t number) {
-  torch::manual_seed(2000 + number);  // the data, not the training, follows this seed
-  data::Batch b;
-  b.number = number;
-  b.end_position = (number + 1) * 8;
-  b.labels = torch::randint(0, 3, {8}, torch::kLong);
-  b.images = torch::randn({8, 3, 16, 16}) * 0.1 + b.labels.view({8, 1, 1, 1}).to(torch::kFloat);
-  return b;
-}
+data::Batch batch(std::uint64_t number) { return flowtrain::testing::fixed_task_batch(number); }
 
 /// Parameters, then buffers, as copies.
 std::vector<torch::Tensor> weights(const ImageModel& model) {
