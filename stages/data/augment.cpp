@@ -111,6 +111,13 @@ void apply_augment(const Image& in, const AugmentParams& p, int size, Image& out
   render_view(in, crop_rect(p, in.width, in.height), p, size, out);
 }
 
+ContrastMap contrast_map(const AugmentParams& p, const double channel_mean[3]) {
+  const double grey =
+      (0.299 * channel_mean[0] + 0.587 * channel_mean[1] + 0.114 * channel_mean[2]) *
+      p.brightness;
+  return {p.contrast * p.brightness, (1 - p.contrast) * grey};
+}
+
 void resize_view(const Image& in, const PixelRect& crop, int size, Image& out, Resample resample) {
   if (in.channels != 3) throw Error("augment expects RGB images (3 channels)");
   const cv::Mat src(in.height, in.width, CV_8UC3, const_cast<std::uint8_t*>(in.pixels.data()));
@@ -136,10 +143,9 @@ void render_view(const Image& in,
   if (p.flip) cv::flip(dst, dst, 1);
 
   if (p.brightness != 1 || p.contrast != 1) {
-    // contrast blends with the mean grey level of the brightened image: one linear map.
     const cv::Scalar mean = cv::mean(dst);
-    const double grey = (0.299 * mean[0] + 0.587 * mean[1] + 0.114 * mean[2]) * p.brightness;
-    dst.convertTo(dst, -1, p.contrast * p.brightness, (1 - p.contrast) * grey);
+    const ContrastMap map = contrast_map(p, mean.val);
+    dst.convertTo(dst, -1, map.alpha, map.beta);
   }
   if (p.saturation != 1) {
     // Blend with the grey image: out = s * rgb + (1 - s) * grey, with OpenCV's SIMD kernels.

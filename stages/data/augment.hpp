@@ -107,6 +107,16 @@ enum class Resample {
   kAreaFrom2x,
 };
 
+/// Brightness and contrast as render_view applies them, one linear map of every channel value:
+/// v -> alpha * v + beta, where contrast blends with the mean grey level of the brightened view.
+struct ContrastMap {
+  double alpha = 1;
+  double beta = 0;
+};
+
+/// The map of `params`, given the mean of each channel (R, G, B) of the resized view.
+ContrastMap contrast_map(const AugmentParams& params, const double channel_mean[3]);
+
 /// Resizes the rectangle `crop` of an RGB image to a size x size RGB image: render_view's first
 /// step.
 void resize_view(const Image& in,

@@ -167,9 +167,9 @@ FLOWTRAIN_AVX2 void fused_render(const Image& view,
     const double mean[3] = {static_cast<double>(sums[0]) * per_pixel,
                             static_cast<double>(sums[1]) * per_pixel,
                             static_cast<double>(sums[2]) * per_pixel};
-    const double grey = (0.299 * mean[0] + 0.587 * mean[1] + 0.114 * mean[2]) * p.brightness;
-    alpha = p.contrast * p.brightness;
-    beta = static_cast<float>((1 - p.contrast) * grey);
+    const ContrastMap map = contrast_map(p, mean);
+    alpha = static_cast<float>(map.alpha);  // convertTo's kernel takes them as float
+    beta = static_cast<float>(map.beta);
   }
   k.alpha = _mm256_set1_ps(alpha);
   k.beta = _mm256_set1_ps(beta);
