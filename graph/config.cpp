@@ -991,6 +991,7 @@ std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Reg
       expanded.type = std::move(node.type);
       expanded.name = entry.name + "/" + node.node;
       expanded.options.concurrency = node.concurrency;
+      expanded.options.queue_capacity = node.queue_capacity;
       for (const std::string& input : node.inputs) {
         expanded.options.inputs.push_back(entry.name + "/" + input);
       }

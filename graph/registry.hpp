@@ -35,6 +35,7 @@ struct ExpandedNode {
   /// itself for a node brought `always`, the entry's output for the others.
   std::vector<std::string> inputs = {};
   std::size_t concurrency = kSerial;
+  std::size_t queue_capacity = 8;  // of its input queue (StageOptions::queue_capacity)
   /// Part of the entry's own work, brought whatever takes its output: the entry's output, as
   /// other entries see it, is the last such node's. Other nodes (writers) come only when no
   /// entry takes that output.

@@ -84,6 +84,9 @@ struct Batch {
   at::Tensor teacher_regression;  // [N, K], with a teacher's regression head; else undefined
   /// Set by a teacher_cache on the batches it cannot fill alone; teacher_infer completes it.
   std::shared_ptr<TeacherOutputsPending> teacher_pending;
+  /// A partitioned teacher's activation between its partitions (teacher_infer's
+  /// `partitions`; of teacher_pending's rows only, behind a cache); undefined elsewhere.
+  at::Tensor teacher_activation;
   std::shared_ptr<void> lease;
 
   std::int64_t size() const { return images.defined() ? images.size(0) : 0; }

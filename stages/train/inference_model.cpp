@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <utility>
 
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -24,7 +25,7 @@ ModelOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward
     Autocast autocast(bf16);
     out = forward(images);
   }
-  out.logits = out.logits.to(torch::kFloat);
+  if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);
   if (out.regression.defined()) out.regression = out.regression.to(torch::kFloat);
   return out;
 }
@@ -68,6 +69,24 @@ class CheckpointModel final : public InferenceModel {
 
   const ModelConfig* config() const override { return &model_->config(); }
 
+  int blocks() const override { return model_->blocks(); }
+
+  PartitionOutput forward_partition(const torch::Tensor& input, int begin, int end) override {
+    const int blocks = model_->blocks();
+    if (begin < 0 || begin >= end || end > blocks) {
+      throw Error("a pipeline partition of blocks [" + std::to_string(begin) + ", " +
+                  std::to_string(end) + ") of a model of " + std::to_string(blocks) + " blocks");
+    }
+    PartitionOutput out;
+    // The activation is handed on as the blocks made it (no cast: the next blocks see it so).
+    out.outputs = run_frozen(input, bf16_, [&](const torch::Tensor& x) {
+      out.activation = model_->run_blocks(begin == 0 ? model_->embed(x) : x, begin, end);
+      return end == blocks ? model_->head(std::exchange(out.activation, torch::Tensor()))
+                           : ModelOutput{};
+    });
+    return out;
+  }
+
  private:
   ImageModel model_;
   bool bf16_;
@@ -107,6 +126,12 @@ class TorchScriptModel final : public InferenceModel {
 };
 
 }  // namespace
+
+InferenceModel::PartitionOutput InferenceModel::forward_partition(const torch::Tensor&, int, int) {
+  throw Error(description() +
+              " cannot be split into pipeline partitions (a flowtrain "
+              "checkpoint can)");
+}
 
 std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path, Precision precision) {
   std::error_code ec;

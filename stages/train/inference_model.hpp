@@ -53,6 +53,22 @@ class InferenceModel {
 
   /// The model's shape, for a checkpoint of the built-in ViT; nullptr for a TorchScript module.
   virtual const ModelConfig* config() const { return nullptr; }
+
+  /// The blocks between which pipeline partitions may split the model
+  /// (ImageModelImpl::blocks); 0 for one that cannot be split (a TorchScript module).
+  virtual int blocks() const { return 0; }
+
+  /// What one pipeline partition of the model gives.
+  struct PartitionOutput {
+    torch::Tensor activation;  // for the next partition; undefined from the last
+    ModelOutput outputs;       // the last partition's, as forward gives them
+  };
+  /// Runs blocks [begin, end) of the model as forward runs the whole (no gradients, the same
+  /// precision): from the images, embedded first, when `begin` is 0, else from the activation
+  /// of the partition before; then the heads when `end` is blocks(). The partitions chained
+  /// give forward's outputs bit for bit. Throws Error for a model that cannot be split. Safe to
+  /// call from several threads at once.
+  virtual PartitionOutput forward_partition(const torch::Tensor& input, int begin, int end);
 };
 
 /// The options of the stages that run a frozen model (teacher_infer, evaluate): the model file,

@@ -100,11 +100,24 @@ struct ModelOutput {
 /// The interface every trainable model has: a forward from float32 images [B, C, H, W] of the
 /// config's size to ModelOutput, and its config. Hold one as ImageModel (a shared pointer);
 /// `make_model` builds the one a config names.
+///
+/// Its forward is a chain of pieces, which pipeline partitions split between blocks:
+/// forward(images) is head(run_blocks(embed(images), 0, blocks())), the same operations.
 class ImageModelImpl : public torch::nn::Module {
  public:
   explicit ImageModelImpl(ModelConfig config);
   virtual ModelOutput forward(const torch::Tensor& images) = 0;
   const ModelConfig& config() const { return config_; }
+
+  /// The blocks of the chain: a ViT's transformer blocks, a ResNet's residual blocks.
+  virtual int blocks() const = 0;
+  /// The images to the first block's input (a ViT's tokens, a ResNet's stem output).
+  virtual torch::Tensor embed(const torch::Tensor& images) = 0;
+  /// Blocks [begin, end) on the output of embed or of the block before `begin`.
+  virtual torch::Tensor run_blocks(torch::Tensor x, int begin, int end) = 0;
+  /// The last block's output to the outputs (a ViT's final norm and heads; a ResNet's pooling
+  /// and heads).
+  virtual ModelOutput head(const torch::Tensor& x) = 0;
 
  protected:
   /// Throws Error unless images is [B, channels, image_size, image_size].

@@ -223,21 +223,36 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   return result;
 }
 
-std::vector<PipelineStageFn> vit_pipeline_stages(
-    ViT& model,
-    const std::vector<int>& splits,
-    std::function<torch::Tensor(const ModelOutput&, int)> loss) {
-  const int depth = model->config().depth;
+std::vector<int> split_points_param(const std::vector<double>& values) {
+  std::vector<int> out;
+  for (const double split : values) {
+    if (split != static_cast<int>(split) || split < 1) {
+      throw Error("param 'partition_splits' must hold block indices (whole numbers >= 1)");
+    }
+    out.push_back(static_cast<int>(split));
+  }
+  return out;
+}
+
+std::vector<int> chunk_bounds(int blocks, const std::vector<int>& splits) {
   std::vector<int> bounds = {0};
   for (const int split : splits) {
-    if (split <= bounds.back() || split >= depth) {
-      throw Error("pipeline split points must rise within 1 .. " + std::to_string(depth - 1) +
-                  " (the ViT has " + std::to_string(depth) + " blocks), got " +
+    if (split <= bounds.back() || split >= blocks) {
+      throw Error("pipeline split points must rise within 1 .. " + std::to_string(blocks - 1) +
+                  " (the model has " + std::to_string(blocks) + " blocks), got " +
                   std::to_string(split) + " after " + std::to_string(bounds.back()));
     }
     bounds.push_back(split);
   }
-  bounds.push_back(depth);
+  bounds.push_back(blocks);
+  return bounds;
+}
+
+std::vector<PipelineStageFn> vit_pipeline_stages(
+    ViT& model,
+    const std::vector<int>& splits,
+    std::function<torch::Tensor(const ModelOutput&, int)> loss) {
+  const std::vector<int> bounds = chunk_bounds(model->blocks(), splits);
   std::vector<PipelineStageFn> out;
   const std::size_t count = bounds.size() - 1;
   for (std::size_t s = 0; s < count; ++s) {
@@ -275,7 +290,7 @@ std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits
 
 std::vector<int> balanced_splits(int depth, int stages) {
   if (stages < 1 || stages > depth) {
-    throw Error("cannot split a ViT of " + std::to_string(depth) + " blocks into " +
+    throw Error("cannot split a model of " + std::to_string(depth) + " blocks into " +
                 std::to_string(stages) + " pipeline stages");
   }
   std::vector<int> splits;
@@ -324,7 +339,7 @@ std::vector<double> vit_piece_seconds(ViT& model, const torch::Tensor& images, i
 std::vector<int> measured_splits(const std::vector<double>& costs, int stages) {
   const int depth = static_cast<int>(costs.size()) - 2;
   if (depth < 1 || stages < 1 || stages > depth) {
-    throw Error("cannot split a ViT of " + std::to_string(std::max(depth, 0)) + " blocks into " +
+    throw Error("cannot split a model of " + std::to_string(std::max(depth, 0)) + " blocks into " +
                 std::to_string(stages) + " pipeline stages");
   }
   // w[i]: block i's cost, the embedding's added to the first and the heads' to the last.

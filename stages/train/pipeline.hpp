@@ -89,13 +89,22 @@ std::vector<PipelineStageFn> vit_pipeline_stages(
     const std::vector<int>& splits,
     std::function<torch::Tensor(const ModelOutput&, int)> loss);
 
+/// The block indices a `partition_splits` param gives (whole numbers >= 1, else Error naming it).
+std::vector<int> split_points_param(const std::vector<double>& values);
+
+/// Where each chunk of a model of `blocks` blocks split at `splits` begins and ends:
+/// {0, splits..., blocks}, chunk i being blocks [bounds[i], bounds[i + 1]). Throws Error unless
+/// the splits rise within 1 .. blocks - 1.
+///   chunk_bounds(12, {4, 8}) == {0, 4, 8, 12}
+std::vector<int> chunk_bounds(int blocks, const std::vector<int>& splits);
+
 /// The pipeline stage each of the model's parameters (named_parameters() order) belongs to when
 /// split at `splits` as vit_pipeline_stages does: the embedding's to the first, block i's to
 /// the stage running it, the final norm's and the heads' to the last.
 std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits);
 
-/// Split points that give `stages` stages of a ViT of `depth` blocks as equal a share of the
-/// blocks as they divide: {2} for depth 4 and 2 stages, {4, 8} for depth 12 and 3.
+/// Split points that give `stages` stages of a model of `depth` blocks (a ViT's, a ResNet's) as
+/// equal a share of the blocks as they divide: {2} for depth 4 and 2 stages, {4, 8} for depth 12 and 3.
 std::vector<int> balanced_splits(int depth, int stages);
 
 /// What each piece of a ViT costs, measured: the forward and backward seconds on `images`, under

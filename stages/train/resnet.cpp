@@ -66,7 +66,8 @@ ResNetImpl::ResNetImpl(const ModelConfig& config) : ImageModelImpl(config) {
   for (std::size_t s = 0; s < layout.stages.size(); ++s) {
     torch::nn::Sequential layer;
     for (const ResNetLayout::Block& block : layout.stages[s]) {
-      layer->push_back(BasicBlock(block.in, block.out, block.stride));
+      blocks_.emplace_back(block.in, block.out, block.stride);
+      layer->push_back(blocks_.back());
       width = block.out;
     }
     layers_.push_back(register_module("layer" + std::to_string(s + 1), layer));
@@ -87,11 +88,22 @@ ResNetImpl::ResNetImpl(const ModelConfig& config) : ImageModelImpl(config) {
 }
 
 ModelOutput ResNetImpl::forward(const torch::Tensor& images) {
+  return head(run_blocks(embed(images), 0, blocks()));
+}
+
+torch::Tensor ResNetImpl::embed(const torch::Tensor& images) {
   check_images(images);
   torch::Tensor x = torch::relu(bn1_(conv1_(images)));
-  if (stem_pool_) x = torch::max_pool2d(x, 3, 2, 1);
-  for (auto& layer : layers_) x = layer->forward(x);
-  x = x.mean({2, 3});
+  return stem_pool_ ? torch::max_pool2d(x, 3, 2, 1) : x;
+}
+
+torch::Tensor ResNetImpl::run_blocks(torch::Tensor x, int begin, int end) {
+  for (int i = begin; i < end; ++i) x = blocks_[static_cast<std::size_t>(i)]->forward(x);
+  return x;
+}
+
+ModelOutput ResNetImpl::head(const torch::Tensor& features) {
+  torch::Tensor x = features.mean({2, 3});
   if (config_.dropout > 0) x = torch::dropout(x, config_.dropout, is_training());
   ModelOutput out;
   out.logits = apply_linear(fc_, x);

@@ -69,11 +69,20 @@ class ResNetImpl : public ImageModelImpl {
   explicit ResNetImpl(const ModelConfig& config);
   ModelOutput forward(const torch::Tensor& images) override;
 
+  /// The pieces of forward (ImageModelImpl): the residual blocks of every stage, in order.
+  int blocks() const override { return static_cast<int>(blocks_.size()); }
+  /// The stem: convolution, BatchNorm, ReLU (and max pool).
+  torch::Tensor embed(const torch::Tensor& images) override;
+  torch::Tensor run_blocks(torch::Tensor x, int begin, int end) override;
+  /// Global average pooling, dropout and the heads.
+  ModelOutput head(const torch::Tensor& x) override;
+
  private:
   bool stem_pool_ = true;
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
   std::vector<torch::nn::Sequential> layers_;
+  std::vector<BasicBlock> blocks_;  // the layers' blocks, in order
   torch::nn::Linear fc_{nullptr};
   torch::nn::Linear regression_head_{nullptr};  // null without a regression head
 };

@@ -8,18 +8,44 @@
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
+#include "stages/train/pipeline.hpp"
 #include "stages/train/teacher_cache.hpp"
 
 namespace flowtrain::train {
 
-TeacherInferStage::TeacherInferStage(const Options& options)
-    : model_(InferenceModel::load_required(options.inference.model,
-                                           options.inference.precision())),
+TeacherInferStage::TeacherInferStage(const Options& options, int partition)
+    : model_(InferenceModel::load_required(options.inference.model, options.inference.precision())),
       model_path_(options.inference.model),
       precision_(options.inference.precision()),
-      intraop_threads_(options.inference.intraop_threads) {
+      intraop_threads_(options.inference.intraop_threads),
+      partitions_(options.partitions),
+      end_(model_->blocks()) {
   const int k = options.ranks_per_shard;
   skip_ = k > 1 && shard_group(job_placement_from_env(), k).member != k - 1;
+  if (partition >= partitions_) {
+    throw Error("param 'partition' (" + std::to_string(partition) + ") must be below partitions (" +
+                std::to_string(partitions_) + ")");
+  }
+  if (partitions_ == 1) {
+    if (!options.partition_splits.empty()) {
+      throw Error("param 'partition_splits' needs partitions > 1");
+    }
+    return;
+  }
+  if (model_->blocks() == 0) {
+    throw Error("param 'partitions' (" + std::to_string(partitions_) + "): " + model_path_ +
+                " is a " + model_->description() +
+                ", which cannot be split (a flowtrain checkpoint can)");
+  }
+  std::vector<int> splits = split_points_param(options.partition_splits);
+  if (splits.empty()) splits = balanced_splits(model_->blocks(), partitions_);
+  if (static_cast<int>(splits.size()) + 1 != partitions_) {
+    throw Error("param 'partition_splits' gives " + std::to_string(splits.size() + 1) +
+                " chunks for " + std::to_string(partitions_) + " partitions");
+  }
+  const std::vector<int> bounds = chunk_bounds(model_->blocks(), splits);
+  begin_ = bounds[static_cast<std::size_t>(partition)];
+  end_ = bounds[static_cast<std::size_t>(partition) + 1];
 }
 
 TeacherInferStage::~TeacherInferStage() = default;
@@ -28,62 +54,98 @@ StageDoc TeacherInferStage::describe() {
   return {
       "Runs a frozen teacher (a flowtrain checkpoint or a TorchScript module) on each batch "
       "and adds its logits (and regression outputs) to the batch, for the student's "
-      "distillation loss.",
+      "distillation loss. With partitions, a forward-only pipeline of graph nodes: the entry "
+      "runs the first chunk of the blocks and brings `<name>/partition1` ... for the others.",
       option_specs<Options>(), "intraop_threads"};
 }
 
-ModelOutput TeacherInferStage::forward(const at::Tensor& images, double& seconds) {
+std::vector<ExpandedNode> TeacherInferStage::expand(const Params& params) {
+  const Options options = options_from<Options>(params);
+  std::vector<ExpandedNode> nodes;
+  for (int p = 1; p < options.partitions; ++p) {
+    ExpandedNode node{"partition" + std::to_string(p), "teacher_partition",
+                      to_params(TeacherPartitionOptions{options, p})};
+    if (p > 1) node.inputs = {"partition" + std::to_string(p - 1)};
+    // One activation waiting while the node runs another keeps it busy; more would only hold
+    // memory (and batch buffers) while the chunk before runs ahead.
+    node.queue_capacity = 2;
+    node.always = true;
+    nodes.push_back(std::move(node));
+  }
+  return nodes;
+}
+
+ModelOutput TeacherInferStage::forward(const at::Tensor& input,
+                                       double& seconds,
+                                       at::Tensor& activation) {
   IntraOpThreads threads(intraop_threads_);
   const auto begin = std::chrono::steady_clock::now();
-  ModelOutput out = model_->forward(images);
+  ModelOutput out;
+  if (partitions_ == 1) {
+    out = model_->forward(input);
+  } else {
+    InferenceModel::PartitionOutput part = model_->forward_partition(input, begin_, end_);
+    out = std::move(part.outputs);
+    activation = std::move(part.activation);
+  }
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - begin)
           .count();
   forward_ns_ += static_cast<std::uint64_t>(ns);
-  images_ += static_cast<std::uint64_t>(images.size(0));
+  images_ += static_cast<std::uint64_t>(input.size(0));
   ++batches_;
-  if (out.logits.dim() != 2 || out.logits.size(0) != images.size(0)) {
-    throw Error("the teacher returned logits of shape " + c10::str(out.logits.sizes()) +
-                " for a batch of " + std::to_string(images.size(0)) + "; expected [" +
-                std::to_string(images.size(0)) + ", classes]");
-  }
   seconds = static_cast<double>(ns) / 1e9;
+  if (!last()) {
+    activation_bytes_ += static_cast<std::uint64_t>(activation.nbytes());
+    return out;
+  }
+  if (out.logits.dim() != 2 || out.logits.size(0) != input.size(0)) {
+    throw Error("the teacher returned logits of shape " + c10::str(out.logits.sizes()) +
+                " for a batch of " + std::to_string(input.size(0)) + "; expected [" +
+                std::to_string(input.size(0)) + ", classes]");
+  }
   return out;
 }
 
 std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemContext&) {
   if (skip_) {
     if (batch.teacher_pending) {
-      throw Error("ranks_per_shard does not combine with a teacher_cache yet: the cache would "
-                  "wait for outputs this rank does not compute");
+      throw Error(
+          "ranks_per_shard does not combine with a teacher_cache yet: the cache would "
+          "wait for outputs this rank does not compute");
     }
     return std::move(batch);
   }
-  if (std::shared_ptr<data::TeacherOutputsPending> pending = std::move(batch.teacher_pending)) {
-    // A teacher_cache sent the batch: compute the rows it lacks, and let it fill the batch.
+  // The first partition runs on the images, the others on the activation handed on.
+  at::Tensor input = begin_ == 0 ? batch.images : std::move(batch.teacher_activation);
+  double seconds = 0;
+  if (const std::shared_ptr<data::TeacherOutputsPending>& pending = batch.teacher_pending) {
+    // A teacher_cache sent the batch: compute the rows it lacks, and let the last partition
+    // fill the batch. A first partition selects them; the activation has only those rows.
     const std::vector<std::int64_t>& rows = pending->rows();
+    const auto n = static_cast<std::int64_t>(rows.size());
     ModelOutput out;
-    double seconds = 0;
-    if (!rows.empty()) {
-      const auto n = static_cast<std::int64_t>(rows.size());
-      out = forward(
-          n == batch.size()
-              ? batch.images
-              : batch.images.index_select(
-                    0, torch::from_blob(const_cast<std::int64_t*>(rows.data()), {n}, torch::kLong)),
-          seconds);
+    if (n > 0) {
+      if (begin_ == 0 && n < batch.size()) {
+        input = input.index_select(
+            0, torch::from_blob(const_cast<std::int64_t*>(rows.data()), {n}, torch::kLong));
+      }
+      out = forward(input, seconds, batch.teacher_activation);
     }
+    if (!last()) return std::move(batch);
     std::call_once(fingerprint_once_, [&] {
       fingerprint_ =
           teacher_fingerprint(model_path_, precision_ == InferenceModel::Precision::kBFloat16);
     });
-    pending->complete(batch, out.logits, out.regression, seconds, fingerprint_);
+    std::shared_ptr<data::TeacherOutputsPending> done = std::move(batch.teacher_pending);
+    done->complete(batch, out.logits, out.regression, seconds, fingerprint_);
     return std::move(batch);
   }
-  double seconds = 0;
-  ModelOutput out = forward(batch.images, seconds);
-  batch.teacher_logits = std::move(out.logits);
-  batch.teacher_regression = std::move(out.regression);
+  ModelOutput out = forward(input, seconds, batch.teacher_activation);
+  if (last()) {
+    batch.teacher_logits = std::move(out.logits);
+    batch.teacher_regression = std::move(out.regression);
+  }
   return std::move(batch);
 }
 
@@ -93,13 +155,29 @@ std::vector<StageResult> TeacherInferStage::results() const {
   std::vector<StageResult> out = {{"images", images}};
   if (batches_ == 0 || forward_s <= 0) return out;  // a teacher_cache had every view
   out.push_back({"forward_ms", forward_s * 1e3 / static_cast<double>(batches_.load())});
-  if (const ModelConfig* config = model_->config()) {
+  if (partitions_ > 1) {
+    out.push_back({"first_block", static_cast<double>(begin_)});
+    out.push_back({"blocks", static_cast<double>(end_ - begin_)});
+    if (!last()) {
+      out.push_back({"activation_mb", static_cast<double>(activation_bytes_.load()) / 1e6 /
+                                          static_cast<double>(batches_.load())});
+    }
+  } else if (const ModelConfig* config = model_->config()) {
     out.push_back(
         {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
   }
   return out;
 }
 
+StageDoc TeacherPartitionStage::describe() {
+  return {
+      "A chunk of a teacher split into pipeline partitions after the first, brought by a "
+      "teacher_infer entry with partitions as `<name>/partition<N>`: runs its blocks on the "
+      "activation the chunk before handed on in the batch, and the last adds the outputs.",
+      option_specs<Options>(), "intraop_threads"};
+}
+
 FLOWTRAIN_REGISTER_STAGE("teacher_infer", TeacherInferStage);
+FLOWTRAIN_REGISTER_STAGE("teacher_partition", TeacherPartitionStage);
 
 }  // namespace flowtrain::train

@@ -10,6 +10,7 @@
 #include "stages/train/compute.hpp"
 #include "stages/train/grad_sync_stage.hpp"
 #include "stages/train/optimizer_step.hpp"
+#include "stages/train/pipeline.hpp"
 #include "stages/train/step_writers.hpp"
 
 namespace flowtrain::train {
@@ -69,12 +70,7 @@ PipelineOptions PipelineStepOptions::config(int intraop_threads, int ranks) cons
     throw Error("param 'virtual_stages' (" + std::to_string(virtual_stages) +
                 ") needs pipeline_schedule: interleaved");
   }
-  for (const double split : partition_splits) {
-    if (split != static_cast<int>(split) || split < 1) {
-      throw Error("param 'partition_splits' must hold block indices (whole numbers >= 1)");
-    }
-    o.splits.push_back(static_cast<int>(split));
-  }
+  o.splits = split_points_param(partition_splits);
   o.measured_balance = partition_balance == "measured";
   if (o.measured_balance && !o.splits.empty()) {
     throw Error("params 'partition_splits' and 'partition_balance: measured' both say where to "

@@ -106,14 +106,15 @@ class ViTImpl : public ImageModelImpl {
   explicit ViTImpl(const ModelConfig& config);
   ModelOutput forward(const torch::Tensor& images) override;
 
-  /// The pieces of forward, for pipeline stages (stages/train/pipeline.hpp):
-  /// forward(images) is head(run_blocks(embed(images), 0, depth)), the same operations.
-  /// embed: patch embedding, tokens, position embedding -> [B, tokens, dim].
-  torch::Tensor embed(const torch::Tensor& images);
+  /// The pieces of forward (ImageModelImpl), for pipeline stages (stages/train/pipeline.hpp).
+  /// The transformer blocks: config().depth.
+  int blocks() const override { return static_cast<int>(config_.depth); }
+  /// Patch embedding, tokens, position embedding -> [B, tokens, dim].
+  torch::Tensor embed(const torch::Tensor& images) override;
   /// Blocks [begin, end) on the tokens.
-  torch::Tensor run_blocks(torch::Tensor x, int begin, int end);
+  torch::Tensor run_blocks(torch::Tensor x, int begin, int end) override;
   /// Final norm and heads on the tokens.
-  ModelOutput head(const torch::Tensor& x);
+  ModelOutput head(const torch::Tensor& x) override;
 
  private:
   void init_parameters();

@@ -169,7 +169,7 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
         "pipeline rank 1, forward of stage 1, micro-batch 2: out of memory, say", Error);
   }
   CHECK_THROWS_WITH_AS(vit_pipeline_stages(model, {2, 2}, nullptr),
-                       "pipeline split points must rise within 1 .. 3 (the ViT has 4 blocks), got "
+                       "pipeline split points must rise within 1 .. 3 (the model has 4 blocks), got "
                        "2 after 2",
                        Error);
   CHECK(balanced_splits(12, 3) == std::vector<int>{4, 8});
@@ -210,7 +210,7 @@ TEST_CASE("Train.PipelineParallel.MeasuredSplitsGiveTheSmallestLargestStage") {
   CHECK(measured_splits({10, 0, 1, 1, 1, 0}, 2) == std::vector<int>{1});
   CHECK(measured_splits({0, 1, 1, 0}, 1).empty());
   CHECK_THROWS_WITH(measured_splits({0, 1, 1, 0}, 3),
-                    "cannot split a ViT of 2 blocks into 3 pipeline stages");
+                    "cannot split a model of 2 blocks into 3 pipeline stages");
 }
 
 TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * doctest::timeout(120)) {
