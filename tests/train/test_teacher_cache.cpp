@@ -12,10 +12,10 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/batch.hpp"
-#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/teacher_cache.hpp"
 #include "stages/train/teacher_infer.hpp"
+#include "stages/train/vit.hpp"
 #include "tests/test_stages.hpp"
 #include "tests/train/seen_batches.hpp"
 #include "tests/train/training_fixture.hpp"
@@ -61,15 +61,15 @@ class ViewBatches final : public Source<data::Batch> {
   int number_ = 0;
 };
 
-void write_teacher(const std::string& path, std::uint64_t seed) {
+void write_teacher(const std::string& path, std::uint64_t seed, std::int64_t depth = 1) {
   torch::manual_seed(seed);
   ViT teacher(ModelConfig{.image_size = 32,
-                        .patch_size = 8,
-                        .dim = 32,
-                        .depth = 1,
-                        .heads = 2,
-                        .classes = 20,
-                        .regression_outputs = 1});
+                          .patch_size = 8,
+                          .dim = 32,
+                          .depth = depth,
+                          .heads = 2,
+                          .classes = 20,
+                          .regression_outputs = 1});
   save_checkpoint(path, teacher, nullptr, {});
 }
 
@@ -84,19 +84,28 @@ std::map<std::string, double> results_of(const RunReport& report, const std::str
 
 //   batches -> cache --hit--------------------> merge -> sink
 //                    \--miss--> teacher_infer --/
+// With `partitions`, teacher_infer is followed by its partition nodes, as a config would add.
 RunReport run_cached(
     SeenBatches& seen,
     const TeacherCacheOptions& cache,
     const std::string& teacher,
     int batches,
     std::function<int(int)> view_of = [](int n) { return n; },
-    const BuildContext& context = {}) {
+    const BuildContext& context = {},
+    int partitions = 1) {
   Pipeline p;
   p.add("batches", std::make_unique<ViewBatches>(batches, std::move(view_of)));
   p.add("cache", std::make_unique<TeacherCacheStage>(cache, context));
-  p.add<TeacherInferStage>("teacher", {.inference = {.model = teacher}},
+  const TeacherInferOptions options{.inference = {.model = teacher}, .partitions = partitions};
+  p.add<TeacherInferStage>("teacher", options,
                            {.concurrency = 2, .queue_capacity = 2, .inputs = {"cache.miss"}});
-  p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"cache.hit", "teacher"}});
+  std::string last = "teacher";
+  for (int k = 1; k < partitions; ++k) {
+    p.add<TeacherPartitionStage>("teacher/partition" + std::to_string(k), {options, k},
+                                 {.queue_capacity = 2, .inputs = {last}});
+    last = "teacher/partition" + std::to_string(k);
+  }
+  p.add("merge", std::make_unique<MergeStage>(), {.inputs = {"cache.hit", last}});
   p.add("sink", seen.sink());
   return p.run({.threads = 2});
 }
@@ -303,4 +312,27 @@ TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::
                        doctest::Contains("teacher_infer runs another teacher than the "
                                          "teacher_cache before it names"),
                        StageError);
+}
+
+// A teacher in partition nodes fills the cache with the whole teacher's outputs, bit for bit,
+// also for batches that wait for views another batch is computing.
+TEST_CASE("Train.TeacherCache.APartitionedTeacherFillsItAsTheWholeOneDoes" *
+          doctest::timeout(120)) {
+  TempDir dir("cache");
+  write_teacher(dir / "teacher.pt", 1, 3);
+  const auto view_of = [](int n) { return n % 3; };
+  SeenBatches whole, parts;
+  const RunReport one = run_cached(whole, {.path = dir / "whole.ftc", .model = dir / "teacher.pt"},
+                                   dir / "teacher.pt", 9, view_of);
+  const RunReport three =
+      run_cached(parts, {.path = dir / "parts.ftc", .model = dir / "teacher.pt"},
+                 dir / "teacher.pt", 9, view_of, {}, 3);
+  CHECK(results_of(three, "cache")["misses"] == results_of(one, "cache")["misses"]);
+  CHECK(results_of(three, "teacher/partition2")["images"] == 24);
+  REQUIRE(parts.batches.size() == 9);
+  for (auto& [n, batch] : parts.batches) {
+    CHECK(torch::equal(batch.teacher_logits, whole.batches[n].teacher_logits));
+    CHECK(torch::equal(batch.teacher_regression, whole.batches[n].teacher_regression));
+    CHECK_FALSE(batch.teacher_activation.defined());
+  }
 }
