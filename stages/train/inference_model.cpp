@@ -87,6 +87,31 @@ class CheckpointModel final : public InferenceModel {
     return out;
   }
 
+  void keep_only(int begin, int end) override {
+    const int blocks = model_->blocks();
+    const auto kept = [&](const std::string& name) {
+      const int piece = model_->piece_of(name);
+      if (piece == 0) return begin == 0;
+      if (piece == blocks + 1) return end == blocks;
+      return piece - 1 >= begin && piece - 1 < end;
+    };
+    const auto release = [&](const auto& named) {
+      for (const auto& item : named) {
+        if (!kept(item.key())) item.value().set_data(torch::empty({0}, item.value().options()));
+      }
+    };
+    release(model_->named_parameters());
+    release(model_->named_buffers());
+  }
+
+  std::int64_t weight_bytes() const override {
+    std::int64_t bytes = 0;
+    for (const torch::Tensor& t : model_->parameters())
+      bytes += static_cast<std::int64_t>(t.nbytes());
+    for (const torch::Tensor& t : model_->buffers()) bytes += static_cast<std::int64_t>(t.nbytes());
+    return bytes;
+  }
+
  private:
   ImageModel model_;
   bool bf16_;

@@ -69,6 +69,12 @@ class InferenceModel {
   /// give forward's outputs bit for bit. Throws Error for a model that cannot be split. Safe to
   /// call from several threads at once.
   virtual PartitionOutput forward_partition(const torch::Tensor& input, int begin, int end);
+  /// Frees the weights that forward_partition(x, begin, end) does not use: the other blocks',
+  /// the embedding's unless `begin` is 0, the heads' unless `end` is blocks(). A partition's
+  /// node so holds its chunk only; the model then runs that range only.
+  virtual void keep_only(int begin, int end) {}
+  /// The bytes of parameters and buffers it holds (a checkpoint; 0 for a TorchScript module).
+  virtual std::int64_t weight_bytes() const { return 0; }
 };
 
 /// The options of the stages that run a frozen model (teacher_infer, evaluate): the model file,

@@ -118,6 +118,9 @@ class ImageModelImpl : public torch::nn::Module {
   /// The last block's output to the outputs (a ViT's final norm and heads; a ResNet's pooling
   /// and heads).
   virtual ModelOutput head(const torch::Tensor& x) = 0;
+  /// The piece a parameter or buffer belongs to, by its name (named_parameters,
+  /// named_buffers): 0 the embedding, 1 + i block i, blocks() + 1 the head.
+  virtual int piece_of(const std::string& name) const = 0;
 
  protected:
   /// Throws Error unless images is [B, channels, image_size, image_size].

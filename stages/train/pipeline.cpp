@@ -268,22 +268,16 @@ std::vector<PipelineStageFn> vit_pipeline_stages(
 }
 
 std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits) {
-  const int depth = model->config().depth;
-  const int last = static_cast<int>(splits.size());
+  const int depth = model->blocks();
   std::vector<int> out;
   for (const auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    int stage = 0;  // the embedding: patch_embed, cls_token, dist_token, pos_embed
-    if (name.rfind("blocks.", 0) == 0) {
-      const int block = std::stoi(name.substr(7));
-      if (block >= depth) throw Error("vit_parameter_stages: " + name + " past the last block");
-      stage = static_cast<int>(std::upper_bound(splits.begin(), splits.end(), block) -
-                               splits.begin());
-    } else if (name.rfind("norm.", 0) == 0 || name.rfind("head", 0) == 0 ||
-               name.rfind("regression_head", 0) == 0) {
-      stage = last;
-    }
-    out.push_back(stage);
+    const int piece = model->piece_of(item.key());
+    // The embedding's to the first stage, the head's to the last, block i's to the one
+    // running it.
+    out.push_back(piece == 0 ? 0
+                             : static_cast<int>(std::upper_bound(splits.begin(), splits.end(),
+                                                                 std::min(piece - 1, depth - 1)) -
+                                                splits.begin()));
   }
   return out;
 }

@@ -102,6 +102,18 @@ torch::Tensor ResNetImpl::run_blocks(torch::Tensor x, int begin, int end) {
   return x;
 }
 
+int ResNetImpl::piece_of(const std::string& name) const {
+  if (name.rfind("layer", 0) == 0) {
+    const std::size_t dot = name.find('.');
+    const std::size_t stage = std::stoul(name.substr(5, dot - 5)) - 1;
+    int before = 0;  // blocks of the stages before
+    for (std::size_t s = 0; s < stage; ++s) before += static_cast<int>(layers_[s]->size());
+    return 1 + before + std::stoi(name.substr(dot + 1));
+  }
+  if (name.rfind("fc.", 0) == 0 || name.rfind("regression_head.", 0) == 0) return blocks() + 1;
+  return 0;
+}
+
 ModelOutput ResNetImpl::head(const torch::Tensor& features) {
   torch::Tensor x = features.mean({2, 3});
   if (config_.dropout > 0) x = torch::dropout(x, config_.dropout, is_training());

@@ -76,6 +76,9 @@ class ResNetImpl : public ImageModelImpl {
   torch::Tensor run_blocks(torch::Tensor x, int begin, int end) override;
   /// Global average pooling, dropout and the heads.
   ModelOutput head(const torch::Tensor& x) override;
+  /// "layer<s>.<j>." the j-th block of stage s; "fc.", "regression_head." the head; the rest
+  /// (conv1, bn1) the embedding.
+  int piece_of(const std::string& name) const override;
 
  private:
   bool stem_pool_ = true;

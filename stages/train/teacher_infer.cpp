@@ -46,6 +46,7 @@ TeacherInferStage::TeacherInferStage(const Options& options, int partition)
   const std::vector<int> bounds = chunk_bounds(model_->blocks(), splits);
   begin_ = bounds[static_cast<std::size_t>(partition)];
   end_ = bounds[static_cast<std::size_t>(partition) + 1];
+  model_->keep_only(begin_, end_);
 }
 
 TeacherInferStage::~TeacherInferStage() = default;
@@ -158,6 +159,7 @@ std::vector<StageResult> TeacherInferStage::results() const {
   if (partitions_ > 1) {
     out.push_back({"first_block", static_cast<double>(begin_)});
     out.push_back({"blocks", static_cast<double>(end_ - begin_)});
+    out.push_back({"weights_mb", static_cast<double>(model_->weight_bytes()) / 1e6});
     if (!last()) {
       out.push_back({"activation_mb", static_cast<double>(activation_bytes_.load()) / 1e6 /
                                           static_cast<double>(batches_.load())});

@@ -84,8 +84,9 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
   /// images (the teacher ran on), forward_ms (per batch), and gflops: the forward's matrix-product
   /// FLOPs (ModelConfig::forward_flops) per second of forward, per invocation (its
   /// intraop_threads); gflops is left out for a TorchScript teacher, whose shape is unknown. A
-  /// partition gives its blocks (`first_block`, `blocks`) in place of gflops, and `activation_mb`:
-  /// the activation it hands on, per batch.
+  /// partition gives its blocks (`first_block`, `blocks`) and the weights it holds
+  /// (`weights_mb`) in place of gflops, and `activation_mb`: the activation it hands on, per
+  /// batch.
   std::vector<StageResult> results() const override;
 
  protected:

@@ -176,6 +176,15 @@ torch::Tensor ViTImpl::run_blocks(torch::Tensor x, int begin, int end) {
   return x;
 }
 
+int ViTImpl::piece_of(const std::string& name) const {
+  if (name.rfind("blocks.", 0) == 0) return 1 + std::stoi(name.substr(7));
+  if (name.rfind("norm.", 0) == 0 || name.rfind("head", 0) == 0 ||
+      name.rfind("regression_head.", 0) == 0) {
+    return blocks() + 1;
+  }
+  return 0;
+}
+
 ModelOutput ViTImpl::head(const torch::Tensor& x) {
   // LayerNorm is per token: normalising the class token alone equals timm's norm-then-select.
   const torch::Tensor cls = norm_(x.select(1, 0));

@@ -115,6 +115,9 @@ class ViTImpl : public ImageModelImpl {
   torch::Tensor run_blocks(torch::Tensor x, int begin, int end) override;
   /// Final norm and heads on the tokens.
   ModelOutput head(const torch::Tensor& x) override;
+  /// "blocks.<i>." block i; "norm.", "head*", "regression_head." the head; the rest the
+  /// embedding (patch_embed, cls_token, dist_token, pos_embed).
+  int piece_of(const std::string& name) const override;
 
  private:
   void init_parameters();

@@ -44,16 +44,22 @@ ModelConfig partitioned_resnet() {
                      .stage_blocks = {2, 2}};
 }
 
-// The outputs of `model` run as a chain of partitions split at `splits`.
-ModelOutput chained(InferenceModel& model, const torch::Tensor& images, std::vector<int> splits) {
-  splits.insert(splits.begin(), 0);
-  splits.push_back(model.blocks());
+// The outputs of the model in `path` run as a chain of partitions split at `splits`, each
+// loaded on its own and keeping only its chunk's weights, as partition nodes do.
+ModelOutput chained(const std::string& path,
+                    InferenceModel::Precision precision,
+                    const torch::Tensor& images,
+                    std::vector<int> splits) {
   torch::Tensor x = images;
   InferenceModel::PartitionOutput part;
-  for (std::size_t i = 0; i + 1 < splits.size(); ++i) {
-    part = model.forward_partition(x, splits[i], splits[i + 1]);
+  splits.insert(splits.begin(), 0);
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    const std::unique_ptr<InferenceModel> model = InferenceModel::load(path, precision);
+    const int end = i + 1 < splits.size() ? splits[i + 1] : model->blocks();
+    model->keep_only(splits[i], end);
+    part = model->forward_partition(x, splits[i], end);
     x = part.activation;
-    CHECK(x.defined() == (i + 2 < splits.size()));
+    CHECK(x.defined() == (i + 1 < splits.size()));
   }
   return part.outputs;
 }
@@ -77,10 +83,18 @@ TEST_CASE("Train.TeacherPartitions.ChainGivesTheWholeForwardBitForBit" * doctest
       for (const std::vector<int>& splits :
            {std::vector<int>{1}, std::vector<int>{2}, std::vector<int>{1, 3}}) {
         CAPTURE(splits.size());
-        const ModelOutput parts = chained(*model, images, splits);
+        const ModelOutput parts = chained(path, precision, images, splits);
         CHECK(torch::equal(parts.logits, whole.logits));
         CHECK(torch::equal(parts.regression, whole.regression));
       }
+      // A model that kept blocks [1, 3) runs them alike, and no longer has the embedding,
+      // block 3 or the heads.
+      const torch::Tensor first = model->forward_partition(images, 0, 1).activation;
+      const torch::Tensor middle = model->forward_partition(first, 1, 3).activation;
+      model->keep_only(1, 3);
+      CHECK(torch::equal(model->forward_partition(first, 1, 3).activation, middle));
+      CHECK_THROWS(model->forward_partition(images, 0, 1));
+      CHECK_THROWS(model->forward_partition(middle, 3, 4));
     }
   }
   // A TorchScript module cannot be split, and says so.
@@ -137,6 +151,13 @@ TEST_CASE("Train.TeacherPartitions.NodesDistillAsTheWholeTeacherDoes" * doctest:
   CHECK(result(parts, "teacher/partition1", "first_block") == 1);
   CHECK(result(parts, "teacher/partition1", "blocks") == 2);
   CHECK(result(parts, "teacher/partition2", "blocks") == 1);
+  // Each node holds its chunk's weights only: together, the whole teacher's.
+  const double weights =
+      static_cast<double>(InferenceModel::load(dir / "teacher.pt")->weight_bytes()) / 1e6;
+  CHECK(result(parts, "teacher", "weights_mb") < 0.5 * weights);
+  CHECK(result(parts, "teacher", "weights_mb") + result(parts, "teacher/partition1", "weights_mb") +
+            result(parts, "teacher/partition2", "weights_mb") ==
+        doctest::Approx(weights));
   // The tokens handed on: a batch of 32 images x 17 tokens x 32 floats.
   CHECK(result(parts, "teacher", "activation_mb") == doctest::Approx(32 * 17 * 32 * 4 / 1e6));
 
