@@ -153,9 +153,8 @@ class TorchScriptModel final : public InferenceModel {
 }  // namespace
 
 InferenceModel::PartitionOutput InferenceModel::forward_partition(const torch::Tensor&, int, int) {
-  throw Error(description() +
-              " cannot be split into pipeline partitions (a flowtrain "
-              "checkpoint can)");
+  throw Error(description() + " cannot be split into pipeline partitions (a flowtrain "
+                              "checkpoint can)");
 }
 
 std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path, Precision precision) {

@@ -104,7 +104,8 @@ std::vector<int> chunk_bounds(int blocks, const std::vector<int>& splits);
 std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits);
 
 /// Split points that give `stages` stages of a model of `depth` blocks (a ViT's, a ResNet's) as
-/// equal a share of the blocks as they divide: {2} for depth 4 and 2 stages, {4, 8} for depth 12 and 3.
+/// equal a share of the blocks as they divide: {2} for depth 4 and 2 stages, {4, 8} for depth
+/// 12 and 3.
 std::vector<int> balanced_splits(int depth, int stages);
 
 /// What each piece of a ViT costs, measured: the forward and backward seconds on `images`, under

@@ -169,8 +169,8 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
         "pipeline rank 1, forward of stage 1, micro-batch 2: out of memory, say", Error);
   }
   CHECK_THROWS_WITH_AS(vit_pipeline_stages(model, {2, 2}, nullptr),
-                       "pipeline split points must rise within 1 .. 3 (the model has 4 blocks), got "
-                       "2 after 2",
+                       "pipeline split points must rise within 1 .. 3 (the model has 4 blocks), "
+                       "got 2 after 2",
                        Error);
   CHECK(balanced_splits(12, 3) == std::vector<int>{4, 8});
   CHECK(balanced_splits(4, 2) == std::vector<int>{2});
