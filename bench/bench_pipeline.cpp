@@ -97,9 +97,9 @@ void print_measured_balance() {
   torch::manual_seed(1);
   ViT model(model_config("vit_ti", 112, 10));
   model->train();
-  const std::vector<double> s = vit_piece_seconds(model, torch::randn({8, 3, 112, 112}));
+  const std::vector<double> s = piece_seconds(*model, torch::randn({8, 3, 112, 112}), true);
   const auto [low, high] = std::minmax_element(s.begin() + 1, s.end() - 1);
-  std::printf("\nMeasured balance (vit_piece_seconds, forward + backward of 8 images, 1 "
+  std::printf("\nMeasured balance (piece_seconds, forward + backward of 8 images, 1 "
               "thread): embedding %.2f ms, blocks %.2f-%.2f ms, heads %.2f ms\n\n",
               s.front() * 1e3, *low * 1e3, *high * 1e3, s.back() * 1e3);
   const auto text = [](const std::vector<int>& v) {

@@ -8,6 +8,7 @@
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
+#include "stages/train/pipeline.hpp"
 #include "stages/train/torchscript.hpp"
 
 namespace flowtrain::train {
@@ -104,6 +105,12 @@ class CheckpointModel final : public InferenceModel {
     release(model_->named_buffers());
   }
 
+  std::vector<double> piece_seconds(const torch::Tensor& images) override {
+    torch::NoGradGuard no_grad;
+    Autocast autocast(bf16_);
+    return train::piece_seconds(*model_, images, /*backward=*/false);
+  }
+
   std::int64_t weight_bytes() const override {
     std::int64_t bytes = 0;
     for (const torch::Tensor& t : model_->parameters())
@@ -153,8 +160,14 @@ class TorchScriptModel final : public InferenceModel {
 }  // namespace
 
 InferenceModel::PartitionOutput InferenceModel::forward_partition(const torch::Tensor&, int, int) {
-  throw Error(description() + " cannot be split into pipeline partitions (a flowtrain "
-                              "checkpoint can)");
+  throw Error(description() +
+              " cannot be split into pipeline partitions (a flowtrain "
+              "checkpoint can)");
+}
+
+std::vector<double> InferenceModel::piece_seconds(const torch::Tensor& images) {
+  forward_partition(images, 0, 1);  // throws Error: this model cannot be split
+  return {};
 }
 
 std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path, Precision precision) {

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "graph/options.hpp"
 #include "stages/train/compute.hpp"
@@ -73,6 +74,10 @@ class InferenceModel {
   /// the embedding's unless `begin` is 0, the heads' unless `end` is blocks(). A partition's
   /// node so holds its chunk only; the model then runs that range only.
   virtual void keep_only(int begin, int end) {}
+  /// The forward seconds of each piece on `images`, as forward_partition runs them (no
+  /// gradients, its precision), ordered as train::piece_seconds orders them: the embedding,
+  /// each block, the head. Throws Error for a model that cannot be split.
+  virtual std::vector<double> piece_seconds(const torch::Tensor& images);
   /// The bytes of parameters and buffers it holds (a checkpoint; 0 for a TorchScript module).
   virtual std::int64_t weight_bytes() const { return 0; }
 };

@@ -140,9 +140,9 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   };
   const auto take = [&](Kind kind, int stage, int microbatch) {
     const int from = schedule.rank_of(kind == Kind::kForward ? stage - 1 : stage + 1);
-    return local(from) ? mail.take(kind, stage, microbatch)
-                       : transport->recv(from, tag(kind, stage, microbatch),
-                                         what(kind, stage, microbatch));
+    return local(from)
+               ? mail.take(kind, stage, microbatch)
+               : transport->recv(from, tag(kind, stage, microbatch), what(kind, stage, microbatch));
   };
 
   const auto run_rank = [&](std::size_t rank) {
@@ -217,9 +217,8 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
   }
   for (int i = 0; i < m; ++i) sum += weight(i) * result.losses[static_cast<std::size_t>(i)];
   result.loss = sum;
-  result.bubble = result.wall_s > 0
-                      ? 1 - busy / (static_cast<double>(threads.size()) * result.wall_s)
-                      : 0;
+  result.bubble =
+      result.wall_s > 0 ? 1 - busy / (static_cast<double>(threads.size()) * result.wall_s) : 0;
   return result;
 }
 
@@ -292,34 +291,37 @@ std::vector<int> balanced_splits(int depth, int stages) {
   return splits;
 }
 
-std::vector<double> vit_piece_seconds(ViT& model, const torch::Tensor& images, int reps) {
-  const int depth = model->config().depth;
-  std::vector<std::vector<double>> samples(static_cast<std::size_t>(depth) + 2);
+std::vector<double> piece_seconds(ImageModelImpl& model,
+                                  const torch::Tensor& images,
+                                  bool backward,
+                                  int reps) {
+  const int blocks = model.blocks();
+  std::vector<std::vector<double>> samples(static_cast<std::size_t>(blocks) + 2);
   // Each piece from a detached input, so that its backward is its own.
-  const auto timed = [](auto&& forward, const torch::Tensor& input, std::vector<double>& into) {
+  const auto timed = [backward](auto&& forward, const torch::Tensor& input,
+                                std::vector<double>& into) {
     const auto begin = std::chrono::steady_clock::now();
     torch::Tensor out = forward(input);
-    out.backward(torch::ones_like(out));
-    into.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
-    return out.detach().requires_grad_(true);
+    if (backward) out.backward(torch::ones_like(out));
+    into.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    return backward ? out.detach().requires_grad_(true) : out;
   };
   for (int rep = 0; rep <= reps; ++rep) {
-    torch::Tensor tokens = timed([&](const torch::Tensor& x) { return model->embed(x); }, images,
-                                 samples[0]);
-    for (int b = 0; b < depth; ++b) {
-      tokens = timed([&](const torch::Tensor& x) { return model->run_blocks(x, b, b + 1); },
-                     tokens, samples[static_cast<std::size_t>(b) + 1]);
+    torch::Tensor x =
+        timed([&](const torch::Tensor& in) { return model.embed(in); }, images, samples[0]);
+    for (int b = 0; b < blocks; ++b) {
+      x = timed([&](const torch::Tensor& in) { return model.run_blocks(in, b, b + 1); }, x,
+                samples[static_cast<std::size_t>(b) + 1]);
     }
     timed(
-        [&](const torch::Tensor& x) {
-          const ModelOutput out = model->head(x);
+        [&](const torch::Tensor& in) {
+          const ModelOutput out = model.head(in);
           torch::Tensor sum = out.logits.sum();
           if (out.distillation.defined()) sum = sum + out.distillation.sum();
           if (out.regression.defined()) sum = sum + out.regression.sum();
           return sum;
         },
-        tokens, samples.back());
+        x, samples.back());
   }
   std::vector<double> costs;
   for (std::vector<double>& s : samples) {

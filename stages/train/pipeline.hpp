@@ -108,14 +108,18 @@ std::vector<int> vit_parameter_stages(ViT& model, const std::vector<int>& splits
 /// 12 and 3.
 std::vector<int> balanced_splits(int depth, int stages);
 
-/// What each piece of a ViT costs, measured: the forward and backward seconds on `images`, under
-/// the caller's autocast, of [0] the embedding, [1 + i] block i and [depth + 1] the final norm
-/// and heads; each the median of `reps` after a warm-up. The gradients it leaves in the
-/// parameters are the caller's to zero.
-std::vector<double> vit_piece_seconds(ViT& model, const torch::Tensor& images, int reps = 3);
+/// What each piece of a model costs, measured: the forward (and with `backward`, the backward)
+/// seconds on `images`, under the caller's autocast (and no-grad guard, for a forward alone), of
+/// [0] the embedding, [1 + i] block i and [blocks() + 1] the head (ImageModelImpl); each the
+/// median of `reps` after a warm-up. The gradients it leaves in the parameters are the
+/// caller's to zero.
+std::vector<double> piece_seconds(ImageModelImpl& model,
+                                  const torch::Tensor& images,
+                                  bool backward,
+                                  int reps = 3);
 
-/// Split points that give `stages` stages of a ViT whose pieces cost `costs` (as
-/// vit_piece_seconds orders them) the smallest largest stage cost, the embedding's counted with
+/// Split points that give `stages` stages of a model whose pieces cost `costs` (as
+/// piece_seconds orders them) the smallest largest stage cost, the embedding's counted with
 /// the first block and the heads' with the last; among equal choices, the earliest splits.
 ///   measured_splits({0.5, 1, 1, 1, 1, 2.5}, 2) == {3}   // [embed, 3 blocks], [1 block, heads]
 std::vector<int> measured_splits(const std::vector<double>& costs, int stages);

@@ -1,8 +1,13 @@
 #include "stages/train/teacher_infer.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "distributed/job.hpp"
 #include "graph/error.hpp"
@@ -12,6 +17,39 @@
 #include "stages/train/teacher_cache.hpp"
 
 namespace flowtrain::train {
+
+namespace {
+// Where `partition_balance: measured` splits the teacher of `options` (`model`, loaded whole):
+// each piece's forward timed on a probe batch, then the splits whose costliest chunk costs
+// least. Once per process and teacher file: every partition node of a teacher is built on its
+// own, and all must split alike.
+std::vector<int> measured_teacher_splits(const TeacherInferOptions& options,
+                                         InferenceModel& model) {
+  const std::string& path = options.inference.model;
+  std::error_code ec;
+  const auto written = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  const auto key = std::make_tuple(path, written, options.inference.precision(),
+                                   options.inference.intraop_threads, options.partitions);
+  static std::mutex mutex;
+  static std::map<decltype(key), std::vector<int>> measured;
+  std::lock_guard lock(mutex);
+  auto [it, added] = measured.try_emplace(key);
+  if (!added) return it->second;
+  try {
+    const ModelConfig& config = *model.config();
+    // A generator of its own: the run's random draws stay those of a run without measuring.
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(0);
+    const torch::Tensor probe = torch::randn(
+        {16, config.channels, config.image_size, config.image_size}, generator, torch::kFloat);
+    IntraOpThreads threads(options.inference.intraop_threads);
+    it->second = measured_splits(model.piece_seconds(probe), options.partitions);
+  } catch (...) {
+    measured.erase(it);
+    throw;
+  }
+  return it->second;
+}
+}  // namespace
 
 TeacherInferStage::TeacherInferStage(const Options& options, int partition)
     : model_(InferenceModel::load_required(options.inference.model, options.inference.precision())),
@@ -38,7 +76,16 @@ TeacherInferStage::TeacherInferStage(const Options& options, int partition)
                 ", which cannot be split (a flowtrain checkpoint can)");
   }
   std::vector<int> splits = split_points_param(options.partition_splits);
-  if (splits.empty()) splits = balanced_splits(model_->blocks(), partitions_);
+  const bool measured = options.partition_balance == "measured";
+  if (measured && !splits.empty()) {
+    throw Error(
+        "params 'partition_splits' and 'partition_balance: measured' both say where to "
+        "split: give one of them");
+  }
+  if (splits.empty()) {
+    splits = measured ? measured_teacher_splits(options, *model_)
+                      : balanced_splits(model_->blocks(), partitions_);
+  }
   if (static_cast<int>(splits.size()) + 1 != partitions_) {
     throw Error("param 'partition_splits' gives " + std::to_string(splits.size() + 1) +
                 " chunks for " + std::to_string(partitions_) + " partitions");

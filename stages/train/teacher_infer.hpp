@@ -33,6 +33,7 @@ struct TeacherInferOptions {
   int ranks_per_shard = 1;
   int partitions = 1;
   std::vector<double> partition_splits;
+  std::string partition_balance = "blocks";
   template <class Declare>
   void declare(Declare& d) {
     inference.declare(d);
@@ -47,8 +48,13 @@ struct TeacherInferOptions {
       "<name>/partition1 .. the next, successive batches flowing through them (1: none)",
       {.min = 1, .max = 256});
     d(partition_splits, "partition_splits",
-      "with partitions: block indices where chunks begin, e.g. [6] (empty: chunks of as equal "
-      "a count of blocks as they divide)");
+      "with partitions: block indices where chunks begin, e.g. [6] (empty: as "
+      "partition_balance says)");
+    d(partition_balance, "partition_balance",
+      "with partitions and no partition_splits: blocks (chunks of as equal a count of blocks "
+      "as they divide) or measured (of as equal a cost: each piece's forward timed on a probe "
+      "batch of 16 when the first node is built, once per process for every node)",
+      {.choices = {"blocks", "measured"}});
   }
 };
 

@@ -208,7 +208,7 @@ std::vector<int> Trainer::pipeline_splits(ViT& vit,
     std::vector<double> costs;
     {
       Autocast autocast(options_.bf16);
-      costs = vit_piece_seconds(vit, probe);
+      costs = piece_seconds(*vit, probe, /*backward=*/true);
     }
     for (torch::Tensor& p : vit->parameters()) p.mutable_grad().reset();  // as never trained
     const std::vector<int> measured = measured_splits(costs, stages);

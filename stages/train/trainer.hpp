@@ -37,7 +37,7 @@ struct PipelineOptions {
   int partitions = 1;       // pipeline ranks (threads); 1 with 1 micro-batch: no pipeline
   int virtual_stages = 1;   // model chunks per partition (schedule kInterleaved)
   std::vector<int> splits;  // block indices where chunks begin (empty: balanced)
-  /// With no splits given: balance the chunks by each block's measured cost (vit_piece_seconds;
+  /// With no splits given: balance the chunks by each block's measured cost (piece_seconds;
   /// across ranks, rank 0's measurement; resumed, the checkpoint's splits) instead of by their
   /// count.
   bool measured_balance = false;

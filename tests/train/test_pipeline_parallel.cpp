@@ -223,7 +223,7 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
   options.seed = 4;
   ViT vit(options.model);
   const torch::Tensor probe = torch::randn({8, 3, 16, 16});
-  const std::vector<double> costs = vit_piece_seconds(vit, probe);
+  const std::vector<double> costs = piece_seconds(*vit, probe, /*backward=*/true);
   REQUIRE(costs.size() == 6);
   for (const double c : costs) CHECK(c > 0);
   CHECK(costs.back() > 2 * costs[1]);

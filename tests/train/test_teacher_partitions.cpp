@@ -9,6 +9,7 @@
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "graph/pipeline.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/inference_model.hpp"
 #include "stages/train/resnet.hpp"
@@ -193,5 +194,47 @@ TEST_CASE("Train.TeacherPartitions.ProblemsAreNamed" * doctest::timeout(120)) {
   CHECK_THROWS_WITH_AS(made("scripted.pt", 2, {}),
                        doctest::Contains("scripted.pt is a TorchScript module, which cannot be "
                                          "split (a flowtrain checkpoint can)"),
+                       Error);
+}
+
+// `partition_balance: measured` times each piece's forward: a head of 50,000 classes costs
+// more than several blocks, so the split moves from [2] to [3], in every node alike, and the
+// outputs stay the whole teacher's.
+TEST_CASE("Train.TeacherPartitions.MeasuredBalanceFollowsAnExpensiveHead" * doctest::timeout(120)) {
+  TempDir dir;
+  torch::manual_seed(1);
+  ModelConfig config = partitioned_vit();
+  config.classes = 50000;
+  config.distillation_token = false;
+  save_checkpoint(dir / "teacher.pt", make_model(config), nullptr, {});
+  const TeacherInferOptions options{
+      .inference = {.model = dir / "teacher.pt"}, .partitions = 2, .partition_balance = "measured"};
+  Pipeline p;
+  p.add("batches", [n = 0]() mutable -> std::optional<data::Batch> {
+    if (n == 3) return std::nullopt;
+    data::Batch batch;
+    batch.number = static_cast<std::uint64_t>(n++);
+    batch.images = torch::rand({8, 3, 32, 32});
+    return batch;
+  });
+  p.add<TeacherInferStage>("teacher", options);
+  p.add<TeacherPartitionStage>("teacher/partition1", {options, 1});
+  std::vector<data::Batch> seen;
+  p.add("sink", [&](data::Batch batch) { seen.push_back(std::move(batch)); });
+  const RunReport report = p.run({.threads = 2});
+  CHECK(result(report, "teacher", "blocks") == 3);
+  CHECK(result(report, "teacher/partition1", "first_block") == 3);
+  CHECK(result(report, "teacher/partition1", "blocks") == 1);
+  const std::unique_ptr<InferenceModel> whole = InferenceModel::load(dir / "teacher.pt");
+  REQUIRE(seen.size() == 3);
+  for (const data::Batch& batch : seen) {
+    CHECK(torch::equal(batch.teacher_logits, whole->forward(batch.images).logits));
+  }
+  CHECK_THROWS_WITH_AS(TeacherInferStage({.inference = {.model = dir / "teacher.pt"},
+                                          .partitions = 2,
+                                          .partition_splits = {1},
+                                          .partition_balance = "measured"}),
+                       "params 'partition_splits' and 'partition_balance: measured' both say "
+                       "where to split: give one of them",
                        Error);
 }
