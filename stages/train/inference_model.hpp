@@ -73,7 +73,7 @@ class InferenceModel {
   /// Frees the weights that forward_partition(x, begin, end) does not use: the other blocks',
   /// the embedding's unless `begin` is 0, the heads' unless `end` is blocks(). A partition's
   /// node so holds its chunk only; the model then runs that range only.
-  virtual void keep_only(int begin, int end) {}
+  virtual void keep_only(int /*begin*/, int /*end*/) {}
   /// The forward seconds of each piece on `images`, as forward_partition runs them (no
   /// gradients, its precision), ordered as train::piece_seconds orders them: the embedding,
   /// each block, the head. Throws Error for a model that cannot be split.

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "distributed/job.hpp"
 #include "graph/error.hpp"
@@ -49,30 +50,25 @@ std::vector<int> measured_teacher_splits(const TeacherInferOptions& options,
   }
   return it->second;
 }
-}  // namespace
 
-TeacherInferStage::TeacherInferStage(const Options& options, int partition)
-    : model_(InferenceModel::load_required(options.inference.model, options.inference.precision())),
-      model_path_(options.inference.model),
-      precision_(options.inference.precision()),
-      intraop_threads_(options.inference.intraop_threads),
-      partitions_(options.partitions),
-      end_(model_->blocks()) {
-  const int k = options.ranks_per_shard;
-  skip_ = k > 1 && shard_group(job_placement_from_env(), k).member != k - 1;
-  if (partition >= partitions_) {
+// The blocks partition `partition` of the teacher `model` runs: all of them without partitions.
+std::pair<int, int> chunk_of(const TeacherInferOptions& options,
+                             int partition,
+                             InferenceModel& model) {
+  const int partitions = options.partitions;
+  if (partition >= partitions) {
     throw Error("param 'partition' (" + std::to_string(partition) + ") must be below partitions (" +
-                std::to_string(partitions_) + ")");
+                std::to_string(partitions) + ")");
   }
-  if (partitions_ == 1) {
+  if (partitions == 1) {
     if (!options.partition_splits.empty()) {
       throw Error("param 'partition_splits' needs partitions > 1");
     }
-    return;
+    return {0, model.blocks()};
   }
-  if (model_->blocks() == 0) {
-    throw Error("param 'partitions' (" + std::to_string(partitions_) + "): " + model_path_ +
-                " is a " + model_->description() +
+  if (model.blocks() == 0) {
+    throw Error("param 'partitions' (" + std::to_string(partitions) +
+                "): " + options.inference.model + " is a " + model.description() +
                 ", which cannot be split (a flowtrain checkpoint can)");
   }
   std::vector<int> splits = split_points_param(options.partition_splits);
@@ -83,17 +79,29 @@ TeacherInferStage::TeacherInferStage(const Options& options, int partition)
         "split: give one of them");
   }
   if (splits.empty()) {
-    splits = measured ? measured_teacher_splits(options, *model_)
-                      : balanced_splits(model_->blocks(), partitions_);
+    splits = measured ? measured_teacher_splits(options, model)
+                      : balanced_splits(model.blocks(), partitions);
   }
-  if (static_cast<int>(splits.size()) + 1 != partitions_) {
+  if (static_cast<int>(splits.size()) + 1 != partitions) {
     throw Error("param 'partition_splits' gives " + std::to_string(splits.size() + 1) +
-                " chunks for " + std::to_string(partitions_) + " partitions");
+                " chunks for " + std::to_string(partitions) + " partitions");
   }
-  const std::vector<int> bounds = chunk_bounds(model_->blocks(), splits);
-  begin_ = bounds[static_cast<std::size_t>(partition)];
-  end_ = bounds[static_cast<std::size_t>(partition) + 1];
-  model_->keep_only(begin_, end_);
+  const std::vector<int> bounds = chunk_bounds(model.blocks(), splits);
+  const auto p = static_cast<std::size_t>(partition);
+  return {bounds[p], bounds[p + 1]};
+}
+}  // namespace
+
+TeacherInferStage::TeacherInferStage(const Options& options, int partition)
+    : model_(InferenceModel::load_required(options.inference.model, options.inference.precision())),
+      model_path_(options.inference.model),
+      precision_(options.inference.precision()),
+      intraop_threads_(options.inference.intraop_threads),
+      partitions_(options.partitions) {
+  const int k = options.ranks_per_shard;
+  skip_ = k > 1 && shard_group(job_placement_from_env(), k).member != k - 1;
+  std::tie(begin_, end_) = chunk_of(options, partition, *model_);
+  if (partitions_ > 1) model_->keep_only(begin_, end_);
 }
 
 TeacherInferStage::~TeacherInferStage() = default;
