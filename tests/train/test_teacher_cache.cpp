@@ -61,7 +61,7 @@ class ViewBatches final : public Source<data::Batch> {
   int number_ = 0;
 };
 
-void write_teacher(const std::string& path, std::uint64_t seed, std::int64_t depth = 1) {
+void write_teacher(const std::string& path, std::uint64_t seed, int depth = 1) {
   torch::manual_seed(seed);
   ViT teacher(ModelConfig{.image_size = 32,
                           .patch_size = 8,
