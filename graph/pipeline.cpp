@@ -1190,6 +1190,7 @@ class Pipeline::Runtime {
       s.threads_per_invocation = nodes_[i].stage->threads_per_invocation();
       s.intra_op_parallel = nodes_[i].stage->intra_op_parallel();
       s.results = nodes_[i].stage->results();
+      s.waiting = nodes_[i].stage->waiting();
       s.timeline = nodes_[i].stage->timeline();
       const double start_s = std::chrono::duration<double>(start_.time_since_epoch()).count();
       for (TimelineSpan& span : s.timeline) {

@@ -61,6 +61,15 @@ std::string RunReport::verdict() const {
   }
   std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
                      " of its " + workers_text(s);
+  if (s.waiting.seconds > 0.5 * s.busy_s) {
+    // Not work: the items after it hold what it needs to go on.
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", s.waiting.value);
+    return line + ", but " + percent(s.waiting.seconds / s.busy_s) + " of that waiting for " +
+           s.waiting.what + ", which the items after it hold: raise " + key_prefix + "stages." +
+           s.name + ".params." + s.waiting.param + " (now " + value +
+           "), or lower the queue capacities after it";
+  }
   // Name the costliest stage downstream, which waits on it, to show what the bottleneck costs.
   const StageReport* waiter = nullptr;
   for (std::size_t i = *b + 1; i < stages.size(); ++i) {

@@ -76,6 +76,7 @@ struct StageReport {
   std::vector<QueueSample> queue_series;  // occupancy over time, at most ~1000 points
 
   std::vector<StageResult> results;  // what the stage reported (loss, accuracy...)
+  StageWait waiting;                 // what it waited for inside busy_s (Stage::waiting)
   std::vector<TimelineSpan> timeline;  // what it timed inside its items (Stage::timeline)
 
   static constexpr std::size_t kMaxDropRecords = 100;

@@ -76,6 +76,14 @@ void emit_stage(YAML::Emitter& out, const StageReport& s) {
   key("starved_fraction") << number(s.starved_fraction);
   key("blocked_fraction") << number(s.blocked_fraction);
   key("peak_active") << s.peak_active;
+  if (s.waiting.seconds > 0) {
+    key("waiting") << YAML::Flow << YAML::BeginMap;
+    key("seconds") << number(s.waiting.seconds);
+    key("what") << s.waiting.what;
+    key("param") << s.waiting.param;
+    key("value") << number(s.waiting.value);
+    out << YAML::EndMap;
+  }
   key("queue_mean") << number(s.queue_mean);
   key("queue_max") << number(s.queue_max);
   std::vector<double> times, occupancy;
@@ -244,6 +252,13 @@ StageReport read_stage(const Reader& in, const YAML::Node& map, const std::strin
   in.field(map, "starved_fraction", s.starved_fraction, path);
   in.field(map, "blocked_fraction", s.blocked_fraction, path);
   in.field(map, "peak_active", s.peak_active, path);
+  if (const YAML::Node waiting = map["waiting"]) {
+    const std::string at = path + "waiting.";
+    in.field(waiting, "seconds", s.waiting.seconds, at);
+    in.field(waiting, "what", s.waiting.what, at);
+    in.field(waiting, "param", s.waiting.param, at);
+    in.field(waiting, "value", s.waiting.value, at);
+  }
   in.field(map, "queue_mean", s.queue_mean, path);
   in.field(map, "queue_max", s.queue_max, path);
   const YAML::Node series = in.map_at(map, "queue_series", path);

@@ -103,6 +103,16 @@ struct StageResult {
   double value = 0;
 };
 
+/// Time a stage's invocations spent waiting, not working, for a bounded resource of its own
+/// that items further on hold (a batcher's pool of batch buffers), and the param that sets how
+/// much of it there is. The verdict tells such a wait apart from work.
+struct StageWait {
+  double seconds = 0;  // summed over invocations
+  std::string what;    // "a free batch buffer"
+  std::string param;   // "pool_size"
+  double value = 0;    // the param's value
+};
+
 /// Work a stage timed inside one of its items, on a track of its own: a pipeline partition's
 /// forward of one micro-batch, say. The Chrome trace draws every span, the report a chart of
 /// the last item's.
@@ -154,6 +164,8 @@ class Stage {
 
   /// What the stage reports after the run, in display order (printed under the stage table).
   virtual std::vector<StageResult> results() const { return {}; }
+  /// What its invocations waited for, after the run (StageWait); nothing by default.
+  virtual StageWait waiting() const { return {}; }
   /// A few numbers shown on the live progress line while the run lasts (step, epoch, loss...).
   /// Called from the pipeline's sampler thread while the stage runs: must be thread-safe.
   virtual std::vector<StageResult> live_results() const { return {}; }

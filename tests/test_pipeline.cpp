@@ -320,6 +320,47 @@ TEST_CASE("Pipeline.Metrics.BottleneckVerdictNamesTheSlowStage" * doctest::timeo
   CHECK(single.verdict().find("; raise stages.slow.concurrency (now 1)") != std::string::npos);
 }
 
+namespace {
+// A map whose time goes to waiting for a resource of its own (as a batcher waits for a free
+// buffer that the items after it hold), which it reports.
+class WaitingMap final : public Map<std::uint64_t, std::uint64_t> {
+ public:
+  StageWait waiting() const override {
+    return {static_cast<double>(items_.load()) * 500e-6, "a free widget", "widgets", 2};
+  }
+
+ protected:
+  std::optional<std::uint64_t> process(std::uint64_t&& v, ItemContext&) override {
+    sleep_us(500);
+    items_.fetch_add(1);
+    return v;
+  }
+
+ private:
+  std::atomic<std::uint64_t> items_{0};
+};
+}  // namespace
+
+// Time a stage spends waiting for its own resource is not work: the verdict says what to raise.
+TEST_CASE("Pipeline.Metrics.VerdictTellsWaitingFromWork" * doctest::timeout(60)) {
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(300));
+  p.add("batcher", std::make_unique<WaitingMap>());
+  p.add("sink", null_sink());
+  const RunReport r = p.run({.threads = 2, .key_prefix = "phases.main."});
+  REQUIRE(r.bottleneck().has_value());
+  CHECK(r.stages[1].waiting.seconds == doctest::Approx(0.15));
+  const std::string verdict = r.verdict();
+  CHECK(verdict.rfind("'batcher' is the bottleneck: busy ", 0) == 0);
+  CHECK(verdict.find("of that waiting for a free widget, which the items after it hold: raise "
+                     "phases.main.stages.batcher.params.widgets (now 2), or lower the queue "
+                     "capacities after it") != std::string::npos);
+  // Waiting that is a small share of the busy time leaves the usual advice.
+  RunReport working = r;
+  working.stages[1].waiting.seconds = 0.2 * working.stages[1].busy_s;
+  CHECK(working.verdict().find("waiting for") == std::string::npos);
+}
+
 TEST_CASE("Pipeline.Trace.WritesChromeTraceEvents" * doctest::timeout(60)) {
   const std::string path = "pipeline_test.trace.json";
   Pipeline p;

@@ -51,6 +51,7 @@ RunReport full_report() {
   r.stopped = true;
   r.stages[0].busy_fraction = std::numeric_limits<double>::infinity();  // survives as .inf
   r.stages[1].kind = StageShape::Kind::kJoin;  // a graph's kinds read back, not only a chain's
+  r.stages[1].waiting = {0.125, "a free \"widget\"", "pool_size", 3};
   r.autotune = AutotuneReport{{{"start", "2 graph threads; filter x2", 412.5, true},
                                 {"'filter' concurrency 2 -> 3, graph threads 2 -> 3",
                                  "3 graph threads; filter x3", 398.25, false}},
@@ -105,6 +106,10 @@ void check_same(const RunReport& a, const RunReport& b) {
     CHECK(x.starved_fraction == y.starved_fraction);
     CHECK(x.blocked_fraction == y.blocked_fraction);
     CHECK(x.peak_active == y.peak_active);
+    CHECK(x.waiting.seconds == y.waiting.seconds);
+    CHECK(x.waiting.what == y.waiting.what);
+    CHECK(x.waiting.param == y.waiting.param);
+    CHECK(x.waiting.value == y.waiting.value);
     CHECK(x.queue_mean == y.queue_mean);
     CHECK(x.queue_max == y.queue_max);
     REQUIRE(x.queue_series.size() == y.queue_series.size());

@@ -54,7 +54,12 @@ std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,
     std::unique_lock lock(mutex_);
     if (free_.empty() && stats_.allocated >= capacity_) {
       const auto timeout = std::chrono::duration<double>(timeout_s);
-      if (!freed_.wait_for(lock, timeout, [this] { return !free_.empty(); })) {
+      const auto begin = std::chrono::steady_clock::now();
+      const bool freed = freed_.wait_for(lock, timeout, [this] { return !free_.empty(); });
+      ++stats_.waits;
+      stats_.wait_s +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      if (!freed) {
         throw Error("all " + std::to_string(capacity_) + " batch buffers stayed in use for " +
                     std::to_string(static_cast<int>(timeout_s)) +
                     " s; a later stage keeps batches, or pool_size is below the batches in flight "
@@ -90,6 +95,10 @@ void BatchPool::release(Buffers* buffers) {
     --in_use_;
   }
   freed_.notify_one();
+}
+
+StageWait BatchPool::waiting() const {
+  return {stats().wait_s, "a free batch buffer", "pool_size", static_cast<double>(capacity_)};
 }
 
 BatchPool::Stats BatchPool::stats() const {

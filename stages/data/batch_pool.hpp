@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "graph/options.hpp"
+#include "graph/stage.hpp"
 #include "stages/data/batch.hpp"
 
 namespace flowtrain::data {
@@ -44,6 +45,8 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   struct Stats {
     std::size_t allocated = 0;  // buffers made so far
     std::size_t peak_in_use = 0;
+    std::size_t waits = 0;  // acquires that found every buffer leased
+    double wait_s = 0;      // how long they waited, summed
   };
 
   /// `device`: where the batches go, "cpu" or "cuda[:N]"; the buffers are then pinned host
@@ -61,6 +64,8 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
                                    std::int64_t targets,
                                    double timeout_s);
   Stats stats() const;
+  /// What the stage filling the pool waited for (Stage::waiting): free buffers, `pool_size`.
+  StageWait waiting() const;
 
  private:
   BatchPool(std::size_t capacity, std::string device);

@@ -44,6 +44,8 @@ class CollateStage final : public FlatMap<Sample, Batch> {
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t> samples) override;
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
+  /// Waits for a free batch buffer (BatchPool::waiting).
+  StageWait waiting() const override { return pool_->waiting(); }
 
  protected:
   void process(Sample&& sample, Emitter<Batch>& out) override;

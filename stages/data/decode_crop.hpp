@@ -67,6 +67,8 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   std::vector<StageResult> results() const override { return policy_.results(); }
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
+  /// Waits for a free batch buffer (BatchPool::waiting).
+  StageWait waiting() const override { return pool_->waiting(); }
 
  protected:
   std::optional<BatchRow> process(Sample&& sample, ItemContext& ctx) override;

@@ -275,6 +275,13 @@ TEST_CASE("Data.Collate.InFlightBatchesNeverExceedThePool" * doctest::timeout(12
   CHECK(r.stages[3].items_in == 20);
   CHECK(stage.pool_stats().allocated == 2);
   CHECK(stage.pool_stats().peak_in_use <= 2);
+  // Its waits for a buffer are reported as such, naming the param that adds buffers.
+  CHECK(stage.pool_stats().waits > 0);
+  CHECK(r.stages[2].waiting.seconds == doctest::Approx(stage.pool_stats().wait_s));
+  CHECK(r.stages[2].waiting.seconds > 0);
+  CHECK(r.stages[2].waiting.what == "a free batch buffer");
+  CHECK(r.stages[2].waiting.param == "pool_size");
+  CHECK(r.stages[2].waiting.value == 2);
 }
 
 TEST_CASE("Data.Collate.RejectsCudaWithoutCuda") {
