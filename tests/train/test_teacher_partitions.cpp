@@ -45,6 +45,12 @@ ModelConfig partitioned_resnet() {
                      .stage_blocks = {2, 2}};
 }
 
+// A model of `config`, initialised from seed 1, saved as a checkpoint at `path`.
+void save_teacher(const std::string& path, const ModelConfig& config) {
+  torch::manual_seed(1);
+  save_checkpoint(path, make_model(config), nullptr, {});
+}
+
 // The outputs of the model in `path` run as a chain of partitions split at `splits`, each
 // loaded on its own and keeping only its chunk's weights, as partition nodes do.
 ModelOutput chained(const std::string& path,
@@ -72,9 +78,8 @@ TEST_CASE("Train.TeacherPartitions.ChainGivesTheWholeForwardBitForBit" * doctest
   torch::manual_seed(3);
   const torch::Tensor images = torch::rand({6, 3, 32, 32});
   for (const ModelConfig& config : {partitioned_vit(), partitioned_resnet()}) {
-    torch::manual_seed(1);
     const std::string path = dir / (config.arch + ".pt");
-    save_checkpoint(path, make_model(config), nullptr, {});
+    save_teacher(path, config);
     for (const auto precision :
          {InferenceModel::Precision::kFloat32, InferenceModel::Precision::kBFloat16}) {
       const std::unique_ptr<InferenceModel> model = InferenceModel::load(path, precision);
@@ -113,11 +118,10 @@ TEST_CASE("Train.TeacherPartitions.ChainGivesTheWholeForwardBitForBit" * doctest
 // bit for bit; each node reports its blocks and the activation it hands on.
 TEST_CASE("Train.TeacherPartitions.NodesDistillAsTheWholeTeacherDoes" * doctest::timeout(300)) {
   TempDir dir;
-  torch::manual_seed(1);
   ModelConfig teacher = partitioned_vit();
   teacher.regression_outputs = 0;
   teacher.distillation_token = false;
-  save_checkpoint(dir / "teacher.pt", make_model(teacher), nullptr, {});
+  save_teacher(dir / "teacher.pt", teacher);
   const auto config = [&](const std::string& partitions, const std::string& out) {
     return "threads: 2\nstages:\n" + data_stages("train", 2, true) +
            "  - {type: teacher_infer, name: teacher, queue_capacity: 2, params: {model: " +
@@ -173,8 +177,7 @@ TEST_CASE("Train.TeacherPartitions.NodesDistillAsTheWholeTeacherDoes" * doctest:
 
 TEST_CASE("Train.TeacherPartitions.ProblemsAreNamed" * doctest::timeout(120)) {
   TempDir dir;
-  torch::manual_seed(1);
-  save_checkpoint(dir / "teacher.pt", make_model(partitioned_vit()), nullptr, {});
+  save_teacher(dir / "teacher.pt", partitioned_vit());
   export_torchscript(make_model(partitioned_vit()), dir / "scripted.pt");
   const auto made = [&](const std::string& model, int partitions, std::vector<double> splits) {
     return std::make_unique<TeacherInferStage>(
@@ -202,11 +205,10 @@ TEST_CASE("Train.TeacherPartitions.ProblemsAreNamed" * doctest::timeout(120)) {
 // outputs stay the whole teacher's.
 TEST_CASE("Train.TeacherPartitions.MeasuredBalanceFollowsAnExpensiveHead" * doctest::timeout(120)) {
   TempDir dir;
-  torch::manual_seed(1);
   ModelConfig config = partitioned_vit();
   config.classes = 50000;
   config.distillation_token = false;
-  save_checkpoint(dir / "teacher.pt", make_model(config), nullptr, {});
+  save_teacher(dir / "teacher.pt", config);
   const TeacherInferOptions options{
       .inference = {.model = dir / "teacher.pt"}, .partitions = 2, .partition_balance = "measured"};
   Pipeline p;
