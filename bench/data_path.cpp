@@ -8,12 +8,16 @@
 //                  whole-image decode only, at the DCT scale that keeps the short side >= size
 //   full           csv_manifest -> decode_crop -> assemble_batch -> discard
 //                  the default path: crop-only decode, view, normalised into pooled batches
+//   full_every_view  the same, every view decoding its file to the end (check_whole_file:
+//                  every_view; the default, once, checks each file whole on its first view only,
+//                  and so gains from the second epoch on)
 //   full_no_roi    the same with decode_crop's roi: false (whole-image decode, then crop)
 //   v1             csv_manifest -> jpeg_decode (min_side = size) -> augment -> collate -> discard
 //                  the path before decode_crop
 //
 // --breakdown adds where the time of one image goes, on one thread, with the files already in
-// memory: whole-image decode (as decode_whole), crop decode of the training views, the floor of
+// memory: whole-image decode (as decode_whole), crop decode of the training views (reading the
+// file to its end, and stopping below the crop as a file's later views do), the floor of
 // any decode that reads all of the entropy-coded data (a 1-pixel crop), rendering the view
 // (resize, flip, jitter) and normalising it into floats, and the last two fused as decode_crop
 // runs them (render_view_normalized).
@@ -60,15 +64,17 @@ std::vector<Case> cases(int size, int concurrency) {
   const std::string s = std::to_string(size);
   const std::string decode = "  - {type: jpeg_decode, concurrency: " + n +
                              ", queue_capacity: 16, params: {min_side: " + s + "}}\n";
-  const auto crop = [&](const char* roi) {
+  const auto crop = [&](const char* roi, const char* check = "once") {
     return "  - {type: decode_crop, concurrency: " + n +
            ", queue_capacity: 16, params: {size: " + s +
-           ", batch_size: 64, pool_size: 6, roi: " + roi + ", " + jitter() + "}}\n" +
+           ", batch_size: 64, pool_size: 6, roi: " + roi + ", check_whole_file: " + check +
+           ", " + jitter() + "}}\n" +
            "  - {type: assemble_batch, queue_capacity: 128, params: {batch_size: 64}}\n";
   };
   return {
       {"decode_whole", decode},
       {"full", crop("true")},
+      {"full_every_view", crop("true", "every_view")},
       {"full_no_roi", crop("false")},
       {"v1", decode + "  - {type: augment, concurrency: " + n +
                  ", queue_capacity: 16, params: {size: " + s + ", " + jitter() + "}}\n" +
@@ -114,9 +120,13 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
   Image decoded, view;
   std::vector<float> row(3 * static_cast<std::size_t>(size) * static_cast<std::size_t>(size));
   std::map<std::string, std::vector<double>> us;
-  const std::vector<std::string> steps = {"whole decode (DCT rule)", "crop decode",
-                                          "entropy floor (1-pixel crop)", "render view",
-                                          "normalise", "render view + normalise, fused"};
+  const std::vector<std::string> steps = {"whole decode (DCT rule)",
+                                          "crop decode",
+                                          "crop decode, stopping below the crop",
+                                          "entropy floor (1-pixel crop)",
+                                          "render view",
+                                          "normalise",
+                                          "render view + normalise, fused"};
   for (int r = 0; r <= reps; ++r) {  // the first pass warms up
     std::map<std::string, double> total;
     for (std::size_t i = 0; i < files.size(); ++i) {
@@ -130,7 +140,7 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
       time(steps[0], [&] { flowtrain::data::decode_image(files[i], {size}, decoded); });
       flowtrain::data::PixelRect crop;
       flowtrain::data::AugmentParams params;
-      time(steps[2], [&] {
+      time(steps[3], [&] {
         if (decoder.read_header(files[i], 100'000'000)) decoder.decode(dot, size, decoded, crop);
       });
       time(steps[1], [&] {
@@ -139,12 +149,18 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
           decoder.decode(params, size, decoded, crop);
         }
       });
-      time(steps[3], [&] {
+      time(steps[2], [&] {
+        if (decoder.read_header(files[i], 100'000'000)) {
+          decoder.decode(params, size, decoded, crop,
+                         flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
+        }
+      });
+      time(steps[4], [&] {
         flowtrain::data::render_view(decoded, crop, params, size, view,
                                      flowtrain::data::Resample::kAreaFrom2x);
       });
-      time(steps[4], [&] { normalize(view, row.data()); });
-      time(steps[5], [&] {
+      time(steps[5], [&] { normalize(view, row.data()); });
+      time(steps[6], [&] {
         flowtrain::data::render_view_normalized(decoded, crop, params, size,
                                                 flowtrain::data::Resample::kAreaFrom2x, normalize,
                                                 view, row.data());

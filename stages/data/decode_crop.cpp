@@ -5,10 +5,10 @@
 
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
-#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
 #include "stages/data/render_normalized.hpp"
+#include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
 
@@ -50,7 +50,8 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
                          "normalize", to_params(options.normalize))),
       batch_size_(options.batch_size),
       wait_timeout_s_(options.pool.wait_timeout_s),
-      pool_(BatchPool::create(options.pool)) {
+      pool_(BatchPool::create(options.pool)),
+      check_once_(options.check_whole_file == "once") {
   keep_opencv_on_caller_thread();
   open_.reserve(kOpenBatches);
 }
@@ -71,7 +72,15 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
     bool cropped = false;
     if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
       s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
-      cropped = scratch.decoder.decode(s.augment, size_, scratch.decoded, scratch.crop);
+      const std::uint64_t file = hash_bytes(
+          {reinterpret_cast<const std::uint8_t*>(s.path.data()), s.path.size()}, bytes.size());
+      const JpegCropDecoder::ReadTo reach = read_to(file);
+      cropped = scratch.decoder.decode(s.augment, size_, scratch.decoded, scratch.crop, reach);
+      if (cropped && reach == JpegCropDecoder::ReadTo::kImageEnd && check_once_) {
+        checked_files_.insert(file);
+      } else if (cropped && reach == JpegCropDecoder::ReadTo::kCropEnd) {
+        stopped_below_crop_.fetch_add(1, std::memory_order_relaxed);
+      }
       scratch.resample = Resample::kAreaFrom2x;
     }
     if (error.empty() && !cropped) {
@@ -109,6 +118,18 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   row.view = {sample.index, sample.epoch, sample.augment, recipe_};
   row.path = std::move(sample.path);
   return row;
+}
+
+JpegCropDecoder::ReadTo DecodeCropStage::read_to(std::uint64_t file) const {
+  return check_once_ && checked_files_.count(file) > 0 ? JpegCropDecoder::ReadTo::kCropEnd
+                                                      : JpegCropDecoder::ReadTo::kImageEnd;
+}
+
+std::vector<StageResult> DecodeCropStage::results() const {
+  std::vector<StageResult> out = policy_.results();
+  out.push_back({"stopped_below_crop",
+                 static_cast<double>(stopped_below_crop_.load(std::memory_order_relaxed))});
+  return out;
 }
 
 std::shared_ptr<BatchBuffers> DecodeCropStage::buffers_for(std::uint64_t batch,

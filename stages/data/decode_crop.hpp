@@ -1,9 +1,13 @@
 #pragma once
 
+#include <oneapi/tbb/concurrent_unordered_set.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -12,6 +16,7 @@
 #include "stages/data/bad_sample_policy.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/batch_pool.hpp"
+#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/normalizer.hpp"
 #include "stages/data/sample.hpp"
@@ -22,6 +27,7 @@ namespace flowtrain::data {
 struct DecodeCropOptions {
   std::int64_t batch_size = 64;
   bool roi = true;
+  std::string check_whole_file = "once";
   AugmentOptions augment;
   SampleDecodeOptions decode;
   NormalizeOptions normalize;
@@ -33,6 +39,12 @@ struct DecodeCropOptions {
     d(roi, "roi",
       "decode only the crop's part of a JPEG, at the smallest DCT scale that keeps its shorter "
       "side >= size; false: decode whole images (for comparison)");
+    d(check_whole_file, "check_whole_file",
+      "roi: once: the first view of each file (by path and size) decodes it to the end, so "
+      "damage anywhere in it is found and the file skipped in every epoch, and its later views "
+      "stop below their crop (the same pixels, less entropy decoding); every_view: every view "
+      "decodes to the end",
+      {.choices = {"once", "every_view"}});
     augment.declare(d);
     decode.declare(d);
     normalize.declare(d);
@@ -56,6 +68,11 @@ struct DecodeCropOptions {
 ///
 /// The view is drawn with the aspect ratio of the full-size image, as `augment` does after a
 /// full-size decode.
+///
+/// Damage below a view's crop leaves its pixels alone, but the file is still bad: the first
+/// view of each file reads its entropy data to the end (check_whole_file: once), and a file
+/// found whole is remembered, so its later views stop after their crop's last row. A damaged
+/// file is never remembered: each of its views reads to the end and is dropped, as before.
 class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
   using Options = DecodeCropOptions;
@@ -63,8 +80,9 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   /// a job.
   explicit DecodeCropStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
-  /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace).
-  std::vector<StageResult> results() const override { return policy_.results(); }
+  /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace);
+  /// "stopped_below_crop": views decoded only to their crop's last row (a file checked whole).
+  std::vector<StageResult> results() const override;
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
   /// Waits for a free batch buffer (BatchPool::waiting).
@@ -77,6 +95,9 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   /// The buffers of batch `batch`, leased from the pool by its first row to arrive.
   std::shared_ptr<BatchBuffers> buffers_for(std::uint64_t batch, const Sample& sample);
 
+  /// How far this view's decode reads: to the image's end unless its file was checked whole.
+  JpegCropDecoder::ReadTo read_to(std::uint64_t file) const;
+
   DecodeOptions decode_;
   BadSamplePolicy policy_;
   AugmentPolicy augment_;
@@ -87,6 +108,10 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   std::int64_t batch_size_;
   double wait_timeout_s_;
   std::shared_ptr<BatchPool> pool_;
+  bool check_once_;
+  /// Files (hash of path and byte count) a view decoded to the end without a problem.
+  tbb::concurrent_unordered_set<std::uint64_t> checked_files_;
+  std::atomic<std::uint64_t> stopped_below_crop_{0};
 
   std::mutex open_mutex_;
   /// Batches being filled: their number and buffers, held weakly (their rows hold them).

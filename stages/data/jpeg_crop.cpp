@@ -91,7 +91,8 @@ bool JpegCropDecoder::read_header(std::span<const std::uint8_t> bytes, std::int6
 bool JpegCropDecoder::decode(const AugmentParams& view,
                              int min_side,
                              Image& strip,
-                             PixelRect& crop) {
+                             PixelRect& crop,
+                             ReadTo read_to) {
   State& s = *state_;
   if (!s.active) return false;
   jpeg_decompress_struct& cinfo = s.cinfo;
@@ -123,17 +124,21 @@ bool JpegCropDecoder::decode(const AugmentParams& view,
     JSAMPROW target = strip.pixels.data() + std::size_t{w} * 3 * static_cast<std::size_t>(row);
     row += static_cast<int>(jpeg_read_scanlines(&cinfo, &target, 1));
   }
-  // The rows below the crop: skipped (entropy-decoded only) up to the last, which is read, since
-  // skipping to the very end would mark the image finished without decoding its data.
-  const int below = out_h - crop.y - crop.height;
-  if (below > 1) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(below - 1));
-  if (below > 0) {
-    s.last_row.resize(std::size_t{w} * 3);
-    JSAMPROW target = s.last_row.data();
-    while (cinfo.output_scanline < cinfo.output_height) jpeg_read_scanlines(&cinfo, &target, 1);
+  if (read_to == ReadTo::kCropEnd) {
+    s.abort();  // the rows below the crop stay unread
+  } else {
+    // The rows below the crop: skipped (entropy-decoded only) up to the last, which is read,
+    // since skipping to the very end would mark the image finished without decoding its data.
+    const int below = out_h - crop.y - crop.height;
+    if (below > 1) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(below - 1));
+    if (below > 0) {
+      s.last_row.resize(std::size_t{w} * 3);
+      JSAMPROW target = s.last_row.data();
+      while (cinfo.output_scanline < cinfo.output_height) jpeg_read_scanlines(&cinfo, &target, 1);
+    }
+    jpeg_finish_decompress(&cinfo);  // reads up to the end marker: trailing garbage warns
+    s.active = false;
   }
-  jpeg_finish_decompress(&cinfo);  // reads up to the end marker: trailing garbage warns
-  s.active = false;
   crop.x -= static_cast<int>(x);
   crop.y = 0;
   return true;

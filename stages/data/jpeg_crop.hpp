@@ -16,9 +16,10 @@ namespace flowtrain::data {
 /// keeps the MCU columns that hold the crop (no IDCT, upsampling or colour conversion for the
 /// others), and `jpeg_skip_scanlines` passes over the rows above and below it. (libjpeg-turbo
 /// also scales by any M/8, but its IDCTs for other M are plain C: measured slower overall, and
-/// further from the whole-image path's pixels.) Entropy data is still decoded to the end of the
-/// image, so corrupt or truncated data outside the crop is noticed as it is by a whole-image
-/// decode.
+/// further from the whole-image path's pixels.) With `ReadTo::kImageEnd` entropy data is still
+/// decoded to the end of the image, so corrupt or truncated data outside the crop is noticed as
+/// it is by a whole-image decode; with `ReadTo::kCropEnd` the decode stops after the crop's
+/// last row (the same pixels; the rest of the file unread, so unchecked).
 ///
 /// The decoder is strict and handles only the common case: baseline or progressive JPEGs in
 /// YCbCr or grayscale, without any libjpeg warning. For anything else (another format, CMYK,
@@ -47,10 +48,18 @@ class JpegCropDecoder {
   int height() const;
   double aspect() const { return static_cast<double>(width()) / height(); }
 
+  /// How far a decode reads the entropy-coded data: to the end of the image (damage anywhere
+  /// refuses it), or only to the crop's last row (the rows below are neither decoded nor checked).
+  enum class ReadTo { kImageEnd, kCropEnd };
+
   /// Decodes the rows of the crop of `view` and the MCU columns around it into `strip` (RGB,
   /// HWC), and sets `crop` to the crop's rectangle inside `strip`: `crop_rect(view, w, h)` for
   /// the image scaled by 1 / scale_denom(). False on any problem (then use decode_image).
-  bool decode(const AugmentParams& view, int min_side, Image& strip, PixelRect& crop);
+  bool decode(const AugmentParams& view,
+              int min_side,
+              Image& strip,
+              PixelRect& crop,
+              ReadTo read_to = ReadTo::kImageEnd);
 
   /// The DCT scale denominator of the last decode: 1, 2, 4 or 8.
   int scale_denom() const { return scale_denom_; }

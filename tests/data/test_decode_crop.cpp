@@ -54,11 +54,15 @@ Image old_view(const Bytes& bytes, const AugmentParams& view, int size) {
 }
 
 /// The view through the crop decoder, as decode_crop renders it; empty if the decoder refused.
-Image crop_view(const Bytes& bytes, const AugmentParams& view, int size) {
+Image crop_view(const Bytes& bytes,
+                const AugmentParams& view,
+                int size,
+                JpegCropDecoder::ReadTo read_to = JpegCropDecoder::ReadTo::kImageEnd) {
   JpegCropDecoder decoder;
   Image strip, out;
   PixelRect crop;
-  if (!decoder.read_header(bytes, 100'000'000) || !decoder.decode(view, size, strip, crop)) {
+  if (!decoder.read_header(bytes, 100'000'000) ||
+      !decoder.decode(view, size, strip, crop, read_to)) {
     return out;
   }
   render_view(strip, crop, view, size, out, Resample::kAreaFrom2x);
@@ -97,25 +101,29 @@ AugmentParams region(float x, float y, float w, float h) {
   return p;
 }
 
-/// Emits samples with their bytes in memory; those listed in `missing` have neither bytes nor a
-/// file (decode_crop drops them: "cannot read file").
+/// Emits samples with their bytes in memory, `epochs` times over in the same order; those
+/// listed in `missing` have neither bytes nor a file (decode_crop drops them: "cannot read
+/// file").
 class BytesSource final : public Source<Sample> {
  public:
-  BytesSource(std::vector<Bytes> images, std::vector<std::uint64_t> missing)
-      : images_(std::move(images)), missing_(std::move(missing)) {}
+  BytesSource(std::vector<Bytes> images, std::vector<std::uint64_t> missing, std::size_t epochs = 1)
+      : images_(std::move(images)), missing_(std::move(missing)), epochs_(epochs) {}
 
  protected:
   std::optional<Sample> next() override {
-    if (i_ == images_.size()) return std::nullopt;
+    if (i_ == images_.size() * epochs_) return std::nullopt;
+    const std::size_t index = i_ % images_.size();
     Sample s;
-    s.index = s.position = i_;
-    s.label = static_cast<std::int64_t>(i_);
-    s.targets = {static_cast<float>(i_) * 2};
-    s.path = "img" + std::to_string(i_);
-    if (std::find(missing_.begin(), missing_.end(), i_) != missing_.end()) {
-      s.path = "/nonexistent/flowtrain/img" + std::to_string(i_) + ".jpg";
+    s.index = index;
+    s.epoch = static_cast<std::uint32_t>(i_ / images_.size());
+    s.position = i_;
+    s.label = static_cast<std::int64_t>(index);
+    s.targets = {static_cast<float>(index) * 2};
+    s.path = "img" + std::to_string(index);
+    if (std::find(missing_.begin(), missing_.end(), index) != missing_.end()) {
+      s.path = "/nonexistent/flowtrain/img" + std::to_string(index) + ".jpg";
     } else {
-      s.encoded = EncodedBytes::own(images_[i_]);
+      s.encoded = EncodedBytes::own(images_[index]);
     }
     ++i_;
     return s;
@@ -124,8 +132,17 @@ class BytesSource final : public Source<Sample> {
  private:
   std::vector<Bytes> images_;
   std::vector<std::uint64_t> missing_;
+  std::size_t epochs_;
   std::size_t i_ = 0;
 };
+
+double result_of(const StageReport& stage, const std::string& name) {
+  for (const StageResult& r : stage.results) {
+    if (r.name == name) return r.value;
+  }
+  FAIL("no result " << name << " from stage " << stage.name);
+  return 0;
+}
 
 struct Batches {
   std::vector<at::Tensor> images, labels, targets;
@@ -271,6 +288,76 @@ TEST_CASE("Data.JpegCrop.BadDataInsideOrOutsideTheCropIsRefused") {
   }
   // A refusal leaves the decoder usable for the next image.
   CHECK(!crop_view(good, top_left, 32).empty());
+}
+
+TEST_CASE("Data.JpegCrop.StoppingAtTheCropsEndGivesTheSamePixelsAndReadsNoFurther") {
+  using ReadTo = JpegCropDecoder::ReadTo;
+  const Bytes good = photo(320, 240, 3);
+  const AugmentParams top = region(0.1f, 0, 0.5f, 0.3f);
+  const AugmentParams bottom = region(0.4f, 0.7f, 0.5f, 0.3f);
+  for (const AugmentParams& view : {top, bottom}) {
+    const Image whole_read = crop_view(good, view, 48, ReadTo::kImageEnd);
+    const Image crop_read = crop_view(good, view, 48, ReadTo::kCropEnd);
+    REQUIRE(!whole_read.empty());
+    CHECK(crop_read.pixels == whole_read.pixels);
+  }
+  // Damage in the last tenth of the scan: below `top`'s crop, inside `bottom`'s.
+  const std::map<std::string, Bytes> damaged = {
+      {"truncated", Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(
+                                                           good.size() * 9 / 10))},
+      {"marker near the bottom", with_marker_in_scan(good, 0.9)}};
+  for (const auto& [what, bytes] : damaged) {
+    CAPTURE(what);
+    CHECK(crop_view(bytes, top, 48, ReadTo::kImageEnd).empty());
+    CHECK(crop_view(bytes, top, 48, ReadTo::kCropEnd).pixels ==
+          crop_view(good, top, 48).pixels);  // the damage is never read
+    CHECK(crop_view(bytes, bottom, 48, ReadTo::kCropEnd).empty());
+  }
+  // A decoder that stopped early takes the next image as usual.
+  JpegCropDecoder decoder;
+  Image strip;
+  PixelRect crop;
+  REQUIRE(decoder.read_header(good, 100'000'000));
+  REQUIRE(decoder.decode(top, 48, strip, crop, ReadTo::kCropEnd));
+  REQUIRE(decoder.read_header(good, 100'000'000));
+  REQUIRE(decoder.decode(bottom, 48, strip, crop, ReadTo::kImageEnd));
+}
+
+TEST_CASE("Data.DecodeCrop.FilesCheckedWholeOnceGiveTheSameBatchesAndDrops" *
+          doctest::timeout(120)) {
+  // 12 photos over 3 epochs: one has damage near its bottom, one is missing. Checked once, the
+  // good files' later views stop below their crops; the damaged file is read to the end and
+  // dropped in every epoch, and the batches are those of reading every view to the end.
+  std::vector<Bytes> images;
+  for (std::uint64_t i = 0; i < 12; ++i) images.push_back(photo(160, 120, i));
+  images[5] = with_marker_in_scan(images[5], 0.95);
+  const std::vector<std::uint64_t> missing = {8};
+  const auto run = [&](const char* check, std::size_t concurrency) {
+    return run_crop_path(std::make_unique<BytesSource>(images, missing, 3), concurrency, 8, 32,
+                         [&](DecodeCropStage::Options& o) { o.check_whole_file = check; });
+  };
+  const Batches every_view = run("every_view", 1);
+  const Batches once = run("once", 1);
+  const Batches once_parallel = run("once", 2);
+  CHECK(result_of(every_view.report.stages[1], "stopped_below_crop") == 0);
+  CHECK(result_of(once.report.stages[1], "stopped_below_crop") == 10 * 2);  // 10 good, 2 epochs
+  CHECK(result_of(once_parallel.report.stages[1], "stopped_below_crop") > 0);
+  for (const Batches* got : {&once, &once_parallel}) {
+    const StageReport& crop = got->report.stages[1];
+    CHECK(crop.dropped == 6);  // the damaged and the missing file, in each of 3 epochs
+    int damaged_drops = 0;
+    for (const DropRecord& drop : crop.drops) {
+      damaged_drops += drop.reason.rfind("img5: ", 0) == 0 ? 1 : 0;
+    }
+    CHECK(damaged_drops == 3);
+    REQUIRE(got->images.size() == every_view.images.size());
+    for (std::size_t b = 0; b < every_view.images.size(); ++b) {
+      CAPTURE(b);
+      CHECK(at::equal(got->images[b], every_view.images[b]));
+      CHECK(at::equal(got->labels[b], every_view.labels[b]));
+      CHECK((got->views[b] == every_view.views[b]));
+    }
+  }
 }
 
 TEST_CASE("Data.DecodeCrop.GrayCmykAndPngAllBecomeRows" * doctest::timeout(60)) {
