@@ -41,7 +41,9 @@ TEST_CASE("Pipeline.Backpressure.BoundedInFlight" * doctest::timeout(60)) {
   std::atomic<std::int64_t> max_source_edge{0}, max_map_edge{0};
 
   Pipeline p;
-  p.add("source", std::make_unique<CountSource<>>(400, [&](std::uint64_t) {
+  // The sink sleeps 2 ms an item, so the source and map keep its queue full even on a loaded
+  // machine (at 300 us, a build beside the test made queue_mean fall under 1).
+  p.add("source", std::make_unique<CountSource<>>(150, [&](std::uint64_t) {
           const std::int64_t now = produced.fetch_add(1) + 1;
           raise_max(max_source_edge, now - map_started.load());
         }));
@@ -53,12 +55,12 @@ TEST_CASE("Pipeline.Backpressure.BoundedInFlight" * doctest::timeout(60)) {
         {.concurrency = 2, .queue_capacity = kMapCapacity});
   p.add("slow_sink", std::make_unique<ProbeSink<>>([&](std::uint64_t&&, ItemContext&) {
           sink_started.fetch_add(1);
-          sleep_us(300);
+          sleep_us(2000);
         }),
         {.queue_capacity = kSinkCapacity});
   const RunReport r = p.run({.threads = 2});
 
-  CHECK(r.stages[2].items_in == 400);
+  CHECK(r.stages[2].items_in == 150);
   // Items admitted to the map and not yet taken by the sink never exceed the sink's queue. The
   // sink returns its slot as it starts an item, a moment before this test's sink body counts it,
   // so the count seen here can be one over per sink worker (one).

@@ -483,7 +483,9 @@ TEST_CASE("Data.DecodeCrop.DropLeavesItsBatchShorterAndKeepsTheOthers" * doctest
 
 TEST_CASE("Data.DecodeCrop.InFlightBatchesNeverExceedThePool" * doctest::timeout(120)) {
   // The slow sink's queue could hold 4 batches, more than the pool of 3: decode_crop must wait
-  // for buffers to come back rather than allocate, and still deliver every batch.
+  // for buffers to come back rather than allocate, and still deliver every batch. The sink
+  // holds its first batch until decode_crop has found the pool empty, so the wait happens
+  // however the machine's load paces the two.
   std::vector<Bytes> images(60, photo(64, 48, 3));
   DecodeCropStage::Options options = crop_options(4, 16);
   options.pool.pool_size = 3;
@@ -493,13 +495,19 @@ TEST_CASE("Data.DecodeCrop.InFlightBatchesNeverExceedThePool" * doctest::timeout
   p.add("source", std::make_unique<BytesSource>(images, std::vector<std::uint64_t>{}));
   p.add("crop", std::move(crop), {.concurrency = 2, .queue_capacity = 2});
   p.add<AssembleBatchStage>("assemble", {.batch_size = 4}, {.queue_capacity = 2});
+  bool first = true;
   p.add("slow_sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
           CHECK(b.size() == 4);
-          testing::sleep_us(3000);
+          for (int ms = 0; first && stage.pool_stats().waits == 0 && ms < 30'000; ++ms) {
+            testing::sleep_us(1000);
+          }
+          first = false;
+          testing::sleep_us(1000);
         }),
         {.queue_capacity = 4});
   const RunReport r = p.run({.threads = 2});
   CHECK(r.stages[3].items_in == 15);
+  CHECK(stage.pool_stats().waits > 0);
   CHECK(stage.pool_stats().allocated == 3);
   CHECK(stage.pool_stats().peak_in_use <= 3);
 }
