@@ -59,7 +59,10 @@ std::string ProgressLine::next(const flowtrain::Progress& p) {
     const double epoch = live(*trainer, "epoch").value_or(0);
     if (epoch > 0) {
       line += format("  epoch %.0f", epoch);
-      if (epochs_ > 0) line += "/" + std::to_string(epochs_);
+      if (epochs_ > 0) {
+        line += '/';  // not "/" + std::to_string(...): GCC 12 warns of a false -Wrestrict there
+        line += std::to_string(epochs_);
+      }
     }
     done = live(*trainer, "step").value_or(0);
     total = live(*trainer, "total_steps").value_or(total);
