@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -742,6 +743,7 @@ int report_command(const Context& ctx) {
       facts.top1 = stage_result(p.report, "top1").value_or(-1);
       facts.top5 = stage_result(p.report, "top5").value_or(-1);
       facts.mae_kcal = stage_result(p.report, "mae").value_or(-1);
+      facts.mae_group_kcal = stage_result(p.report, "mae_by_class").value_or(-1);
     }
     if (facts.name == "baseline") facts.name = "baseline (student, labels only)";
     data.models.push_back(facts);
@@ -879,6 +881,13 @@ int predict_command(const Context& ctx) {
   const std::vector<std::string> labels =
       fs::exists(labels_path) ? read_lines(labels_path) : std::vector<std::string>{};
   const flowtrain::train::Predictor predictor(model.string());
+  // The median energy of each group's training photos: beside the head's estimate, what the
+  // predicted group alone tells (the smaller error on the validation photos: see the report).
+  std::optional<flowtrain::data::ClassTargetMedians> group_energy;
+  if (const fs::path train = ctx.data_dir / "train.csv"; fs::exists(train)) {
+    group_energy = flowtrain::data::class_target_medians(
+        flowtrain::data::read_csv_manifest(train.string()));
+  }
   int failed = 0;
   for (const auto& p : predictor.predict(ctx.in.images, ctx.in.top)) {
     if (!p.error.empty()) {
@@ -904,6 +913,12 @@ int predict_command(const Context& ctx) {
     if (!p.regression.empty()) {
       char row[96];
       std::snprintf(row, sizeof row, "  energy about %.0f kcal per 100 g\n", p.regression[0]);
+      std::cout << row;
+    }
+    if (group_energy && !p.classes.empty()) {
+      char row[96];
+      std::snprintf(row, sizeof row, "  its group's median: %.0f kcal per 100 g\n",
+                    group_energy->of(p.classes[0])[0]);
       std::cout << row;
     }
   }

@@ -105,6 +105,9 @@ std::string accuracy_cell(double v) {
   return std::isfinite(v) && v >= 0 ? percent(v, 1) : kMissing;
 }
 
+// An error in kcal (negative: not measured).
+std::string kcal_cell(double v) { return std::isfinite(v) && v >= 0 ? fixed(v, 1) : kMissing; }
+
 std::string parameters_cell(std::int64_t n) {
   if (n <= 0) return kMissing;
   if (n >= 1000000) return fixed(static_cast<double>(n) / 1e6, 2) + " M";
@@ -518,13 +521,13 @@ std::string models_section(const std::vector<ModelFacts>& models) {
   if (models.empty()) return out + "<p class=\"no-data\">no models measured</p>\n</section>\n";
   out += "<table class=\"models\">\n" +
          cells({"model", "parameters", "file (MB)", "val top-1", "val top-5", "energy MAE (kcal)",
-                "images/s", "ms/image"},
+                "its group's median: MAE (kcal)", "images/s", "ms/image"},
                "th");
   for (const ModelFacts& m : models) {
     out += cells({m.name, parameters_cell(m.parameters), measured(m.file_mb, 1),
                   accuracy_cell(m.top1), accuracy_cell(m.top5),
-                  std::isfinite(m.mae_kcal) && m.mae_kcal >= 0 ? fixed(m.mae_kcal, 1) : kMissing,
-                  measured(m.images_per_s, 1), measured(m.ms_per_image, 2)});
+                  kcal_cell(m.mae_kcal), kcal_cell(m.mae_group_kcal), measured(m.images_per_s, 1),
+                  measured(m.ms_per_image, 2)});
   }
   const ModelFacts* teacher = find_model(models, "teacher");
   const ModelFacts* student = find_model(models, "student");
@@ -532,7 +535,7 @@ std::string models_section(const std::vector<ModelFacts>& models) {
     out += cells({"student / teacher",
                   ratio_cell(static_cast<double>(student->parameters),
                              static_cast<double>(teacher->parameters)),
-                  ratio_cell(student->file_mb, teacher->file_mb), "", "", "",
+                  ratio_cell(student->file_mb, teacher->file_mb), "", "", "", "",
                   ratio_cell(student->images_per_s, teacher->images_per_s),
                   ratio_cell(student->ms_per_image, teacher->ms_per_image)},
                  "td", "ratio");

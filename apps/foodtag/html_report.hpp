@@ -24,6 +24,7 @@ struct ModelFacts {
   double file_mb = 0;           // TorchScript file size
   double top1 = -1, top5 = -1;  // validation accuracy 0..1 (-1: not measured)
   double mae_kcal = -1;         // validation mean absolute error of the energy estimate
+  double mae_group_kcal = -1;   // ... of the median energy of the predicted group instead
   double images_per_s = 0;      // inference throughput (batch inference on this machine)
   double ms_per_image = 0;      // latency of one image at batch 1
 };

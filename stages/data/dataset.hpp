@@ -63,6 +63,25 @@ void portable_shuffle(std::vector<T>& items, std::mt19937_64& rng) {
 /// reports a missing one). Throws Error naming file:line and the column of the first bad row.
 CsvManifest read_csv_manifest(const std::string& path);
 
+/// Each class's median of each numeric target in a manifest, the value whose mean absolute
+/// error over the class is least: what a model that knows only the class should answer.
+struct ClassTargetMedians {
+  std::vector<std::vector<float>> by_class;  // [label][target]; a class without rows: `overall`
+  std::vector<float> overall;                // [target], over every row
+  /// The targets to answer for class `label` (`overall` for a label the manifest never names).
+  const std::vector<float>& of(std::int64_t label) const {
+    return label >= 0 && static_cast<std::size_t>(label) < by_class.size()
+               ? by_class[static_cast<std::size_t>(label)]
+               : overall;
+  }
+};
+
+/// The medians of `manifest`'s targets, per class (labels 0 .. the largest) and over all rows;
+/// of an even count, the mean of the two middle values. Rows without a label count only in
+/// `overall`. Throws Error if the manifest has no target column or no row.
+///   class_target_medians(read_csv_manifest("train.csv")).of(3)[0]   // class 3's median energy
+ClassTargetMedians class_target_medians(const CsvManifest& manifest);
+
 /// What to do with the remainder when the dataset does not split evenly across ranks.
 enum class Uneven {
   kPad,   // every rank gets ceil(n / world_size): repeat samples from the start of the order

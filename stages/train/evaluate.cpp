@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
@@ -10,9 +12,19 @@
 namespace flowtrain::train {
 
 EvaluateStage::EvaluateStage(const Options& options, const BuildContext& context)
-    : model_(InferenceModel::load_required(options.model, options.precision())),
-      intraop_threads_(options.intraop_threads),
-      world_(context.find<dist::World>()) {}
+    : model_(InferenceModel::load_required(options.inference.model,
+                                           options.inference.precision())),
+      intraop_threads_(options.inference.intraop_threads),
+      world_(context.find<dist::World>()) {
+  if (!options.class_targets_from.empty()) {
+    try {
+      class_targets_ =
+          data::class_target_medians(data::read_csv_manifest(options.class_targets_from));
+    } catch (const Error& e) {
+      throw Error("param 'class_targets_from': " + options.class_targets_from + ": " + e.what());
+    }
+  }
+}
 
 EvaluateStage::~EvaluateStage() = default;
 
@@ -45,6 +57,22 @@ void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
                       .item<double>();
     regression_values_ += static_cast<std::uint64_t>(out.regression.numel());
   }
+  if (class_targets_ && batch.targets.defined() &&
+      batch.targets.size(1) == static_cast<std::int64_t>(class_targets_->overall.size())) {
+    const torch::Tensor predicted = top.select(1, 0).contiguous();
+    const torch::Tensor targets = batch.targets.to(torch::kFloat).contiguous();
+    const auto* classes = predicted.data_ptr<std::int64_t>();
+    const auto* values = targets.data_ptr<float>();
+    const std::int64_t width = targets.size(1);
+    for (std::int64_t row = 0; row < targets.size(0); ++row) {
+      const std::vector<float>& answer = class_targets_->of(classes[row]);
+      for (std::int64_t t = 0; t < width; ++t) {
+        class_abs_error_ += std::abs(static_cast<double>(answer[static_cast<std::size_t>(t)]) -
+                                     values[row * width + t]);
+      }
+    }
+    class_target_values_ += static_cast<std::uint64_t>(targets.numel());
+  }
 }
 
 void EvaluateStage::finish() {
@@ -52,7 +80,8 @@ void EvaluateStage::finish() {
   if (!world_) return;
   std::vector<torch::Tensor> sums = {torch::tensor(
       {static_cast<double>(seen_), static_cast<double>(top1_), static_cast<double>(top5_),
-       static_cast<double>(regression_values_), abs_error_},
+       static_cast<double>(regression_values_), abs_error_,
+       static_cast<double>(class_target_values_), class_abs_error_},
       torch::kDouble)};
   world_->wait(*world_->group().allreduce(sums), "the validation all-reduce");
   const auto total = [&](int i) { return sums[0][i].item<double>(); };
@@ -61,6 +90,8 @@ void EvaluateStage::finish() {
   top5_ = static_cast<std::uint64_t>(total(2));
   regression_values_ = static_cast<std::uint64_t>(total(3));
   abs_error_ = total(4);
+  class_target_values_ = static_cast<std::uint64_t>(total(5));
+  class_abs_error_ = total(6);
 }
 
 double EvaluateStage::top1() const {
@@ -77,6 +108,9 @@ std::vector<StageResult> EvaluateStage::results() const {
                                   {"top5", top5()}};
   if (regression_values_ > 0) {
     out.push_back({"mae", abs_error_ / static_cast<double>(regression_values_)});
+  }
+  if (class_target_values_ > 0) {
+    out.push_back({"mae_by_class", class_abs_error_ / static_cast<double>(class_target_values_)});
   }
   return out;
 }

@@ -2,10 +2,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
+#include "stages/data/dataset.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
 
@@ -15,13 +17,30 @@ class World;
 
 namespace flowtrain::train {
 
+/// The params of `evaluate`: the model's (InferenceOptions) and where class medians come from.
+struct EvaluateOptions {
+  InferenceOptions inference;
+  std::string class_targets_from;
+  template <class Declare>
+  void declare(Declare& d) {
+    inference.declare(d);
+    d(class_targets_from, "class_targets_from",
+      "a CSV manifest with targets (the training split's): also report mae_by_class, the mean "
+      "absolute error of answering each image's targets with the medians of its predicted "
+      "class's rows there (empty: not)",
+      {.type = ParamType::kPath});
+  }
+};
+
 /// Measures a model on held-out batches: top-1 and top-5 accuracy, and the mean absolute error
-/// of a regression head against the batch targets. Serial and in order, so the sums (and the
-/// results) are the same on every run. In a data-parallel job each rank evaluates its shard
-/// and the counts are summed over the ranks at the end.
+/// of a regression head against the batch targets (`mae`); with `class_targets_from`, also that
+/// of the predicted class's median targets (`mae_by_class`: what the class alone tells of the
+/// targets, beside what the head tells). Serial and in order, so the sums (and the results) are
+/// the same on every run. In a data-parallel job each rank evaluates its shard and the counts
+/// are summed over the ranks at the end.
 class EvaluateStage final : public SerialSink<data::Batch> {
  public:
-  using Options = InferenceOptions;
+  using Options = EvaluateOptions;
   /// `context`: the run's services; its process group (dist::World) if the run is a rank of
   /// a job.
   explicit EvaluateStage(const Options& options, const BuildContext& context = {});
@@ -47,6 +66,9 @@ class EvaluateStage final : public SerialSink<data::Batch> {
   std::uint64_t seen_ = 0, top1_ = 0, top5_ = 0;
   std::uint64_t regression_values_ = 0;
   double abs_error_ = 0;
+  std::optional<data::ClassTargetMedians> class_targets_;  // with class_targets_from
+  std::uint64_t class_target_values_ = 0;
+  double class_abs_error_ = 0;
 };
 
 }  // namespace flowtrain::train

@@ -802,3 +802,34 @@ TEST_CASE("Data.Sources.RankFromLauncherEnvironment" * doctest::timeout(60)) {
   ::unsetenv("RANK");
   ::unsetenv("WORLD_SIZE");
 }
+
+TEST_CASE("Data.Dataset.ClassTargetMediansPerClassAndOverall") {
+  CsvManifest m;
+  m.target_names = {"energy", "protein"};
+  const auto row = [&](std::int64_t label, float energy, float protein) {
+    m.entries.push_back({"x.jpg", label, {energy, protein}});
+  };
+  row(0, 100, 1);
+  row(0, 300, 3);
+  row(0, 200, 9);  // class 0: odd count, the middle value
+  row(2, 50, 4);
+  row(2, 70, 8);  // class 2: even count, the mean of the two middle values
+  row(-1, 1000, 0);  // no label: only in the overall medians
+  const ClassTargetMedians medians = class_target_medians(m);
+  REQUIRE(medians.by_class.size() == 3);
+  CHECK(medians.of(0) == std::vector<float>{200, 3});
+  CHECK(medians.of(2) == std::vector<float>{60, 6});
+  // Over all 6 rows: energies 50 70 100 200 300 1000, proteins 0 1 3 4 8 9.
+  CHECK(medians.overall == std::vector<float>{150, 3.5});
+  CHECK(medians.of(1) == medians.overall);   // a class without rows
+  CHECK(medians.of(7) == medians.overall);   // a class the manifest never names
+  CHECK(medians.of(-1) == medians.overall);
+
+  CsvManifest no_targets;
+  no_targets.entries.push_back({"x.jpg", 0, {}});
+  CHECK_THROWS_WITH_AS(class_target_medians(no_targets),
+                       "class target medians: the manifest has no target column", Error);
+  m.entries.clear();
+  CHECK_THROWS_WITH_AS(class_target_medians(m), "class target medians: the manifest has no row",
+                       Error);
+}

@@ -84,8 +84,8 @@ ReportData sample_report() {
       {"student", {1, 2, 3, 4, 5}, {0.12, 0.26, 0.37, 0.46, 0.51}},
       {"teacher (validation)", {2, 4, 5}, {0.30, 0.45, 0.52}, /*dashed=*/true},
   };
-  d.models = {{"teacher", 85'800'000, 327.4, 0.812, 0.951, 62.5, 40, 45.2},
-              {"student", 5'700'000, 22.1, 0.743, -1, 71.0, 520, 4.1}};
+  d.models = {{"teacher", 85'800'000, 327.4, 0.812, 0.951, 62.5, 58.25, 40, 45.2},
+              {"student", 5'700'000, 22.1, 0.743, -1, 71.0, -1, 520, 4.1}};
 
   flowtrain::RunReport r;
   r.wall_s = 20;
@@ -226,10 +226,11 @@ TEST_CASE("Foodtag.Report.SectionsInOrderAndEscaped") {
   CHECK(html.find("<script") == std::string::npos);
   CHECK(html.find("<link") == std::string::npos);
   CHECK(html.find("url(") == std::string::npos);
-  // The models table: measured values, "–" for the student's unmeasured top-5, the ratios.
+  // The models table: measured values, "–" for the student's unmeasured top-5 and energy from
+  // its group, the ratios.
   CHECK(html.find("<td>85.80 M</td><td>327.4</td><td>81.2%</td><td>95.1%</td><td>62.5</td>"
-                  "<td>40.0</td><td>45.20</td>") != std::string::npos);
-  CHECK(html.find("<td>74.3%</td><td>–</td>") != std::string::npos);
+                  "<td>58.2</td><td>40.0</td><td>45.20</td>") != std::string::npos);
+  CHECK(html.find("<td>74.3%</td><td>–</td><td>71.0</td><td>–</td>") != std::string::npos);
   CHECK(html.find("<td>13.0×</td><td>0.09×</td>") != std::string::npos);  // images/s, ms/image
   // The phase: its verdict and layout lines, items/s, CPU means in the legend.
   CHECK(html.find("busy 92% of its 2 workers") != std::string::npos);

@@ -430,7 +430,37 @@ TEST_CASE("Train.Regression.TargetLearnedAndMaeReported" * doctest::timeout(180)
   const double mae = result(evaluated, "evaluate", "mae");
   MESSAGE("regression MAE " << mae << " (targets 0, 1, 2, 3)");
   CHECK(mae < 0.4);  // predicting the mean (1.5) would give 1
-  CHECK(result(evaluated, "evaluate", "top1") >= 0.9);
+  const double top1 = result(evaluated, "evaluate", "top1");
+  CHECK(top1 >= 0.9);
+
+  // The class medians of the manifest's targets are the labels themselves: answering them for
+  // the predicted class errs by 1 to 3 on each wrong prediction and by nothing on a right one.
+  const RunReport by_class = run_config(
+      "threads: 2\nstages:\n" + with_epochs(1) + "  - {type: evaluate, params: {model: " +
+      (dir / "run/final.pt") + ", class_targets_from: " + (dir / "train.csv") + "}}\n");
+  const double mae_by_class = result(by_class, "evaluate", "mae_by_class");
+  MESSAGE("MAE of the predicted class's median " << mae_by_class << ", top-1 " << top1);
+  CHECK(result(by_class, "evaluate", "mae") == mae);  // the head's is unchanged
+  CHECK(mae_by_class >= (1 - top1) - 1e-9);
+  CHECK(mae_by_class <= 3 * (1 - top1) + 1e-9);
+  // The same through an untrained model (no regression head), which errs on most images: the
+  // bounds hold for its predictions, not its labels.
+  write_tiny_teacher(dir / "random.pt");
+  const RunReport random = run_config(
+      "threads: 2\nstages:\n" + with_epochs(1) + "  - {type: evaluate, params: {model: " +
+      (dir / "random.pt") + ", class_targets_from: " + (dir / "train.csv") + "}}\n");
+  const double random_top1 = result(random, "evaluate", "top1");
+  const double random_mae = result(random, "evaluate", "mae_by_class");
+  MESSAGE("untrained: MAE of the predicted class's median " << random_mae << ", top-1 "
+                                                            << random_top1);
+  CHECK(random_top1 < 0.6);
+  CHECK(random_mae >= (1 - random_top1) - 1e-9);
+  CHECK(random_mae <= 3 * (1 - random_top1) + 1e-9);
+  CHECK_THROWS_WITH_AS(
+      run_config("threads: 2\nstages:\n" + with_epochs(1) +
+                 "  - {type: evaluate, params: {model: " + (dir / "run/final.pt") +
+                 ", class_targets_from: " + synthetic_images() + "/train/class_00}}\n"),
+      doctest::Contains("param 'class_targets_from': "), Error);
 }
 
 namespace {
