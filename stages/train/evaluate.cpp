@@ -16,12 +16,18 @@ EvaluateStage::EvaluateStage(const Options& options, const BuildContext& context
                                            options.inference.precision())),
       intraop_threads_(options.inference.intraop_threads),
       world_(context.find<dist::World>()) {
-  if (!options.class_targets_from.empty()) {
+  if (const std::string& path = options.class_targets_from; !path.empty()) {
+    const std::string param = "param 'class_targets_from': ";
+    data::CsvManifest manifest;
     try {
-      class_targets_ =
-          data::class_target_medians(data::read_csv_manifest(options.class_targets_from));
+      manifest = data::read_csv_manifest(path);
     } catch (const Error& e) {
-      throw Error("param 'class_targets_from': " + options.class_targets_from + ": " + e.what());
+      throw Error(param + e.what());  // it names the file (and line)
+    }
+    try {
+      class_targets_ = data::class_target_medians(manifest);
+    } catch (const Error& e) {
+      throw Error(param + path + ": " + e.what());
     }
   }
 }
