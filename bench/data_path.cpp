@@ -18,7 +18,8 @@
 // --breakdown adds where the time of one image goes, on one thread, with the files already in
 // memory: whole-image decode (as decode_whole), crop decode of the training views (reading the
 // file to its end, and stopping below the crop as a file's later views do), the floor of
-// any decode that reads all of the entropy-coded data (a 1-pixel crop), rendering the view
+// any decode that reads all of the entropy-coded data (a 1-pixel crop), the floor of any that
+// stops below the crop (the entropy data down to its last row), rendering the view
 // (resize, flip, jitter) and normalising it into floats, and the last two fused as decode_crop
 // runs them (render_view_normalized).
 //
@@ -124,6 +125,7 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
                                           "crop decode",
                                           "crop decode, stopping below the crop",
                                           "entropy floor (1-pixel crop)",
+                                          "entropy floor to the crop's last row",
                                           "render view",
                                           "normalise",
                                           "render view + normalise, fused"};
@@ -155,12 +157,27 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
                          flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
         }
       });
+      // What any decode that stops below this view's crop must read: the entropy data down to
+      // the crop's last row (a 1-pixel crop there, at the crop's DCT scale).
+      flowtrain::data::AugmentParams bottom = params;
+      bottom.crop_y = params.crop_y + params.crop_h * (1 - 1e-6f);
+      bottom.crop_w = bottom.crop_h = 1e-6f;
       time(steps[4], [&] {
+        if (decoder.read_header(files[i], 100'000'000)) {
+          decoder.decode(bottom, size, decoded, crop,
+                         flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
+        }
+      });
+      if (decoder.read_header(files[i], 100'000'000)) {  // the view's crop again, for the render
+        decoder.decode(params, size, decoded, crop,
+                       flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
+      }
+      time(steps[5], [&] {
         flowtrain::data::render_view(decoded, crop, params, size, view,
                                      flowtrain::data::Resample::kAreaFrom2x);
       });
-      time(steps[5], [&] { normalize(view, row.data()); });
-      time(steps[6], [&] {
+      time(steps[6], [&] { normalize(view, row.data()); });
+      time(steps[7], [&] {
         flowtrain::data::render_view_normalized(decoded, crop, params, size,
                                                 flowtrain::data::Resample::kAreaFrom2x, normalize,
                                                 view, row.data());
