@@ -5,6 +5,7 @@
 
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
+#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
 #include "stages/data/render_normalized.hpp"
@@ -72,14 +73,20 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
     bool cropped = false;
     if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
       s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
-      const std::uint64_t file = hash_bytes(
-          {reinterpret_cast<const std::uint8_t*>(s.path.data()), s.path.size()}, bytes.size());
-      const JpegCropDecoder::ReadTo reach = read_to(file);
-      cropped = scratch.decoder.decode(s.augment, size_, scratch.decoded, scratch.crop, reach);
-      if (cropped && reach == JpegCropDecoder::ReadTo::kImageEnd && check_once_) {
-        checked_files_.insert(file);
-      } else if (cropped && reach == JpegCropDecoder::ReadTo::kCropEnd) {
+      // A file is known by its path and byte count; one already decoded whole needs no check.
+      const std::uint64_t file =
+          check_once_ ? hash_bytes({reinterpret_cast<const std::uint8_t*>(s.path.data()),
+                                    s.path.size()},
+                                   bytes.size())
+                      : 0;
+      const bool checked = check_once_ && checked_files_.count(file) > 0;
+      cropped = scratch.decoder.decode(
+          s.augment, size_, scratch.decoded, scratch.crop,
+          checked ? JpegCropDecoder::ReadTo::kCropEnd : JpegCropDecoder::ReadTo::kImageEnd);
+      if (cropped && checked) {
         stopped_below_crop_.fetch_add(1, std::memory_order_relaxed);
+      } else if (cropped && check_once_) {
+        checked_files_.insert(file);
       }
       scratch.resample = Resample::kAreaFrom2x;
     }
@@ -118,11 +125,6 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   row.view = {sample.index, sample.epoch, sample.augment, recipe_};
   row.path = std::move(sample.path);
   return row;
-}
-
-JpegCropDecoder::ReadTo DecodeCropStage::read_to(std::uint64_t file) const {
-  return check_once_ && checked_files_.count(file) > 0 ? JpegCropDecoder::ReadTo::kCropEnd
-                                                      : JpegCropDecoder::ReadTo::kImageEnd;
 }
 
 std::vector<StageResult> DecodeCropStage::results() const {

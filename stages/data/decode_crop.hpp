@@ -16,7 +16,6 @@
 #include "stages/data/bad_sample_policy.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/batch_pool.hpp"
-#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/normalizer.hpp"
 #include "stages/data/sample.hpp"
@@ -94,9 +93,6 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
  private:
   /// The buffers of batch `batch`, leased from the pool by its first row to arrive.
   std::shared_ptr<BatchBuffers> buffers_for(std::uint64_t batch, const Sample& sample);
-
-  /// How far this view's decode reads: to the image's end unless its file was checked whole.
-  JpegCropDecoder::ReadTo read_to(std::uint64_t file) const;
 
   DecodeOptions decode_;
   BadSamplePolicy policy_;

@@ -22,6 +22,7 @@
 #include "stages/data/jpeg_crop.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/synthetic.hpp"
+#include "tests/stage_result.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/test_stages.hpp"
 
@@ -136,13 +137,6 @@ class BytesSource final : public Source<Sample> {
   std::size_t i_ = 0;
 };
 
-double result_of(const StageReport& stage, const std::string& name) {
-  for (const StageResult& r : stage.results) {
-    if (r.name == name) return r.value;
-  }
-  FAIL("no result " << name << " from stage " << stage.name);
-  return 0;
-}
 
 struct Batches {
   std::vector<at::Tensor> images, labels, targets;
@@ -339,9 +333,9 @@ TEST_CASE("Data.DecodeCrop.FilesCheckedWholeOnceGiveTheSameBatchesAndDrops" *
   const Batches every_view = run("every_view", 1);
   const Batches once = run("once", 1);
   const Batches once_parallel = run("once", 2);
-  CHECK(result_of(every_view.report.stages[1], "stopped_below_crop") == 0);
-  CHECK(result_of(once.report.stages[1], "stopped_below_crop") == 10 * 2);  // 10 good, 2 epochs
-  CHECK(result_of(once_parallel.report.stages[1], "stopped_below_crop") > 0);
+  CHECK(testing::result(every_view.report, "crop", "stopped_below_crop") == 0);
+  CHECK(testing::result(once.report, "crop", "stopped_below_crop") == 10 * 2);  // 10 good, 2 epochs
+  CHECK(testing::result(once_parallel.report, "crop", "stopped_below_crop") > 0);
   for (const Batches* got : {&once, &once_parallel}) {
     const StageReport& crop = got->report.stages[1];
     CHECK(crop.dropped == 6);  // the damaged and the missing file, in each of 3 epochs

@@ -14,6 +14,7 @@
 #include "graph/config.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/synthetic.hpp"
+#include "tests/stage_result.hpp"
 
 namespace flowtrain::testing {
 
@@ -81,18 +82,6 @@ inline RunReport run_config(const std::string& text) {
   const PipelineConfig config = parse_pipeline_config(text, "test.yaml");
   std::unique_ptr<Pipeline> pipeline = build_pipeline(config);
   return pipeline->run(config.run);
-}
-
-// The value of result `name` of stage `stage` in a report; fails the test if missing.
-inline double result(const RunReport& report, const std::string& stage, const std::string& name) {
-  for (const StageReport& s : report.stages) {
-    if (s.name != stage) continue;
-    for (const StageResult& r : s.results) {
-      if (r.name == name) return r.value;
-    }
-  }
-  FAIL("no result '" << name << "' from stage '" << stage << "'");
-  return 0;
 }
 
 }  // namespace flowtrain::testing
