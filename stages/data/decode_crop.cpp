@@ -5,7 +5,6 @@
 
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
-#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
 #include "stages/data/render_normalized.hpp"
@@ -52,7 +51,8 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
       batch_size_(options.batch_size),
       wait_timeout_s_(options.pool.wait_timeout_s),
       pool_(BatchPool::create(options.pool)),
-      check_once_(options.check_whole_file == "once") {
+      check_once_(options.check_whole_file == "once"),
+      index_budget_(options.mcu_index_mb << 20) {
   keep_opencv_on_caller_thread();
   open_.reserve(kOpenBatches);
 }
@@ -71,22 +71,42 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
     std::span<const std::uint8_t> bytes;
     std::string error = sample_bytes(s, bytes, decode_.max_file_bytes);
     bool cropped = false;
-    if (error.empty() && roi_ && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
-      s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
+    if (error.empty() && roi_) {
       // A file is known by its path and byte count; one already decoded whole needs no check.
       const std::uint64_t file =
           check_once_ ? hash_bytes({reinterpret_cast<const std::uint8_t*>(s.path.data()),
                                     s.path.size()},
                                    bytes.size())
                       : 0;
-      const bool checked = check_once_ && checked_files_.count(file) > 0;
-      cropped = scratch.decoder.decode(
-          s.augment, size_, scratch.decoded, scratch.crop,
-          checked ? JpegCropDecoder::ReadTo::kCropEnd : JpegCropDecoder::ReadTo::kImageEnd);
-      if (cropped && checked) {
-        stopped_below_crop_.fetch_add(1, std::memory_order_relaxed);
-      } else if (cropped && check_once_) {
-        checked_files_.insert(file);
+      const auto found = check_once_ ? indexed_.find(file) : indexed_.end();
+      const McuIndexedJpeg* indexed = found != indexed_.end() ? found->second.get() : nullptr;
+      if (indexed == nullptr && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
+        s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
+        if (check_once_ && index_bytes_.load(std::memory_order_relaxed) < index_budget_) {
+          // The first view: decoded whole (the check) and re-encoded; the view comes from that.
+          if (auto fresh = scratch.decoder.index()) {
+            const std::size_t held = fresh->bytes();
+            const auto [at, inserted] = indexed_.emplace(file, std::move(fresh));
+            if (inserted) index_bytes_.fetch_add(static_cast<std::int64_t>(held));
+            cropped = scratch.decoder.decode(*at->second, s.augment, size_, scratch.decoded,
+                                             scratch.crop);
+          }
+        } else {
+          const bool checked = check_once_ && checked_files_.count(file) > 0;
+          cropped = scratch.decoder.decode(
+              s.augment, size_, scratch.decoded, scratch.crop,
+              checked ? JpegCropDecoder::ReadTo::kCropEnd : JpegCropDecoder::ReadTo::kImageEnd);
+          if (cropped && checked) {
+            stopped_below_crop_.fetch_add(1, std::memory_order_relaxed);
+          } else if (cropped && check_once_) {
+            checked_files_.insert(file);
+          }
+        }
+      } else if (indexed != nullptr) {
+        s.augment = augment_.draw(s.index, s.epoch,
+                                  static_cast<double>(indexed->width()) / indexed->height());
+        cropped = scratch.decoder.decode(*indexed, s.augment, size_, scratch.decoded, scratch.crop);
+        if (cropped) views_from_index_.fetch_add(1, std::memory_order_relaxed);
       }
       scratch.resample = Resample::kAreaFrom2x;
     }
@@ -131,6 +151,10 @@ std::vector<StageResult> DecodeCropStage::results() const {
   std::vector<StageResult> out = policy_.results();
   out.push_back({"stopped_below_crop",
                  static_cast<double>(stopped_below_crop_.load(std::memory_order_relaxed))});
+  out.push_back({"views_from_index",
+                 static_cast<double>(views_from_index_.load(std::memory_order_relaxed))});
+  out.push_back({"indexed_files", static_cast<double>(indexed_.size())});
+  out.push_back({"index_mb", static_cast<double>(index_bytes_.load()) / (1 << 20)});
   return out;
 }
 

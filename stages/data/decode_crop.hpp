@@ -1,5 +1,6 @@
 #pragma once
 
+#include <oneapi/tbb/concurrent_unordered_map.h>
 #include <oneapi/tbb/concurrent_unordered_set.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include "graph/registry.hpp"
 #include "stages/data/augment.hpp"
 #include "stages/data/bad_sample_policy.hpp"
+#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/batch_pool.hpp"
 #include "stages/data/jpeg_decode.hpp"
@@ -27,6 +29,7 @@ struct DecodeCropOptions {
   std::int64_t batch_size = 64;
   bool roi = true;
   std::string check_whole_file = "once";
+  std::int64_t mcu_index_mb = 1024;
   AugmentOptions augment;
   SampleDecodeOptions decode;
   NormalizeOptions normalize;
@@ -44,6 +47,12 @@ struct DecodeCropOptions {
       "stop below their crop (the same pixels, less entropy decoding); every_view: every view "
       "decodes to the end",
       {.choices = {"once", "every_view"}});
+    d(mcu_index_mb, "mcu_index_mb",
+      "roi with check_whole_file: once: memory (MiB, about) for files that the first view "
+      "re-encodes losslessly with a restart marker after every MCU (the same coefficients, so "
+      "the same pixels); their later views entropy-decode only the crop's MCUs. Files past it "
+      "stop below their crop instead. 0: off",
+      {.min = 0, .max = std::int64_t{1} << 40});
     augment.declare(d);
     decode.declare(d);
     normalize.declare(d);
@@ -69,9 +78,11 @@ struct DecodeCropOptions {
 /// full-size decode.
 ///
 /// Damage below a view's crop leaves its pixels alone, but the file is still bad: the first
-/// view of each file reads its entropy data to the end (check_whole_file: once), and a file
-/// found whole is remembered, so its later views stop after their crop's last row. A damaged
-/// file is never remembered: each of its views reads to the end and is dropped, as before.
+/// view of each file reads its entropy data to the end (check_whole_file: once). A file found
+/// whole is kept re-encoded with a restart marker after every MCU (McuIndexedJpeg, up to
+/// mcu_index_mb), so its later views decode only their crop's MCUs; past that budget it is
+/// remembered, and its later views stop after their crop's last row. A damaged file is never
+/// kept or remembered: each of its views reads to the end and is dropped, as before.
 class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
   using Options = DecodeCropOptions;
@@ -80,7 +91,9 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   explicit DecodeCropStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace);
-  /// "stopped_below_crop": views decoded only to their crop's last row (a file checked whole).
+  /// "stopped_below_crop": views decoded only to their crop's last row (a file checked whole);
+  /// "views_from_index", "indexed_files", "index_mb": views decoded from a file's
+  /// McuIndexedJpeg, the files kept so, and the memory they hold.
   std::vector<StageResult> results() const override;
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
@@ -105,6 +118,11 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   double wait_timeout_s_;
   std::shared_ptr<BatchPool> pool_;
   bool check_once_;
+  std::int64_t index_budget_;  // bytes
+  /// Files (hash of path and byte count) kept re-encoded, and the bytes they hold.
+  tbb::concurrent_unordered_map<std::uint64_t, std::unique_ptr<const McuIndexedJpeg>> indexed_;
+  std::atomic<std::int64_t> index_bytes_{0};
+  std::atomic<std::uint64_t> views_from_index_{0};
   /// Files (hash of path and byte count) a view decoded to the end without a problem.
   tbb::concurrent_unordered_set<std::uint64_t> checked_files_;
   std::atomic<std::uint64_t> stopped_below_crop_{0};

@@ -1,13 +1,17 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "stages/data/augment.hpp"
 #include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
+
+class McuIndexedJpeg;
 
 /// Decodes only the part of a JPEG a crop needs (DALI's ROI decode, FFCV's crop decoder), with
 /// the libjpeg API of libjpeg-turbo: the DCT scale is the smallest of 1/8, 1/4, 1/2 and 1 that
@@ -26,6 +30,9 @@ namespace flowtrain::data {
 /// a warning, an error, a size above `max_pixels`) it returns false and the caller decodes the
 /// whole image with `decode_image`, which also gives the exact reason for a refusal. One per
 /// thread; reuses its buffers from image to image.
+///
+/// A JPEG file indexed by JpegCropDecoder::index() (see there) can then be decoded view by view
+/// with decode(file, ...), which entropy-decodes only the crop's MCUs.
 ///
 ///   JpegCropDecoder decoder;
 ///   if (decoder.read_header(bytes, max_pixels)) {
@@ -61,13 +68,68 @@ class JpegCropDecoder {
               PixelRect& crop,
               ReadTo read_to = ReadTo::kImageEnd);
 
+  /// Re-encodes the image whose header was just read into a McuIndexedJpeg (instead of a
+  /// decode() of these bytes), or returns null for an image decode() would refuse: all of its
+  /// entropy data is decoded, so damage anywhere refuses it.
+  std::unique_ptr<const McuIndexedJpeg> index();
+
+  /// decode() of a view of an indexed file: the crop's pixels are those of decode() of the
+  /// original bytes, bit for bit, but only the crop's MCUs (and, where upsampling at this scale
+  /// reads across MCU rows, the MCU row above and below) are decoded.
+  bool decode(const McuIndexedJpeg& file,
+              const AugmentParams& view,
+              int min_side,
+              Image& strip,
+              PixelRect& crop);
+
   /// The DCT scale denominator of the last decode: 1, 2, 4 or 8.
   int scale_denom() const { return scale_denom_; }
 
  private:
   struct State;
+  /// Starts the decode of the header just read at `scale_denom_` and reads the rows of `crop`
+  /// (in output pixels) and the MCU columns around it into `strip`; `crop` becomes the crop's
+  /// rectangle inside `strip`. Called under the caller's setjmp.
+  void read_crop(Image& strip, PixelRect& crop);
+
   std::unique_ptr<State> state_;
   int scale_denom_ = 1;
+};
+
+/// A JPEG re-encoded losslessly (jpegtran's transcode: the same DCT coefficients, quantisation
+/// and sampling, as a baseline JPEG with Huffman tables of its own) with a restart marker after
+/// every MCU, and where each MCU's entropy-coded data begins. A restart resets the DC
+/// predictions, so each MCU's data decodes on its own, and any rectangle of MCUs is a JPEG of
+/// its own: the headers with that width and height, then the MCUs' data in order, renumbered
+/// markers between them. Each of its pixels is the original's (within one MCU of the rectangle's
+/// edges only where upsampling reads across MCUs; JpegCropDecoder adds those rows). About the
+/// size of the original file: 2-3 bytes more per MCU (16x16 pixels for 4:2:0).
+///
+/// The entropy decoding of later views is then proportional to their crop's area, not to the
+/// image's rows down to the crop's last (libjpeg can only skip rows by decoding them).
+class McuIndexedJpeg {
+ public:
+  int width() const { return width_; }
+  int height() const { return height_; }
+  /// Memory held, in bytes.
+  std::size_t bytes() const { return data_.capacity() + mcu_begin_.capacity() * 4; }
+
+  /// Writes the JPEG of MCU columns [c0, c1) and rows [r0, r1) into `out` (resized to fit).
+  void write_region(int c0, int c1, int r0, int r1, std::vector<std::uint8_t>& out) const;
+
+ private:
+  friend class JpegCropDecoder;
+  std::vector<std::uint8_t> data_;       // the re-encoded file
+  std::size_t sof_ = 0;                  // offset of the SOF marker (its size fields follow)
+  std::size_t scan_begin_ = 0;           // offset of the first MCU's data
+  std::size_t scan_end_ = 0;             // offset of the EOI marker
+  std::vector<std::uint32_t> mcu_begin_;  // offset of each MCU's data, row by row
+  int width_ = 0, height_ = 0;
+  int mcu_width_ = 8, mcu_height_ = 8;  // in full-size pixels
+  int mcus_x_ = 0, mcus_y_ = 0;
+  /// Per DCT scale 1, 1/2, 1/4, 1/8: whether upsampling reads across MCU rows (the chroma of
+  /// a vertically subsampled image, where the DCT does not scale it up to the output's size).
+  std::array<bool, 4> reads_rows_across_{};
 };
 
 }  // namespace flowtrain::data

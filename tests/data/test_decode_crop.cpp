@@ -11,6 +11,7 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <turbojpeg.h>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
@@ -90,6 +91,29 @@ Bytes with_marker_in_scan(const Bytes& jpeg, double fraction) {
   out.push_back(0xFF);
   out.push_back(0xD5);
   out.insert(out.end(), jpeg.begin() + static_cast<std::ptrdiff_t>(at), jpeg.end());
+  return out;
+}
+
+/// `rgb` as a JPEG with the given TurboJPEG subsampling, baseline or progressive.
+Bytes encode_with(const Image& rgb, int subsampling, bool progressive) {
+  tjhandle handle = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  REQUIRE(tjCompress2(handle, rgb.pixels.data(), rgb.width, 0, rgb.height, TJPF_RGB, &out, &size,
+                      subsampling, 88, progressive ? TJFLAG_PROGRESSIVE : 0) == 0);
+  Bytes bytes(out, out + size);
+  tjFree(out);
+  tjDestroy(handle);
+  return bytes;
+}
+
+/// The pixels of the crop of `view` in a strip the crop decoder wrote.
+Bytes crop_pixels(const Image& strip, const PixelRect& crop) {
+  Bytes out;
+  for (int y = crop.y; y < crop.y + crop.height; ++y) {
+    const std::uint8_t* row = strip.pixels.data() + (std::size_t(y) * strip.width + crop.x) * 3;
+    out.insert(out.end(), row, row + std::size_t(crop.width) * 3);
+  }
   return out;
 }
 
@@ -317,26 +341,98 @@ TEST_CASE("Data.JpegCrop.StoppingAtTheCropsEndGivesTheSamePixelsAndReadsNoFurthe
   REQUIRE(decoder.decode(bottom, 48, strip, crop, ReadTo::kImageEnd));
 }
 
+TEST_CASE("Data.JpegCrop.IndexedFilesGiveTheSameCropPixels") {
+  // Every sampling libjpeg upsamples differently (4:2:0, 4:2:2, 4:4:0, 4:4:4, gray), baseline
+  // and progressive, sizes that are not whole MCUs, and views at every DCT scale: the crop's
+  // pixels from the MCU index are those of the original, bit for bit.
+  const Image rgb = render_synthetic_image(2, 4, 203, 141, 7, 9);
+  const std::map<std::string, int> samplings = {{"420", TJSAMP_420}, {"422", TJSAMP_422},
+                                                {"440", TJSAMP_440}, {"444", TJSAMP_444},
+                                                {"gray", TJSAMP_GRAY}};
+  for (const auto& [name, subsampling] : samplings) {
+    for (const bool progressive : {false, true}) {
+      CAPTURE(name);
+      CAPTURE(progressive);
+      const Bytes bytes = encode_with(rgb, subsampling, progressive);
+      JpegCropDecoder decoder;
+      REQUIRE(decoder.read_header(bytes, 100'000'000));
+      const std::unique_ptr<const McuIndexedJpeg> indexed = decoder.index();
+      REQUIRE(indexed != nullptr);
+      CHECK(indexed->width() == 203);
+      CHECK(indexed->height() == 141);
+      std::map<int, int> scales;
+      for (std::uint64_t index = 0; index < 60; ++index) {
+        CAPTURE(index);
+        const AugmentParams view = train_policy(3).draw(index, 0, 203.0 / 141);
+        const int size = std::array{8, 16, 40, 100}[index % 4];
+        Image a, b;
+        PixelRect in_a, in_b;
+        REQUIRE(decoder.read_header(bytes, 100'000'000));
+        REQUIRE(decoder.decode(view, size, a, in_a, JpegCropDecoder::ReadTo::kCropEnd));
+        const int scale = decoder.scale_denom();
+        REQUIRE(decoder.decode(*indexed, view, size, b, in_b));
+        CHECK(decoder.scale_denom() == scale);
+        CHECK(in_b.width == in_a.width);
+        CHECK(in_b.height == in_a.height);
+        CHECK(b.width <= a.width);
+        CHECK((crop_pixels(b, in_b) == crop_pixels(a, in_a)));
+        ++scales[scale];
+      }
+      CHECK(scales.size() == 4);  // 1, 2, 4 and 8
+    }
+  }
+  // Damage anywhere in the file refuses the index, as it refuses a decode read to the end.
+  const Bytes good = photo(320, 240, 4);
+  JpegCropDecoder decoder;
+  for (const Bytes& bytes :
+       {Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() * 9 / 10)),
+        with_marker_in_scan(good, 0.95), with_marker_in_scan(good, 0.05)}) {
+    REQUIRE(decoder.read_header(bytes, 100'000'000));
+    CHECK(decoder.index() == nullptr);
+  }
+  REQUIRE(decoder.read_header(good, 100'000'000));  // and the decoder takes the next file
+  const std::unique_ptr<const McuIndexedJpeg> indexed = decoder.index();
+  REQUIRE(indexed != nullptr);
+  CHECK(indexed->bytes() > good.size() / 2);
+  CHECK(indexed->bytes() < good.size() * 2);
+}
+
 TEST_CASE("Data.DecodeCrop.FilesCheckedWholeOnceGiveTheSameBatchesAndDrops" *
           doctest::timeout(120)) {
   // 12 photos over 3 epochs: one has damage near its bottom, one is missing. Checked once, the
-  // good files' later views stop below their crops; the damaged file is read to the end and
-  // dropped in every epoch, and the batches are those of reading every view to the end.
+  // good files' later views come from their MCU index, or, with no room for it, stop below
+  // their crops; the damaged file is read to the end and dropped in every epoch, and the
+  // batches are those of reading every view to the end.
   std::vector<Bytes> images;
   for (std::uint64_t i = 0; i < 12; ++i) images.push_back(photo(160, 120, i));
   images[5] = with_marker_in_scan(images[5], 0.95);
   const std::vector<std::uint64_t> missing = {8};
-  const auto run = [&](const char* check, std::size_t concurrency) {
+  const auto run = [&](const char* check, std::int64_t index_mb, std::size_t concurrency) {
     return run_crop_path(std::make_unique<BytesSource>(images, missing, 3), concurrency, 8, 32,
-                         [&](DecodeCropStage::Options& o) { o.check_whole_file = check; });
+                         [&](DecodeCropStage::Options& o) {
+                           o.check_whole_file = check;
+                           o.mcu_index_mb = index_mb;
+                         });
   };
-  const Batches every_view = run("every_view", 1);
-  const Batches once = run("once", 1);
-  const Batches once_parallel = run("once", 2);
-  CHECK(testing::result(every_view.report, "crop", "stopped_below_crop") == 0);
-  CHECK(testing::result(once.report, "crop", "stopped_below_crop") == 10 * 2);  // 10 good, 2 epochs
-  CHECK(testing::result(once_parallel.report, "crop", "stopped_below_crop") > 0);
-  for (const Batches* got : {&once, &once_parallel}) {
+  const Batches every_view = run("every_view", 1024, 1);
+  const Batches indexed = run("once", 1024, 1);
+  const Batches indexed_parallel = run("once", 1024, 2);
+  const Batches stopping = run("once", 0, 1);
+  const Batches stopping_parallel = run("once", 0, 2);
+  const auto result = [](const Batches& got, const char* name) {
+    return testing::result(got.report, "crop", name);
+  };
+  CHECK(result(every_view, "stopped_below_crop") + result(every_view, "views_from_index") == 0);
+  CHECK(result(every_view, "indexed_files") == 0);
+  CHECK(result(indexed, "views_from_index") == 10 * 2);  // 10 good files, 2 later epochs
+  CHECK(result(indexed, "indexed_files") == 10);
+  CHECK(result(indexed, "index_mb") > 0);
+  CHECK(result(indexed, "stopped_below_crop") == 0);
+  CHECK(result(indexed_parallel, "views_from_index") > 0);
+  CHECK(result(stopping, "stopped_below_crop") == 10 * 2);
+  CHECK(result(stopping, "views_from_index") + result(stopping, "indexed_files") == 0);
+  CHECK(result(stopping_parallel, "stopped_below_crop") > 0);
+  for (const Batches* got : {&indexed, &indexed_parallel, &stopping, &stopping_parallel}) {
     const StageReport& crop = got->report.stages[1];
     CHECK(crop.dropped == 6);  // the damaged and the missing file, in each of 3 epochs
     int damaged_drops = 0;
