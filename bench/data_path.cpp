@@ -7,17 +7,22 @@
 //   decode_whole   csv_manifest -> jpeg_decode (min_side = size) -> discard
 //                  whole-image decode only, at the DCT scale that keeps the short side >= size
 //   full           csv_manifest -> decode_crop -> assemble_batch -> discard
-//                  the default path: crop-only decode, view, normalised into pooled batches
+//                  the default path: crop-only decode, view, normalised into pooled batches;
+//                  each file's first view decodes it whole and keeps it re-encoded with a
+//                  restart marker after every MCU (mcu_index_mb), so its later views
+//                  entropy-decode only their crop's MCUs: it gains from the second epoch on
+//   full_no_index  the same with mcu_index_mb: 0: later views stop below their crop
 //   full_every_view  the same, every view decoding its file to the end (check_whole_file:
-//                  every_view; the default, once, checks each file whole on its first view only,
-//                  and so gains from the second epoch on)
+//                  every_view)
 //   full_no_roi    the same with decode_crop's roi: false (whole-image decode, then crop)
 //   v1             csv_manifest -> jpeg_decode (min_side = size) -> augment -> collate -> discard
 //                  the path before decode_crop
 //
 // --breakdown adds where the time of one image goes, on one thread, with the files already in
 // memory: whole-image decode (as decode_whole), crop decode of the training views (reading the
-// file to its end, and stopping below the crop as a file's later views do), the floor of
+// file to its end, stopping below the crop as a file's later views do without the index, and
+// from the MCU index as they do with it), indexing a file (its first view's extra work), the
+// floor of
 // any decode that reads all of the entropy-coded data (a 1-pixel crop), the floor of any that
 // stops below the crop (the entropy data down to its last row), rendering the view
 // (resize, flip, jitter) and normalising it into floats, and the last two fused as decode_crop
@@ -65,16 +70,17 @@ std::vector<Case> cases(int size, int concurrency) {
   const std::string s = std::to_string(size);
   const std::string decode = "  - {type: jpeg_decode, concurrency: " + n +
                              ", queue_capacity: 16, params: {min_side: " + s + "}}\n";
-  const auto crop = [&](const char* roi, const char* check = "once") {
+  const auto crop = [&](const char* roi, const char* check = "once", const char* index_mb = "1024") {
     return "  - {type: decode_crop, concurrency: " + n +
            ", queue_capacity: 16, params: {size: " + s +
            ", batch_size: 64, pool_size: 6, roi: " + roi + ", check_whole_file: " + check +
-           ", " + jitter() + "}}\n" +
+           ", mcu_index_mb: " + index_mb + ", " + jitter() + "}}\n" +
            "  - {type: assemble_batch, queue_capacity: 128, params: {batch_size: 64}}\n";
   };
   return {
       {"decode_whole", decode},
       {"full", crop("true")},
+      {"full_no_index", crop("true", "once", "0")},
       {"full_every_view", crop("true", "every_view")},
       {"full_no_roi", crop("false")},
       {"v1", decode + "  - {type: augment, concurrency: " + n +
@@ -124,6 +130,8 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
   const std::vector<std::string> steps = {"whole decode (DCT rule)",
                                           "crop decode",
                                           "crop decode, stopping below the crop",
+                                          "crop decode from the MCU index",
+                                          "index the file (decode whole, re-encode)",
                                           "entropy floor (1-pixel crop)",
                                           "entropy floor to the crop's last row",
                                           "render view",
@@ -142,7 +150,7 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
       time(steps[0], [&] { flowtrain::data::decode_image(files[i], {size}, decoded); });
       flowtrain::data::PixelRect crop;
       flowtrain::data::AugmentParams params;
-      time(steps[3], [&] {
+      time(steps[5], [&] {
         if (decoder.read_header(files[i], 100'000'000)) decoder.decode(dot, size, decoded, crop);
       });
       time(steps[1], [&] {
@@ -157,12 +165,19 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
                          flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
         }
       });
+      std::unique_ptr<const flowtrain::data::McuIndexedJpeg> indexed;
+      time(steps[4], [&] {
+        if (decoder.read_header(files[i], 100'000'000)) indexed = decoder.index();
+      });
+      time(steps[3], [&] {
+        if (indexed) decoder.decode(*indexed, params, size, decoded, crop);
+      });
       // What any decode that stops below this view's crop must read: the entropy data down to
       // the crop's last row (a 1-pixel crop there, at the crop's DCT scale).
       flowtrain::data::AugmentParams bottom = params;
       bottom.crop_y = params.crop_y + params.crop_h * (1 - 1e-6f);
       bottom.crop_w = bottom.crop_h = 1e-6f;
-      time(steps[4], [&] {
+      time(steps[6], [&] {
         if (decoder.read_header(files[i], 100'000'000)) {
           decoder.decode(bottom, size, decoded, crop,
                          flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
@@ -172,12 +187,12 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
         decoder.decode(params, size, decoded, crop,
                        flowtrain::data::JpegCropDecoder::ReadTo::kCropEnd);
       }
-      time(steps[5], [&] {
+      time(steps[7], [&] {
         flowtrain::data::render_view(decoded, crop, params, size, view,
                                      flowtrain::data::Resample::kAreaFrom2x);
       });
-      time(steps[6], [&] { normalize(view, row.data()); });
-      time(steps[7], [&] {
+      time(steps[8], [&] { normalize(view, row.data()); });
+      time(steps[9], [&] {
         flowtrain::data::render_view_normalized(decoded, crop, params, size,
                                                 flowtrain::data::Resample::kAreaFrom2x, normalize,
                                                 view, row.data());

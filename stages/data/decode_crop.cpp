@@ -52,7 +52,8 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
       wait_timeout_s_(options.pool.wait_timeout_s),
       pool_(BatchPool::create(options.pool)),
       check_once_(options.check_whole_file == "once"),
-      index_budget_(options.mcu_index_mb << 20) {
+      // Eval views are the same crop in every pass, and an eval usually reads each file once.
+      index_budget_(options.augment.mode == "train" ? options.mcu_index_mb << 20 : 0) {
   keep_opencv_on_caller_thread();
   open_.reserve(kOpenBatches);
 }
