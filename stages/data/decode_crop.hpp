@@ -15,9 +15,9 @@
 #include "graph/registry.hpp"
 #include "stages/data/augment.hpp"
 #include "stages/data/bad_sample_policy.hpp"
-#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/batch_pool.hpp"
+#include "stages/data/jpeg_crop.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/normalizer.hpp"
 #include "stages/data/sample.hpp"
@@ -83,8 +83,8 @@ struct DecodeCropOptions {
 /// views, a file found whole is kept re-encoded with a restart marker after every MCU
 /// (McuIndexedJpeg, up to mcu_index_mb), so its later views decode only their crop's MCUs;
 /// past that budget, and for eval views, it is remembered, and its later views stop after
-/// their crop's last row. A damaged file is never
-/// kept or remembered: each of its views reads to the end and is dropped, as before.
+/// their crop's last row. A damaged file is never kept or remembered: each of its views reads
+/// to the end and is dropped, as before.
 class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
   using Options = DecodeCropOptions;

@@ -169,9 +169,9 @@ bool JpegCropDecoder::decode(const AugmentParams& view,
 
 namespace {
 
-/// Fills `file` from the image whose header `cinfo` has read: its coefficients re-encoded by
-/// `encoder` with a restart marker after every MCU. Calls setjmp: no object with a destructor
-/// in this frame.
+/// Re-encodes the image whose header `cinfo` has read into `encoded` (malloc'd by libjpeg): its
+/// coefficients, with a restart marker after every MCU. Calls setjmp: no object with a
+/// destructor in this frame.
 bool transcode(jpeg_decompress_struct& cinfo,
                jpeg_compress_struct& encoder,
                ErrorManager& errors,
