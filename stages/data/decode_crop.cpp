@@ -52,8 +52,7 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
       wait_timeout_s_(options.pool.wait_timeout_s),
       pool_(BatchPool::create(options.pool)),
       check_once_(options.check_whole_file == "once"),
-      // Eval views are the same crop in every pass, and an eval usually reads each file once.
-      index_budget_(options.augment.mode == "train" ? options.mcu_index_mb << 20 : 0) {
+      index_budget_(options.mcu_index_mb << 20) {
   keep_opencv_on_caller_thread();
   open_.reserve(kOpenBatches);
 }
@@ -73,7 +72,10 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
     std::string error = sample_bytes(s, bytes, decode_.max_file_bytes);
     bool cropped = false;
     if (error.empty() && roi_) {
-      // A file is known by its path and byte count; one already decoded whole needs no check.
+      // A file is known by its path and byte count. Its first view decodes it to the end (the
+      // check); the next view of a file found whole re-encodes it into an MCU index, budget
+      // allowing, from which that view and the later ones decode only their crop's MCUs.
+      // Without room for it, later views stop below their crop.
       const std::uint64_t file =
           check_once_ ? hash_bytes({reinterpret_cast<const std::uint8_t*>(s.path.data()),
                                     s.path.size()},
@@ -81,19 +83,20 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
                       : 0;
       const auto found = check_once_ ? indexed_.find(file) : indexed_.end();
       const McuIndexedJpeg* indexed = found != indexed_.end() ? found->second.get() : nullptr;
-      if (indexed == nullptr && scratch.decoder.read_header(bytes, decode_.max_pixels)) {
+      if (indexed != nullptr) {
+        s.augment = augment_.draw(s.index, s.epoch,
+                                  static_cast<double>(indexed->width()) / indexed->height());
+      } else if (scratch.decoder.read_header(bytes, decode_.max_pixels)) {
         s.augment = augment_.draw(s.index, s.epoch, scratch.decoder.aspect());
-        if (check_once_ && index_bytes_.load(std::memory_order_relaxed) < index_budget_) {
-          // The first view: decoded whole (the check) and re-encoded; the view comes from that.
+        const bool checked = check_once_ && checked_files_.count(file) > 0;
+        if (checked && index_bytes_.load(std::memory_order_relaxed) < index_budget_) {
           if (auto fresh = scratch.decoder.index()) {
             const std::size_t held = fresh->bytes();
             const auto [at, inserted] = indexed_.emplace(file, std::move(fresh));
             if (inserted) index_bytes_.fetch_add(static_cast<std::int64_t>(held));
-            cropped = scratch.decoder.decode(*at->second, s.augment, size_, scratch.decoded,
-                                             scratch.crop);
+            indexed = at->second.get();
           }
         } else {
-          const bool checked = check_once_ && checked_files_.count(file) > 0;
           cropped = scratch.decoder.decode(
               s.augment, size_, scratch.decoded, scratch.crop,
               checked ? JpegCropDecoder::ReadTo::kCropEnd : JpegCropDecoder::ReadTo::kImageEnd);
@@ -103,9 +106,8 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
             checked_files_.insert(file);
           }
         }
-      } else if (indexed != nullptr) {
-        s.augment = augment_.draw(s.index, s.epoch,
-                                  static_cast<double>(indexed->width()) / indexed->height());
+      }
+      if (indexed != nullptr) {
         cropped = scratch.decoder.decode(*indexed, s.augment, size_, scratch.decoded, scratch.crop);
         if (cropped) views_from_index_.fetch_add(1, std::memory_order_relaxed);
       }

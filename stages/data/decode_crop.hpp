@@ -48,11 +48,11 @@ struct DecodeCropOptions {
       "decodes to the end",
       {.choices = {"once", "every_view"}});
     d(mcu_index_mb, "mcu_index_mb",
-      "roi with check_whole_file: once, train views: memory (MiB, about) for files that the "
-      "first view re-encodes losslessly with a restart marker after every MCU (the same "
-      "coefficients, so the same pixels); their later views entropy-decode only the crop's "
-      "MCUs. It costs about 1.5 whole decodes per file and pays back from the 4th view of a "
-      "file. Files past it stop below their crop instead. 0: off",
+      "roi with check_whole_file: once: memory (MiB, about) for files that their second view "
+      "re-encodes losslessly with a restart marker after every MCU (the same coefficients, so "
+      "the same pixels); that view and the later ones entropy-decode only the crop's MCUs. "
+      "Indexing costs about 1.5 whole decodes per file, paid back from about the 5th view. "
+      "Files past it stop below their crop instead. 0: off",
       {.min = 0, .max = std::int64_t{1} << 40});
     augment.declare(d);
     decode.declare(d);
@@ -79,12 +79,12 @@ struct DecodeCropOptions {
 /// full-size decode.
 ///
 /// Damage below a view's crop leaves its pixels alone, but the file is still bad: the first
-/// view of each file reads its entropy data to the end (check_whole_file: once). For train
-/// views, a file found whole is kept re-encoded with a restart marker after every MCU
-/// (McuIndexedJpeg, up to mcu_index_mb), so its later views decode only their crop's MCUs;
-/// past that budget, and for eval views, it is remembered, and its later views stop after
-/// their crop's last row. A damaged file is never kept or remembered: each of its views reads
-/// to the end and is dropped, as before.
+/// view of each file reads its entropy data to the end (check_whole_file: once), and a file
+/// found whole is remembered. Its next view re-encodes it with a restart marker after every MCU
+/// (McuIndexedJpeg, kept up to mcu_index_mb), so that view and the later ones decode only their
+/// crop's MCUs; past that budget, its later views stop after their crop's last row. (A run of
+/// one epoch never pays for an index.) A damaged file is never remembered or kept: each of its
+/// views reads to the end and is dropped, as before.
 class DecodeCropStage final : public Map<Sample, BatchRow> {
  public:
   using Options = DecodeCropOptions;
@@ -95,7 +95,7 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace);
   /// "stopped_below_crop": views decoded only to their crop's last row (a file checked whole);
   /// "views_from_index", "indexed_files", "index_mb": views decoded from a file's
-  /// McuIndexedJpeg, the files kept so, and the memory they hold.
+  /// McuIndexedJpeg (its second view on), the files kept so, and the memory they hold.
   std::vector<StageResult> results() const override;
 
   BatchPool::Stats pool_stats() const { return pool_->stats(); }
