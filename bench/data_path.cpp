@@ -8,9 +8,10 @@
 //                  whole-image decode only, at the DCT scale that keeps the short side >= size
 //   full           csv_manifest -> decode_crop -> assemble_batch -> discard
 //                  the default path: crop-only decode, view, normalised into pooled batches;
-//                  each file's first view decodes it whole and keeps it re-encoded with a
-//                  restart marker after every MCU (mcu_index_mb), so its later views
-//                  entropy-decode only their crop's MCUs: it gains from the second epoch on
+//                  each file's first view decodes it whole (the check), its second keeps it
+//                  re-encoded with a restart marker after every MCU (mcu_index_mb), and from
+//                  then on views entropy-decode only their crop's MCUs: it pays back from
+//                  about the 5th epoch
 //   full_no_index  the same with mcu_index_mb: 0: later views stop below their crop
 //   full_every_view  the same, every view decoding its file to the end (check_whole_file:
 //                  every_view)
@@ -38,7 +39,7 @@
 //   build/bench/bench_data_path --manifest data/ifct2017/manifest.csv
 //     --manifest data/synthetic-640x360/manifest.csv --reps 3 --epochs 16 --json bench.json
 // (`make bench`). Each run builds its pipelines afresh, so `full` pays for indexing each file
-// once per run: --epochs 1 gives the first epoch's rate, a training run's later epochs gain.
+// once per run, in its second epoch.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
