@@ -414,9 +414,10 @@ void run_phases(const Context& ctx, const std::string& command) {
     if (const std::string cache = cache_summary(report); !cache.empty()) std::cout << cache << "\n";
     std::cout << std::flush;
     flowtrain::write_report_file(report, ctx.profile(phase.name).string());
-    if (report.autotune && !report.autotune->overrides.empty()) {
+    if (report.autotune) {
       // The saved config takes the chosen layout (and no more tuning there): the next run
-      // from it starts tuned.
+      // from it starts tuned. Also when the config's own layout won: tuning again would only
+      // find it again.
       tuned.insert(tuned.end(), report.autotune->overrides.begin(),
                    report.autotune->overrides.end());
       tuned.push_back(phase.run.key_prefix + "autotune=false");
