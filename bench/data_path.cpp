@@ -22,12 +22,11 @@
 // --breakdown adds where the time of one image goes, on one thread, with the files already in
 // memory: whole-image decode (as decode_whole), crop decode of the training views (reading the
 // file to its end, stopping below the crop as a file's later views do without the index, and
-// from the MCU index as they do with it), indexing a file (its first view's extra work), the
-// floor of
-// any decode that reads all of the entropy-coded data (a 1-pixel crop), the floor of any that
-// stops below the crop (the entropy data down to its last row), rendering the view
-// (resize, flip, jitter) and normalising it into floats, and the last two fused as decode_crop
-// runs them (render_view_normalized).
+// from the MCU index as they do with it), indexing a file (its second view's extra work), the
+// floor of any decode that reads all of the entropy-coded data (a 1-pixel crop), the floor of
+// any that stops below the crop (the entropy data down to its last row), rendering the view
+// (resize, flip, jitter) and normalising it into floats, and the last two fused as
+// decode_crop runs them (render_view_normalized).
 //
 // Every training path draws RandomResizedCrop views with flip and colour jitter (0.2 each) and
 // batches of 64. One warm-up run of each pipeline precedes the timed ones (page cache, allocator,

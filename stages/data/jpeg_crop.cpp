@@ -107,6 +107,16 @@ bool JpegCropDecoder::read_header(std::span<const std::uint8_t> bytes, std::int6
   return true;
 }
 
+PixelRect JpegCropDecoder::scaled_crop(const AugmentParams& view,
+                                       int width,
+                                       int height,
+                                       int min_side) {
+  const PixelRect full = crop_rect(view, width, height);
+  scale_denom_ = dct_scale_denom(full.width, full.height, min_side);
+  const int d = scale_denom_;
+  return crop_rect(view, (width + d - 1) / d, (height + d - 1) / d);  // libjpeg's rounding
+}
+
 void JpegCropDecoder::read_crop(Image& strip, PixelRect& crop) {
   jpeg_decompress_struct& cinfo = state_->cinfo;
   cinfo.scale_num = 1;
@@ -139,21 +149,18 @@ bool JpegCropDecoder::decode(const AugmentParams& view,
   State& s = *state_;
   if (!s.active) return false;
   jpeg_decompress_struct& cinfo = s.cinfo;
-  const PixelRect full = crop_rect(view, width(), height());
-  scale_denom_ = dct_scale_denom(full.width, full.height, min_side);
+  crop = scaled_crop(view, width(), height(), min_side);
   if (setjmp(s.errors.jump) != 0) {
     s.abort();
     return false;
   }
-  const int out_h = (height() + scale_denom_ - 1) / scale_denom_;  // libjpeg's output size
-  crop = crop_rect(view, (width() + scale_denom_ - 1) / scale_denom_, out_h);
   read_crop(strip, crop);
   if (read_to == ReadTo::kCropEnd) {
     s.abort();  // the rows below the crop stay unread
   } else {
     // The rows below the crop: skipped (entropy-decoded only) up to the last, which is read,
     // since skipping to the very end would mark the image finished without decoding its data.
-    const int below = out_h - crop.y - crop.height;
+    const int below = static_cast<int>(cinfo.output_height) - crop.y - crop.height;
     if (below > 1) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(below - 1));
     if (below > 0) {
       s.last_row.resize(std::size_t{cinfo.output_width} * 3);
@@ -219,7 +226,6 @@ std::unique_ptr<const McuIndexedJpeg> JpegCropDecoder::index() {
   State& s = *state_;
   if (!s.active) return nullptr;
   auto file = std::make_unique<McuIndexedJpeg>();
-  s.release_encoded();
   const bool ok =
       transcode(s.cinfo, s.encoder, s.errors, s.encoded, s.encoded_size, file->reads_rows_across_);
   if (!ok) {
@@ -275,10 +281,8 @@ bool JpegCropDecoder::decode(const McuIndexedJpeg& file,
                              PixelRect& crop) {
   State& s = *state_;
   s.abort();
-  const PixelRect full = crop_rect(view, file.width_, file.height_);
-  scale_denom_ = dct_scale_denom(full.width, full.height, min_side);
+  crop = scaled_crop(view, file.width_, file.height_, min_side);
   const int d = scale_denom_;
-  crop = crop_rect(view, (file.width_ + d - 1) / d, (file.height_ + d - 1) / d);
   // The crop's MCUs at this scale, and the rows above and below where upsampling reads them.
   const int mcu_w = file.mcu_width_ / d;
   const int mcu_h = file.mcu_height_ / d;

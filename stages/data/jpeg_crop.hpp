@@ -87,6 +87,9 @@ class JpegCropDecoder {
 
  private:
   struct State;
+  /// Sets scale_denom_ for `view` of a `width` x `height` image and returns its crop in the
+  /// pixels of the image scaled by it (libjpeg's output size).
+  PixelRect scaled_crop(const AugmentParams& view, int width, int height, int min_side);
   /// Starts the decode of the header just read at `scale_denom_` and reads the rows of `crop`
   /// (in output pixels) and the MCU columns around it into `strip`; `crop` becomes the crop's
   /// rectangle inside `strip`. Called under the caller's setjmp.
