@@ -1034,6 +1034,26 @@ void resolve_auto_threads(PipelineConfig& phase, const Registry& registry) {
 }
 
 void check_thread_budget(const PipelineConfig& phase, const Registry& registry) {
+  // An entry whose nodes work on each item at the same time as it (pipeline partitions) needs
+  // a graph thread for each, or they take turns.
+  const std::size_t threads = threads_and_cores(phase.run).first;
+  for (const StageConfig& entry : phase.stages) {
+    const StageInfo& info = registered(entry, registry);
+    if (!info.expand) continue;
+    std::string together = "'" + entry.name + "'";
+    std::size_t count = 1;
+    for (const ExpandedNode& node : info.expand(entry.params)) {
+      if (!node.runs_with_entry) continue;
+      together += ", '" + entry.name + "/" + node.node + "'";
+      ++count;
+    }
+    if (count > threads) {
+      throw Error(entry.location + ": " + phase_label(phase.name) + "the nodes " + together +
+                  " work on each item at the same time, but the phase has " +
+                  std::to_string(threads) + " graph thread" + (threads == 1 ? "" : "s") +
+                  ": give it threads: " + std::to_string(count) + " or more");
+    }
+  }
   const std::string problem = thread_budget_problem(stage_decls(phase, registry), phase.run);
   if (problem.empty()) return;
   const std::string where = phase.stages.empty() ? phase.origin : phase.stages.front().location;

@@ -1164,8 +1164,17 @@ class Pipeline::Runtime {
       return result;
     } catch (...) {
       c.leave(detail::Clock::now() - begin);
-      throw StageError(nodes_[i].name, seq, what_of(std::current_exception()));
+      StageError error(nodes_[i].name, seq, what_of(std::current_exception()));
+      cancel_stages();
+      throw error;
     }
+  }
+
+  // The run fails: every stage lets invocations that wait for each other return (Stage::cancel),
+  // once; the graph then drains.
+  void cancel_stages() {
+    if (cancelled_.exchange(true)) return;
+    for (const Node& node : nodes_) node.stage->cancel();
   }
 
   RunReport make_report() {
@@ -1228,6 +1237,7 @@ class Pipeline::Runtime {
   const detail::Clock::time_point start_;
   std::vector<std::vector<Consumer>> consumers_;  // [i]: the stages taking stage i's output
   std::vector<std::size_t> out_capacity_;         // [i]: its output slots (0: a sink)
+  std::atomic<bool> cancelled_{false};  // cancel_stages ran
   std::vector<std::unique_ptr<TokenState>> tokens_ =
       std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
   std::vector<std::vector<std::size_t>> token_receivers_ =

@@ -42,6 +42,9 @@ struct ExpandedNode {
   bool always = false;
   /// The entry waits for this node's tokens (StageOptions::token_from).
   bool sends_token_to_entry = false;
+  /// Works on each item at the same time as the entry, each waiting for the other's results
+  /// (a pipeline partition): the phase needs a graph thread for the entry and each such node.
+  bool runs_with_entry = false;
 };
 
 /// A registered stage type: everything needed to validate a config entry and to build it.

@@ -62,13 +62,15 @@ std::string RunReport::verdict() const {
   std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
                      " of its " + workers_text(s);
   if (s.waiting.seconds > 0.5 * s.busy_s) {
-    // Not work: the items after it hold what it needs to go on.
+    // Not work: the items after it, or its peers, hold what it needs to go on.
+    const StageWait& w = s.waiting;
     char value[32];
-    std::snprintf(value, sizeof value, "%g", s.waiting.value);
-    return line + ", but " + percent(s.waiting.seconds / s.busy_s) + " of that waiting for " +
-           s.waiting.what + ", which the items after it hold: raise " + key_prefix + "stages." +
-           s.name + ".params." + s.waiting.param + " (now " + value +
-           "), or lower the queue capacities after it";
+    std::snprintf(value, sizeof value, "%g", w.value);
+    const std::string owner = w.entry_param ? s.name.substr(0, s.name.find('/')) : s.name;
+    return line + ", but " + percent(w.seconds / s.busy_s) + " of that waiting for " + w.what +
+           (w.held_after ? ", which the items after it hold" : "") + ": raise " + key_prefix +
+           "stages." + owner + ".params." + w.param + " (now " + value + ")" +
+           (w.held_after ? ", or lower the queue capacities after it" : "");
   }
   // Name the costliest stage downstream, which waits on it, to show what the bottleneck costs.
   const StageReport* waiter = nullptr;

@@ -82,6 +82,8 @@ void emit_stage(YAML::Emitter& out, const StageReport& s) {
     key("what") << s.waiting.what;
     key("param") << s.waiting.param;
     key("value") << number(s.waiting.value);
+    key("held_after") << s.waiting.held_after;
+    key("entry_param") << s.waiting.entry_param;
     out << YAML::EndMap;
   }
   key("queue_mean") << number(s.queue_mean);
@@ -258,6 +260,8 @@ StageReport read_stage(const Reader& in, const YAML::Node& map, const std::strin
     in.field(waiting, "what", s.waiting.what, at);
     in.field(waiting, "param", s.waiting.param, at);
     in.field(waiting, "value", s.waiting.value, at);
+    if (waiting["held_after"]) in.field(waiting, "held_after", s.waiting.held_after, at);
+    if (waiting["entry_param"]) in.field(waiting, "entry_param", s.waiting.entry_param, at);
   }
   in.field(map, "queue_mean", s.queue_mean, path);
   in.field(map, "queue_max", s.queue_max, path);

@@ -111,6 +111,12 @@ struct StageWait {
   std::string what;    // "a free batch buffer"
   std::string param;   // "pool_size"
   double value = 0;    // the param's value
+  /// What it waits for is held by the items after it (a pool's buffers), so lower queue
+  /// capacities after it help too; false for a wait on its peers (a pipeline partition
+  /// waiting for another's activations).
+  bool held_after = true;
+  /// `param` is its entry's: the node was brought by an entry (named "<entry>/<node>").
+  bool entry_param = false;
 };
 
 /// Work a stage timed inside one of its items, on a track of its own: a pipeline partition's
@@ -171,6 +177,12 @@ class Stage {
   virtual std::vector<StageResult> live_results() const { return {}; }
   /// What the stage timed inside its items, after the run (see TimelineSpan).
   virtual std::vector<TimelineSpan> timeline() const { return {}; }
+
+  /// The run is failing (another stage threw): a stage whose invocations wait for each other
+  /// (pipeline partitions, whose tasks suspend until a peer hands them a tensor) makes them
+  /// return, since a peer's invocation may now never start. Called once, from the failing
+  /// thread, while invocations may run; must not throw.
+  virtual void cancel() {}
 
  private:
   friend struct detail::StageAccess;

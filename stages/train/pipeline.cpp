@@ -11,6 +11,8 @@
 #include <thread>
 #include <tuple>
 
+#include <oneapi/tbb/task.h>
+
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/thread_memory.hpp"
@@ -25,40 +27,46 @@ using Clock = std::chrono::steady_clock;
 // Thrown in a rank waiting for a tensor once another rank failed: it stops without a message.
 struct Cancelled {};
 
-// Tensors handed between the ranks' threads of one process, each put once and taken once.
-class Mailbox {
+// Waiting for a condition guarded by a mutex: a thread blocks on a condition variable; a oneTBB
+// task suspends, and its thread runs other tasks until notify_all resumes it.
+class Waiters {
  public:
-  void put(Kind kind, int stage, int microbatch, torch::Tensor tensor) {
-    {
-      std::lock_guard lock(mutex_);
-      tensors_[{kind, stage, microbatch}] = std::move(tensor);
+  explicit Waiters(bool suspend) : suspend_(suspend) {}
+
+  // Returns once `ready()` holds; `lock` holds the mutex guarding it.
+  template <class Ready>
+  void wait(std::unique_lock<std::mutex>& lock, Ready ready) {
+    if (!suspend_) {
+      changed_.wait(lock, ready);
+      return;
     }
-    arrived_.notify_all();
+    while (!ready()) {
+      std::mutex& mutex = *lock.mutex();
+      lock.unlock();
+      tbb::task::suspend([&](tbb::task::suspend_point point) {
+        std::unique_lock relock(mutex);
+        if (ready()) {  // changed before the task was parked: go on at once
+          relock.unlock();
+          tbb::task::resume(point);
+          return;
+        }
+        suspended_.push_back(point);
+      });
+      lock.lock();
+    }
   }
 
-  torch::Tensor take(Kind kind, int stage, int microbatch) {
-    std::unique_lock lock(mutex_);
-    const std::tuple key{kind, stage, microbatch};
-    arrived_.wait(lock, [&] { return failed_ || tensors_.count(key) != 0; });
-    if (failed_) throw Cancelled{};
-    torch::Tensor out = std::move(tensors_[key]);
-    tensors_.erase(key);
-    return out;
-  }
-
-  void fail() {
-    {
-      std::lock_guard lock(mutex_);
-      failed_ = true;
-    }
-    arrived_.notify_all();
+  // Under the mutex, after a change that may make a waiter's condition hold.
+  void notify_all() {
+    changed_.notify_all();
+    for (const tbb::task::suspend_point point : suspended_) tbb::task::resume(point);
+    suspended_.clear();
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable arrived_;
-  std::map<std::tuple<Kind, int, int>, torch::Tensor> tensors_;
-  bool failed_ = false;
+  bool suspend_;
+  std::condition_variable changed_;
+  std::vector<tbb::task::suspend_point> suspended_;
 };
 
 std::string current_exception_text() {
@@ -73,17 +81,125 @@ std::string current_exception_text() {
 
 }  // namespace
 
-PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
-                                       const std::vector<PipelineStageFn>& stages,
-                                       const std::function<torch::Tensor(int)>& input,
-                                       int intraop_threads,
-                                       const std::vector<double>& weights,
-                                       PipelineTransport* transport) {
+struct PipelineBatch::State {
+  // What a stage keeps of a micro-batch from its forward to its backward (only the rank
+  // holding the stage touches its entries).
+  struct Kept {
+    torch::Tensor input;   // a stage's input, as a leaf whose gradient goes back
+    torch::Tensor output;  // with its autograd graph; the last stage's: the scaled loss
+  };
+
+  const PipelineSchedule& schedule;
+  const std::vector<PipelineStageFn>& stages;
+  std::function<torch::Tensor(int)> input;
+  int intraop_threads;
+  std::vector<double> weights;
+  PipelineTransport* transport;
+  int m, last, local_ranks = 0;
+  std::vector<Kept> kept;
+  std::vector<int> in_flight;
+  PipelineBatchResult result;
+  Clock::time_point begin;
+
+  // Between the ranks of this process, under `mutex`: stage s's forward output goes to stage
+  // s + 1 under (kForward, s + 1, m), the gradient of its input back to stage s - 1 under
+  // (kBackward, s - 1, m), each put once and taken once.
+  std::mutex mutex;
+  Waiters waiters;
+  std::map<std::tuple<Kind, int, int>, torch::Tensor> mail;
+  bool failed = false;
+  std::string error;  // the first failure
+  int finished = 0;   // ranks of this process done
+  std::vector<double> waited_s;  // [rank]: for tensors of the others, in seconds
+
+  State(const PipelineSchedule& schedule_of,
+        const std::vector<PipelineStageFn>& stages_of,
+        std::function<torch::Tensor(int)> input_of,
+        int threads,
+        std::vector<double> weights_of,
+        PipelineTransport* transport_of,
+        bool suspend)
+      : schedule(schedule_of),
+        stages(stages_of),
+        input(std::move(input_of)),
+        intraop_threads(threads),
+        weights(std::move(weights_of)),
+        transport(transport_of),
+        m(schedule_of.microbatches),
+        last(schedule_of.stages - 1),
+        waiters(suspend) {}
+
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - begin).count(); }
+  bool local(int rank) const { return !transport || rank == transport->rank(); }
+  double weight(int microbatch) const {
+    return weights.empty() ? 1.0 / m : weights[static_cast<std::size_t>(microbatch)];
+  }
+  int tag(Kind kind, int stage, int microbatch) const {
+    return ((kind == Kind::kForward ? 0 : schedule.stages) + stage) * m + microbatch;
+  }
+  static std::string what(Kind kind, int stage, int microbatch) {
+    const std::string s = std::to_string(stage);
+    return (kind == Kind::kForward ? "stage " + s + "'s input"
+                                   : "the gradient of stage " + s + "'s output") +
+           " of micro-batch " + std::to_string(microbatch);
+  }
+
+  // To the rank holding `stage`: in memory, or through the transport to another process.
+  void put(Kind kind, int stage, int microbatch, torch::Tensor tensor) {
+    const int to = schedule.rank_of(stage);
+    if (!local(to)) {
+      transport->send(to, tag(kind, stage, microbatch), tensor.contiguous(),
+                      what(kind, stage, microbatch));
+      return;
+    }
+    std::lock_guard lock(mutex);
+    mail[{kind, stage, microbatch}] = std::move(tensor);
+    waiters.notify_all();
+  }
+
+  torch::Tensor take(Kind kind, int stage, int microbatch) {
+    const int from = schedule.rank_of(kind == Kind::kForward ? stage - 1 : stage + 1);
+    if (!local(from)) {
+      return transport->recv(from, tag(kind, stage, microbatch), what(kind, stage, microbatch));
+    }
+    const std::tuple key{kind, stage, microbatch};
+    std::unique_lock lock(mutex);
+    const Clock::time_point asked = Clock::now();
+    waiters.wait(lock, [&] { return failed || mail.count(key) != 0; });
+    waited_s[static_cast<std::size_t>(schedule.rank_of(stage))] +=
+        std::chrono::duration<double>(Clock::now() - asked).count();
+    if (failed) throw Cancelled{};
+    torch::Tensor out = std::move(mail[key]);
+    mail.erase(key);
+    return out;
+  }
+
+  void fail(const std::string& reason) {
+    std::lock_guard lock(mutex);
+    if (error.empty()) error = reason;
+    failed = true;
+    waiters.notify_all();
+  }
+
+  void rank_done() {
+    std::lock_guard lock(mutex);
+    ++finished;
+    waiters.notify_all();
+  }
+};
+
+PipelineBatch::PipelineBatch(const PipelineSchedule& schedule,
+                             const std::vector<PipelineStageFn>& stages,
+                             std::function<torch::Tensor(int)> input,
+                             int intraop_threads,
+                             std::vector<double> weights,
+                             PipelineTransport* transport,
+                             Wait wait) {
   if (stages.size() != static_cast<std::size_t>(schedule.stages)) {
     throw Error("the pipeline schedule has " + std::to_string(schedule.stages) +
                 " stages, but the model was split into " + std::to_string(stages.size()));
   }
-  const int m = schedule.microbatches, last = schedule.stages - 1;
+  const int m = schedule.microbatches;
   if (!weights.empty() && weights.size() != static_cast<std::size_t>(m)) {
     throw Error("run_pipeline_batch: " + std::to_string(weights.size()) + " loss weights for " +
                 std::to_string(m) + " micro-batches");
@@ -94,132 +210,141 @@ PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
                 std::to_string(transport->rank()) + ", but the schedule has " +
                 std::to_string(ranks) + " ranks");
   }
-  const auto weight = [&](int microbatch) {
-    return weights.empty() ? 1.0 / m : weights[static_cast<std::size_t>(microbatch)];
-  };
-  // What a stage keeps of a micro-batch from its forward to its backward (only the rank
-  // holding the stage touches its entries).
-  struct Kept {
-    torch::Tensor input;   // a stage's input, as a leaf whose gradient goes back
-    torch::Tensor output;  // with its autograd graph; the last stage's: the scaled loss
-  };
-  std::vector<Kept> kept(static_cast<std::size_t>(schedule.stages * m));
-  PipelineBatchResult result;
-  result.losses.assign(static_cast<std::size_t>(m), 0.0);
-  result.spans.resize(schedule.actions.size());
-  result.peak_in_flight.assign(static_cast<std::size_t>(schedule.stages), 0);
-  result.peak_bytes.assign(schedule.actions.size(), 0);
-  std::vector<int> in_flight(static_cast<std::size_t>(schedule.stages), 0);
-  Mailbox mail;
-  std::mutex error_mutex;
-  std::string error;
-  const Clock::time_point begin = result.start = Clock::now();
-  const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - begin).count(); };
+  state_ = std::make_unique<State>(schedule, stages, std::move(input), intraop_threads,
+                                   std::move(weights), transport, wait == Wait::kSuspend);
+  State& s = *state_;
+  for (int r = 0; r < ranks; ++r) s.local_ranks += s.local(r) ? 1 : 0;
+  s.kept.resize(static_cast<std::size_t>(schedule.stages * m));
+  s.result.losses.assign(static_cast<std::size_t>(m), 0.0);
+  s.result.spans.resize(schedule.actions.size());
+  s.result.peak_in_flight.assign(static_cast<std::size_t>(schedule.stages), 0);
+  s.result.peak_bytes.assign(schedule.actions.size(), 0);
+  s.in_flight.assign(static_cast<std::size_t>(schedule.stages), 0);
+  s.waited_s.assign(schedule.actions.size(), 0.0);
+  install_memory_counting();  // before the ranks allocate
+  s.begin = s.result.start = Clock::now();
+}
 
-  // Stage s's forward output goes to stage s + 1 (kept under (kForward, s + 1, m)), the gradient
-  // of its input back to stage s - 1 (under (kBackward, s - 1, m)): through the mailbox between
-  // threads of this process, or through the transport to a rank in another one.
-  const auto local = [&](int rank) { return !transport || rank == transport->rank(); };
-  const auto tag = [&](Kind kind, int stage, int microbatch) {
-    return ((kind == Kind::kForward ? 0 : schedule.stages) + stage) * m + microbatch;
-  };
-  const auto what = [](Kind kind, int stage, int microbatch) {
-    const std::string s = std::to_string(stage);
-    return (kind == Kind::kForward ? "stage " + s + "'s input"
-                                   : "the gradient of stage " + s + "'s output") +
-           " of micro-batch " + std::to_string(microbatch);
-  };
-  const auto put = [&](Kind kind, int stage, int microbatch, torch::Tensor tensor) {
-    const int to = schedule.rank_of(stage);
-    if (local(to)) {
-      mail.put(kind, stage, microbatch, std::move(tensor));
-    } else {
-      transport->send(to, tag(kind, stage, microbatch), tensor.contiguous(),
-                      what(kind, stage, microbatch));
-    }
-  };
-  const auto take = [&](Kind kind, int stage, int microbatch) {
-    const int from = schedule.rank_of(kind == Kind::kForward ? stage - 1 : stage + 1);
-    return local(from)
-               ? mail.take(kind, stage, microbatch)
-               : transport->recv(from, tag(kind, stage, microbatch), what(kind, stage, microbatch));
-  };
+PipelineBatch::~PipelineBatch() = default;
 
-  const auto run_rank = [&](std::size_t rank) {
-    IntraOpThreads threads(intraop_threads);
-    const int slot = static_cast<int>(rank) % CountThreadMemory::kSlots;
-    CountThreadMemory count(slot);
-    thread_memory_reset_peak(slot);
-    const std::int64_t held_before = thread_memory_live(slot);
-    for (const PipelineAction& a : schedule.actions[rank]) {
-      const auto s = static_cast<std::size_t>(a.stage);
-      Kept& k = kept[s * static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)];
-      double start = 0;  // once its input is there: waiting for it is the bubble
-      try {
-        if (a.kind == Kind::kForward) {
-          k.input = a.stage == 0 ? torch::Tensor()
-                                 : take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
-          start = seconds();
-          torch::Tensor y = stages[s](a.stage == 0 ? input(a.microbatch) : k.input, a.microbatch);
-          if (a.stage == last) {
-            result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
-            k.output = y * weight(a.microbatch);
-          } else {
-            put(Kind::kForward, a.stage + 1, a.microbatch, y.detach());
-            k.output = std::move(y);
-          }
-          result.peak_in_flight[s] = std::max(result.peak_in_flight[s], ++in_flight[s]);
+void PipelineBatch::run_rank(int rank) {
+  State& s = *state_;
+  const auto r = static_cast<std::size_t>(rank);
+  // Each action counts its allocations into the rank's slot. A rank may change threads
+  // between actions (a task resumed elsewhere), so the thread's settings are made per action.
+  const int slot = rank % CountThreadMemory::kSlots;
+  thread_memory_reset_peak(slot);
+  const std::int64_t held_before = thread_memory_live(slot);
+  for (const PipelineAction& a : s.schedule.actions[r]) {
+    const auto stage = static_cast<std::size_t>(a.stage);
+    State::Kept& k = s.kept[stage * static_cast<std::size_t>(s.m) +
+                            static_cast<std::size_t>(a.microbatch)];
+    double start = 0;  // once its input is there: waiting for it is the bubble
+    try {
+      if (a.kind == Kind::kForward) {
+        k.input = a.stage == 0 ? torch::Tensor()
+                               : s.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
+        start = s.seconds();
+        IntraOpThreads threads(s.intraop_threads);
+        CountThreadMemory count(slot);
+        torch::Tensor y = s.stages[stage](a.stage == 0 ? s.input(a.microbatch) : k.input,
+                                          a.microbatch);
+        if (a.stage == s.last) {
+          s.result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
+          k.output = y * s.weight(a.microbatch);
         } else {
-          const torch::Tensor grad =
-              a.stage == last ? torch::Tensor() : take(Kind::kBackward, a.stage, a.microbatch);
-          start = seconds();
-          if (a.stage == last) {
-            torch::autograd::backward({k.output});
-          } else {
-            torch::autograd::backward({k.output}, {grad});
-          }
-          if (a.stage > 0) put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
-          k = {};  // the activations go as soon as the backward is done
-          --in_flight[s];
+          s.put(Kind::kForward, a.stage + 1, a.microbatch, y.detach());
+          k.output = std::move(y);
         }
-      } catch (const Cancelled&) {
-        return;
-      } catch (...) {
-        {
-          std::lock_guard lock(error_mutex);
-          if (error.empty()) {
-            error = "pipeline rank " + std::to_string(rank) + ", " +
-                    (a.kind == Kind::kForward ? "forward" : "backward") + " of stage " +
-                    std::to_string(a.stage) + ", micro-batch " + std::to_string(a.microbatch) +
-                    ": " + current_exception_text();
-          }
+        s.result.peak_in_flight[stage] =
+            std::max(s.result.peak_in_flight[stage], ++s.in_flight[stage]);
+      } else {
+        const torch::Tensor grad =
+            a.stage == s.last ? torch::Tensor() : s.take(Kind::kBackward, a.stage, a.microbatch);
+        start = s.seconds();
+        IntraOpThreads threads(s.intraop_threads);
+        CountThreadMemory count(slot);
+        if (a.stage == s.last) {
+          torch::autograd::backward({k.output});
+        } else {
+          torch::autograd::backward({k.output}, {grad});
         }
-        mail.fail();
-        return;
+        if (a.stage > 0) s.put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
+        k = {};  // the activations go as soon as the backward is done
+        --s.in_flight[stage];
       }
-      result.spans[rank].emplace_back(start, seconds());
+    } catch (const Cancelled&) {
+      s.rank_done();
+      return;
+    } catch (...) {
+      const std::string error = "pipeline rank " + std::to_string(rank) + ", " +
+                                (a.kind == Kind::kForward ? "forward" : "backward") +
+                                " of stage " + std::to_string(a.stage) + ", micro-batch " +
+                                std::to_string(a.microbatch) + ": " + current_exception_text();
+      s.fail(error);
+      s.rank_done();
+      throw Error(error);
     }
-    result.peak_bytes[rank] = thread_memory_peak(slot) - held_before;
-  };
-  install_memory_counting();  // before the ranks' threads allocate
+    s.result.spans[r].emplace_back(start, s.seconds());
+  }
+  s.result.peak_bytes[r] = thread_memory_peak(slot) - held_before;
+  s.rank_done();
+}
+
+void PipelineBatch::run() {
   std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    if (local(r)) threads.emplace_back(run_rank, static_cast<std::size_t>(r));
+  for (int r = 0; r < static_cast<int>(state_->schedule.actions.size()); ++r) {
+    if (!state_->local(r)) continue;
+    threads.emplace_back([this, r] {
+      try {
+        run_rank(r);
+      } catch (const Error&) {
+        // kept for finish()
+      }
+    });
   }
   for (std::thread& t : threads) t.join();
-  if (!error.empty()) throw Error(error);
-  if (transport) transport->flush();
+}
 
-  result.wall_s = seconds();
+void PipelineBatch::wait_ranks() {
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  s.waiters.wait(lock, [&] { return s.finished == s.local_ranks; });
+}
+
+void PipelineBatch::cancel(const std::string& reason) { state_->fail(reason); }
+
+double PipelineBatch::waited_seconds(int rank) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->waited_s.at(static_cast<std::size_t>(rank));
+}
+
+PipelineBatchResult PipelineBatch::finish() {
+  State& s = *state_;
+  if (!s.error.empty()) throw Error(s.error);
+  if (s.transport) s.transport->flush();
+  PipelineBatchResult& result = s.result;
+  result.wall_s = s.seconds();
   double busy = 0, sum = 0;
   for (const auto& spans : result.spans) {
     for (const auto& [start, end] : spans) busy += end - start;
   }
-  for (int i = 0; i < m; ++i) sum += weight(i) * result.losses[static_cast<std::size_t>(i)];
+  for (int i = 0; i < s.m; ++i) sum += s.weight(i) * result.losses[static_cast<std::size_t>(i)];
   result.loss = sum;
   result.bubble =
-      result.wall_s > 0 ? 1 - busy / (static_cast<double>(threads.size()) * result.wall_s) : 0;
-  return result;
+      result.wall_s > 0 ? 1 - busy / (static_cast<double>(s.local_ranks) * result.wall_s) : 0;
+  return std::move(result);
+}
+
+PipelineBatchResult run_pipeline_batch(const PipelineSchedule& schedule,
+                                       const std::vector<PipelineStageFn>& stages,
+                                       const std::function<torch::Tensor(int)>& input,
+                                       int intraop_threads,
+                                       const std::vector<double>& weights,
+                                       PipelineTransport* transport) {
+  PipelineBatch batch(schedule, stages, input, intraop_threads, weights, transport);
+  batch.run();
+  return batch.finish();
 }
 
 std::vector<int> split_points_param(const std::vector<double>& values) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,19 +56,72 @@ struct PipelineBatchResult {
   std::vector<std::int64_t> peak_bytes;
 };
 
-/// Runs the forward and backward of one batch through `stages` as `schedule` orders them, in
-/// one process: one thread per rank, each running its actions in order on `intraop_threads`
-/// ATen threads, activations and their gradients handed between stages in memory. A stage keeps
-/// a micro-batch's activations from its forward to its backward only. Each micro-batch's loss is
-/// scaled by 1/M before its backward, so the gradients accumulated in the parameters' `grad`
-/// are those of the mean loss over the batch (with micro-batches of equal size), as
-/// torch.distributed.pipelining computes them; the caller then steps its optimizer once.
-/// `input(m)` gives micro-batch m's input to the first stage; `weights[m]` (default 1/M) scales
-/// its loss instead of 1/M, n_m / B for micro-batches of unequal sizes n_m (the loss is then
-/// the batch's mean whatever the split). An exception in any stage stops
-/// every rank and is rethrown as Error naming the rank, the stage, the micro-batch and the reason.
-/// With a `transport`, this process runs only the actions of its rank, and the tensors to and
-/// from the other ranks' stages go through it (every rank calls this with the same schedule).
+/// One batch through a pipeline while it runs: the forward and backward of each micro-batch
+/// through `stages` as `schedule` orders them. Each rank of the schedule runs its actions in
+/// order through run_rank, on `intraop_threads` ATen threads, and activations and their
+/// gradients go between ranks in memory (or, with a `transport`, to and from ranks in other
+/// processes). A stage keeps a micro-batch's activations from its forward to its backward only.
+/// Each micro-batch's loss is scaled by 1/M before its backward, so the gradients accumulated in
+/// the parameters' `grad` are those of the mean loss over the batch (with micro-batches of equal
+/// size), as torch.distributed.pipelining computes them; the caller then steps its optimizer
+/// once. `input(m)` gives micro-batch m's input to the first stage; `weights[m]` (default 1/M)
+/// scales its loss instead of 1/M, n_m / B for micro-batches of unequal sizes n_m (the loss is
+/// then the batch's mean whatever the split).
+///
+/// The ranks of this process run either on threads of their own (run(): one each) or as tasks
+/// of a oneTBB arena, one rank per graph node (a train_step's partitions): with
+/// `Wait::kSuspend` a rank waiting for another's tensor suspends its task (oneTBB's resumable
+/// tasks), so the thread runs other work (the data stages) meanwhile instead of blocking.
+///
+///   PipelineBatch batch(schedule, stages, input_of, 1, {}, nullptr, PipelineBatch::Wait::kSuspend);
+///   // each rank r, in a task of its own: batch.run_rank(r);
+///   batch.wait_ranks();                        // in any of them
+///   const PipelineBatchResult r = batch.finish();
+class PipelineBatch {
+ public:
+  /// How a rank waits for a tensor another rank of this process has yet to hand it: blocking
+  /// its thread, or suspending its oneTBB task (run_rank must then run in one).
+  enum class Wait { kBlock, kSuspend };
+
+  /// Throws Error if `stages` or `weights` do not fit `schedule`, or the transport's rank is
+  /// not one of its ranks.
+  PipelineBatch(const PipelineSchedule& schedule,
+                const std::vector<PipelineStageFn>& stages,
+                std::function<torch::Tensor(int)> input,
+                int intraop_threads = 1,
+                std::vector<double> weights = {},
+                PipelineTransport* transport = nullptr,
+                Wait wait = Wait::kBlock);
+  ~PipelineBatch();
+  PipelineBatch(const PipelineBatch&) = delete;
+  PipelineBatch& operator=(const PipelineBatch&) = delete;
+
+  /// Runs rank `rank`'s actions in order, each once its input has arrived. If one fails,
+  /// every rank of this process stops and this throws Error naming the rank, the stage, the
+  /// micro-batch and the reason; a rank stopped so by another one's failure returns.
+  void run_rank(int rank);
+  /// Runs every rank of this process (the transport's, or all of them), each on a thread of
+  /// its own, and returns once all are done (Wait::kBlock).
+  void run();
+  /// Waits until every rank of this process has returned from run_rank.
+  void wait_ranks();
+  /// Stops the ranks: those waiting for a tensor return, and finish() throws `reason`. For a
+  /// run failing elsewhere, so that no rank waits for one that will never run.
+  void cancel(const std::string& reason);
+  /// Seconds rank `rank` has waited for its inputs from ranks of this process so far.
+  double waited_seconds(int rank) const;
+  /// Once every rank of this process is done: what the batch did. Throws the first failure.
+  PipelineBatchResult finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+/// Runs one batch through a pipeline in one call: every rank of this process on a thread of its
+/// own (PipelineBatch::run), then PipelineBatch::finish. With a `transport`, this process runs
+/// only the actions of its rank, and the tensors to and from the other ranks' stages go through
+/// it (every rank calls this with the same schedule).
 ///
 ///   const PipelineSchedule schedule = make_pipeline_schedule(PipelineScheduleKind::k1F1B, 2, 4);
 ///   const std::vector<PipelineStageFn> stages = vit_pipeline_stages(model, {2}, loss_of);

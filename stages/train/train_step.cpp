@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "distributed/job.hpp"
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
@@ -12,6 +13,7 @@
 #include "stages/train/optimizer_step.hpp"
 #include "stages/train/pipeline.hpp"
 #include "stages/train/step_writers.hpp"
+#include "stages/train/train_partition.hpp"
 
 namespace flowtrain::train {
 
@@ -60,7 +62,7 @@ ModelConfig ModelOptions::config() const {
   return config;
 }
 
-PipelineOptions PipelineStepOptions::config(int intraop_threads, int ranks) const {
+PipelineOptions PipelineStepOptions::config(int intraop_threads) const {
   PipelineOptions o;
   o.partitions = partitions;
   o.microbatches = microbatches;
@@ -76,17 +78,12 @@ PipelineOptions PipelineStepOptions::config(int intraop_threads, int ranks) cons
     throw Error("params 'partition_splits' and 'partition_balance: measured' both say where to "
                 "split: give one of them");
   }
-  if (ranks > 1) {  // one partition per rank, on the rank's threads
-    o.threads = intraop_threads;
-    return o;
-  }
-  if (partitions > 1 && intraop_threads % partitions != 0) {
-    throw Error("param 'intraop_threads' (" + std::to_string(intraop_threads) +
-                ") must be a multiple of partitions (" + std::to_string(partitions) +
-                "): each partition gets an equal share");
-  }
-  o.threads = std::max(1, intraop_threads / partitions);
+  o.threads = intraop_threads;  // each partition's: a node's in one process, a rank's in a job
   return o;
+}
+
+bool PipelineStepOptions::partition_nodes() const {
+  return partitions > 1 && !job_placement_from_env().distributed();
 }
 
 TrainStepStage::TrainStepStage(const Options& options, const BuildContext& context)
@@ -122,7 +119,15 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   dist::World* world = context.find<dist::World>();
   const int rank = world ? world->rank() : 0;
   const int world_size = world ? world->size() : 1;
-  trainer.pipeline = options.pipeline.config(options.intraop_threads, world_size);
+  trainer.pipeline = options.pipeline.config(options.intraop_threads);
+  partition_nodes_ = options.pipeline.partition_nodes();
+  microbatches_ = options.pipeline.microbatches;
+  if (partition_nodes_ && world_size > 1) {
+    throw Error("this process is rank " + std::to_string(rank) + " of a job of " +
+                std::to_string(world_size) + ", but its environment (WORLD_SIZE) says it runs "
+                "alone, so its partitions were made nodes of its graph: start the ranks with "
+                "flowtrain run --nproc, torchrun or srun");
+  }
   // A rehearsal (autotune timing a layout) writes nothing, so it takes no lock either.
   if (!checkpoint_dir.empty() && !context.rehearsal()) {
     std::error_code ec;
@@ -162,9 +167,26 @@ StageDoc TrainStepStage::describe() {
 std::vector<ExpandedNode> TrainStepStage::expand(const Params& params) {
   const Options options = options_from<Options>(params);
   const std::string& dir = options.checkpoint_dir;
-  // The rest of the step, always: grad_sync after the entry, optimizer_step after it, whose
-  // token the entry's next forward waits for.
+  // The rest of the step, always: in one process the model's partitions after the first,
+  // then grad_sync, optimizer_step after it, whose token the entry's next forward waits for.
+  std::vector<ExpandedNode> nodes;
+  const PipelineStepOptions& pipeline = options.pipeline;
+  if (pipeline.partition_nodes()) {
+    for (int p = 1; p < pipeline.partitions; ++p) {
+      ExpandedNode node{"partition" + std::to_string(p), "train_partition",
+                        to_params(TrainPartitionOptions{
+                            .partition = p,
+                            .partitions = pipeline.partitions,
+                            .microbatches = pipeline.microbatches,
+                            .intraop_threads = options.intraop_threads})};
+      if (p > 1) node.inputs = {"partition" + std::to_string(p - 1)};
+      node.always = true;
+      node.runs_with_entry = true;
+      nodes.push_back(std::move(node));
+    }
+  }
   ExpandedNode sync{"grad_sync", "grad_sync", to_params(GradSyncStage::Options{})};
+  if (!nodes.empty()) sync.inputs = {nodes.back().node};
   sync.always = true;
   sync.concurrency = kUnlimited;
   ExpandedNode step{
@@ -178,10 +200,9 @@ std::vector<ExpandedNode> TrainStepStage::expand(const Params& params) {
   step.sends_token_to_entry = true;
 
   // The writers, when no entry takes the step's records.
-  std::vector<ExpandedNode> nodes = {
-      std::move(sync),
-      std::move(step),
-      {"step_log", "step_log", to_params(StepLogStage::Options{.dir = dir})}};
+  nodes.push_back(std::move(sync));
+  nodes.push_back(std::move(step));
+  nodes.push_back({"step_log", "step_log", to_params(StepLogStage::Options{.dir = dir})});
   if (!dir.empty()) {
     nodes.push_back(
         {"checkpoint", "checkpoint",
@@ -210,9 +231,25 @@ std::optional<std::uint64_t> TrainStepStage::resume_position() const {
 }
 
 void TrainStepStage::process(data::Batch&& batch, Emitter<GradBucket>& out) {
+  Trainer& trainer = *session_->trainer;
+  if (partition_nodes_) {
+    // Partition 0 here, the others in the nodes after it, all at once; the last ends the step.
+    trainer.begin_partitions(batch);
+    out.emit(GradBucket{session_, 0, 1});
+    trainer.run_partition(0);
+    return;
+  }
   IntraOpThreads threads(session_->intraop_threads);
-  const std::size_t buckets = session_->trainer->forward_backward(batch);
+  const std::size_t buckets = trainer.forward_backward(batch);
   for (std::size_t b = 0; b < buckets; ++b) out.emit(GradBucket{session_, b, buckets});
+}
+
+StageWait TrainStepStage::waiting() const {
+  return partition_nodes_ ? partition_wait(*session_, 0, microbatches_) : StageWait{};
+}
+
+void TrainStepStage::cancel() {
+  session_->trainer->cancel_partitions("the run failed in another stage");
 }
 
 std::vector<StageResult> TrainStepStage::live_results() const {

@@ -71,11 +71,11 @@ struct ModelOptions {
   ModelConfig config() const;
 };
 
-/// Pipeline model parallelism (a ViT): `partitions` threads of one process each run a piece of
-/// the model on intraop_threads / partitions intra-op threads, or, in a job, each rank runs one
-/// piece on its intraop_threads (each run of `partitions` consecutive ranks a pipeline, the
-/// pipelines data-parallel); each batch flows through them as `microbatches` micro-batches in
-/// the order `pipeline_schedule` gives (stages/train/pipeline.hpp). A group of
+/// Pipeline model parallelism (a ViT): `partitions` pieces of the model, each on intraop_threads
+/// intra-op threads: in one process, nodes of the graph (the entry and `<name>/partition1` ..,
+/// TrainPartitionStage), in a job one per rank (each run of `partitions` consecutive ranks a
+/// pipeline, the pipelines data-parallel); each batch flows through them as `microbatches`
+/// micro-batches in the order `pipeline_schedule` gives (stages/train/pipeline.hpp). A group of
 /// TrainStepOptions, its keys flat in YAML.
 struct PipelineStepOptions {
   int partitions = 1;
@@ -85,16 +85,21 @@ struct PipelineStepOptions {
   std::vector<double> partition_splits;
   std::string partition_balance = "blocks";
 
-  /// Throws Error for counts that do not fit `intraop_threads` (in one process: `ranks` 1).
-  PipelineOptions config(int intraop_threads, int ranks) const;
+  /// The Trainer's pipeline: each partition on `intraop_threads`. Throws Error for settings
+  /// that do not fit together.
+  PipelineOptions config(int intraop_threads) const;
+  /// True when the partitions run as nodes of this process's graph (partitions > 1, and the
+  /// process is not a rank of a job: there each rank runs one partition).
+  bool partition_nodes() const;
 
   template <class Declare>
   void declare(Declare& d) {
     d(partitions, "partitions",
-      "pipeline parallelism: model partitions (1: none; a ViT only); in one process each on its "
-      "own thread with intraop_threads / partitions intra-op threads, in a job one per rank, "
-      "each run of partitions consecutive ranks a pipeline, the pipelines data-parallel (give "
-      "the training source ranks_per_shard: partitions)",
+      "pipeline parallelism: model partitions (1: none; a ViT only), each on intraop_threads; "
+      "in one process the entry runs the first and brings the nodes <name>/partition1 .. for "
+      "the others (the phase needs threads >= partitions), in a job one per rank, each run of "
+      "partitions consecutive ranks a pipeline, the pipelines data-parallel (give the "
+      "training source ranks_per_shard: partitions)",
       {.min = 1, .max = 256});
     d(microbatches, "microbatches",
       "pipeline parallelism: micro-batches per batch (the loss is still the batch's mean)",
@@ -242,6 +247,9 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   std::optional<std::uint64_t> resume_position() const override;
   std::vector<StageResult> results() const override;
   std::vector<TimelineSpan> timeline() const override;
+  /// With partition nodes: partition 0's wait for the others' tensors.
+  StageWait waiting() const override;
+  void cancel() override;
   /// step, total_steps, epoch (1-based), loss (smoothed over recent steps), images.
   std::vector<StageResult> live_results() const override;
 
@@ -256,6 +264,8 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   std::shared_ptr<TrainingSession> session_;
   std::unique_ptr<FolderLock> lock_;  // this run's claim on checkpoint_dir
   std::uint64_t configured_total_steps_;
+  bool partition_nodes_ = false;  // the partitions after the first run in nodes after this one
+  int microbatches_ = 1;
 };
 
 }  // namespace flowtrain::train

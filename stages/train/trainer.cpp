@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <numeric>
 
 #include "distributed/grad_sync.hpp"
@@ -59,9 +60,16 @@ struct Trainer::Pipelined {
   std::unique_ptr<PipelineLink> link;
   c10d::ProcessGroup* group = nullptr;
   c10d::ProcessGroup* replicas = nullptr;
-  // The step's micro-batches, and what the last partition's loss left of each.
+  // The step's micro-batches, their loss weights (n_m / B), and what the last partition's loss
+  // left of each; the batch's labels, to count its right predictions.
   std::vector<torch::Tensor> images, teacher_logits, labels, targets, logits;
+  std::vector<double> weights;
   std::vector<KdLoss> losses;
+  torch::Tensor batch_labels;
+  std::unique_ptr<PipelineBatch> running;  // the step in flight
+  std::vector<double> waited_s;            // [partition]: over the finished steps
+  std::mutex running_mutex;                // guards `running` against cancel_partitions
+  std::string cancelled;                   // why the run failed (cancel_partitions)
 };
 
 Trainer::Trainer(const TrainerOptions& options,
@@ -312,7 +320,7 @@ StepOutcome Trainer::step(const data::Batch& batch) {
   return apply();
 }
 
-std::size_t Trainer::forward_backward(const data::Batch& batch) {
+torch::Tensor Trainer::begin_step(const data::Batch& batch) {
   // Of a pipeline's ranks only the one holding the last stage computes the loss: the others
   // may get their batches without teacher outputs (teacher_infer's ranks_per_shard).
   const bool takes_loss =
@@ -328,56 +336,25 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
                 " has no teacher outputs for the model's distillation token: put a "
                 "teacher_infer stage before this one, or set distillation_token: false");
   }
-  using Clock = std::chrono::steady_clock;
   Pending& p = pending_.emplace();
-  p.out.begin = Clock::now();
-  model_->train();
-
-  // Mixed rows (mixup): each row's label target is its own label and its partner's, by shares.
-  torch::Tensor labels = batch.labels;
-  if (batch.label_mix.defined()) {
-    const std::int64_t classes = model_->config().classes;
-    const torch::Tensor own = batch.label_mix.to(torch::kFloat).unsqueeze(1);
-    labels = torch::one_hot(batch.labels, classes).to(torch::kFloat) * own +
-             torch::one_hot(batch.labels.index_select(0, batch.mix_partner), classes)
-                     .to(torch::kFloat) *
-                 (1 - own);
-  }
-  if (pipelined_) {
-    RECORD_USER_SCOPE("student pipeline");
-    model_->zero_grad();  // every parameter's, not only this rank's optimizer shard's
-    p.out.correct = pipelined_forward_backward(batch, labels, p);
-    if (sync_) sync_->reduce_accumulated();  // pipelines side by side: average over replicas
-    p.out.forward_end = p.out.backward_end = Clock::now();
-  } else {
-    torch::Tensor logits;
-    {
-      RECORD_USER_SCOPE("student forward");  // the parts' names in LibTorch's profiler
-      ModelOutput forward;
-      {
-        Autocast autocast(options_.bf16);
-        forward = model_->forward(batch.images);
-      }
-      logits = loss_of(forward, batch.teacher_logits, labels, batch.targets, p.loss);
-      p.out.loss = p.loss.total.item<double>();
-      // Counted now: the batch's pooled buffers may be reused once this call returns.
-      p.out.correct = static_cast<std::uint64_t>(
-          logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
-    }
-    p.out.forward_end = Clock::now();
-    {
-      RECORD_USER_SCOPE("student backward");
-      model_->zero_grad();
-      // Backward even for a non-finite loss: with data parallelism every rank must take part
-      // in the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
-      p.loss.total.backward();
-    }
-    p.out.backward_end = Clock::now();
-  }
+  p.out.begin = std::chrono::steady_clock::now();
   p.out.batch_number = batch.number;
   p.end_position = batch.end_position;
   if (!batch.views.empty()) p.epoch = batch.views.back().epoch;
   p.out.seen = static_cast<std::uint64_t>(batch.size());
+  model_->train();
+
+  // Mixed rows (mixup): each row's label target is its own label and its partner's, by shares.
+  if (!batch.label_mix.defined()) return batch.labels;
+  const std::int64_t classes = model_->config().classes;
+  const torch::Tensor own = batch.label_mix.to(torch::kFloat).unsqueeze(1);
+  return torch::one_hot(batch.labels, classes).to(torch::kFloat) * own +
+         torch::one_hot(batch.labels.index_select(0, batch.mix_partner), classes)
+                 .to(torch::kFloat) *
+             (1 - own);
+}
+
+std::size_t Trainer::end_step() {
   if (sync_) {
     try {
       sync_->end_backward();
@@ -387,6 +364,65 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
     }
   }
   return buckets_per_step();
+}
+
+std::size_t Trainer::forward_backward(const data::Batch& batch) {
+  if (pipelined_) {
+    RECORD_USER_SCOPE("student pipeline");
+    begin_pipeline(batch, /*as_tasks=*/false);
+    pipelined_->running->run();  // each partition of this process on a thread of its own
+    return end_partitions();
+  }
+  using Clock = std::chrono::steady_clock;
+  const torch::Tensor labels = begin_step(batch);
+  Pending& p = *pending_;
+  {
+    RECORD_USER_SCOPE("student forward");  // the parts' names in LibTorch's profiler
+    ModelOutput forward;
+    {
+      Autocast autocast(options_.bf16);
+      forward = model_->forward(batch.images);
+    }
+    const torch::Tensor logits = loss_of(forward, batch.teacher_logits, labels, batch.targets, p.loss);
+    p.out.loss = p.loss.total.item<double>();
+    // Counted now: the batch's pooled buffers may be reused once this call returns.
+    p.out.correct = static_cast<std::uint64_t>(
+        logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
+  }
+  p.out.forward_end = Clock::now();
+  {
+    RECORD_USER_SCOPE("student backward");
+    model_->zero_grad();
+    // Backward even for a non-finite loss: with data parallelism every rank must take part
+    // in the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
+    p.loss.total.backward();
+  }
+  p.out.backward_end = Clock::now();
+  return end_step();
+}
+
+void Trainer::begin_partitions(const data::Batch& batch) {
+  if (!pipelined_ || pipelined_->link) {
+    throw Error("begin_partitions: the model is not split into partitions of this process");
+  }
+  begin_pipeline(batch, /*as_tasks=*/true);
+}
+
+void Trainer::run_partition(int partition) { pipelined_->running->run_rank(partition); }
+
+void Trainer::cancel_partitions(const std::string& reason) {
+  if (!pipelined_) return;
+  Pipelined& p = *pipelined_;
+  std::lock_guard lock(p.running_mutex);
+  if (p.cancelled.empty()) p.cancelled = reason;
+  if (p.running) p.running->cancel(reason);
+}
+
+double Trainer::partition_wait_seconds(int partition) const {
+  if (!pipelined_) return 0;
+  const Pipelined& p = *pipelined_;
+  const auto i = static_cast<std::size_t>(partition);
+  return i < p.waited_s.size() ? p.waited_s[i] : 0;
 }
 
 torch::Tensor Trainer::loss_of(const ModelOutput& forward,
@@ -414,34 +450,67 @@ torch::Tensor Trainer::loss_of(const ModelOutput& forward,
   return logits;
 }
 
-std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
-                                                  const torch::Tensor& labels,
-                                                  Pending& step) {
+void Trainer::begin_pipeline(const data::Batch& batch, bool as_tasks) {
+  const torch::Tensor labels = begin_step(batch);
   Pipelined& p = *pipelined_;
   const int m = p.schedule.microbatches;
   const std::int64_t size = batch.size();
   if (size < m) {
+    pending_.reset();
     throw Error("batch " + std::to_string(batch.number) + " has " + std::to_string(size) +
                 " samples, fewer than microbatches (" + std::to_string(m) + ")");
   }
+  model_->zero_grad();  // every parameter's, not only this rank's optimizer shard's
   const auto split = [m](const torch::Tensor& t) {
     return t.defined() ? t.tensor_split(m)
                        : std::vector<torch::Tensor>(static_cast<std::size_t>(m));
   };
+  // Only the first stage reads the images, and its partition is done with them by the time the
+  // step's first part returns; the last stage's targets are read later, so they are copied out
+  // of the batch's pooled buffers (a few values a row).
   p.images = split(batch.images);
   p.teacher_logits = split(batch.teacher_logits);
-  p.labels = split(labels);
-  p.targets = split(batch.targets);
+  p.labels = split(labels.is_same(batch.labels) ? labels.clone() : labels);
+  p.targets = split(batch.targets.defined() ? batch.targets.clone() : batch.targets);
+  p.batch_labels = batch.labels.clone();
   p.losses.assign(static_cast<std::size_t>(m), {});
   p.logits.assign(static_cast<std::size_t>(m), {});
-  std::vector<double> weights;  // n_m / B: the loss is the batch's mean
+  p.weights.clear();
   for (const torch::Tensor& images : p.images) {
-    weights.push_back(static_cast<double>(images.size(0)) / static_cast<double>(size));
+    p.weights.push_back(static_cast<double>(images.size(0)) / static_cast<double>(size));
   }
   if (p.link) p.link->set_batch(batch.number, sample_digest(batch));
-  const PipelineBatchResult r = run_pipeline_batch(
+  auto running = std::make_unique<PipelineBatch>(
       p.schedule, p.stages, [&p](int i) { return p.images[static_cast<std::size_t>(i)]; },
-      options_.pipeline.threads, weights, p.link.get());
+      options_.pipeline.threads, p.weights, p.link.get(),
+      as_tasks ? PipelineBatch::Wait::kSuspend : PipelineBatch::Wait::kBlock);
+  std::lock_guard lock(p.running_mutex);
+  // A run failing elsewhere may never start the other partitions' part of this step.
+  if (!p.cancelled.empty()) running->cancel(p.cancelled);
+  p.running = std::move(running);
+}
+
+std::size_t Trainer::end_partitions() {
+  Pipelined& p = *pipelined_;
+  Pending& step = *pending_;
+  p.running->wait_ranks();
+  std::unique_ptr<PipelineBatch> done;
+  {
+    std::lock_guard lock(p.running_mutex);
+    done = std::move(p.running);
+  }
+  p.waited_s.resize(p.schedule.actions.size(), 0.0);
+  for (std::size_t r = 0; r < p.waited_s.size(); ++r) {
+    p.waited_s[r] += done->waited_seconds(static_cast<int>(r));
+  }
+  PipelineBatchResult r;
+  try {
+    r = done->finish();
+  } catch (...) {
+    pending_.reset();
+    throw;
+  }
+  const std::vector<double>& weights = p.weights;
   step.out.loss = r.loss;
   step.out.bubble = r.bubble;
   step.out.peak_in_flight = *std::max_element(r.peak_in_flight.begin(), r.peak_in_flight.end());
@@ -468,7 +537,7 @@ std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
   std::uint64_t correct = 0;
   if (has_loss) {
     correct = static_cast<std::uint64_t>(
-        torch::cat(p.logits).argmax(1).eq(batch.labels).sum().item<std::int64_t>());
+        torch::cat(p.logits).argmax(1).eq(p.batch_labels).sum().item<std::int64_t>());
   }
   if (p.link) exchange_pipeline_step(has_loss, correct, spans, step);
   for (std::size_t rank = 0; rank < spans.size(); ++rank) {
@@ -480,7 +549,10 @@ std::uint64_t Trainer::pipelined_forward_backward(const data::Batch& batch,
            .end_s = spans[rank][i].second});
     }
   }
-  return correct;
+  step.out.correct = correct;
+  if (sync_) sync_->reduce_accumulated();  // pipelines side by side: average over replicas
+  step.out.forward_end = step.out.backward_end = std::chrono::steady_clock::now();
+  return end_step();
 }
 
 void Trainer::exchange_pipeline_step(bool has_loss,

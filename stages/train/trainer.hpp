@@ -129,6 +129,24 @@ class Trainer {
   /// all-reduce starts as it fills). Returns the buckets sync_bucket must complete: the
   /// group's buckets, or 1 without a group.
   std::size_t forward_backward(const data::Batch& batch);
+  /// forward_backward with the model's partitions as nodes of a graph (a pipeline in one
+  /// process, stages/train/train_partition.hpp): begin_partitions opens the step; each
+  /// partition p then runs its actions in a oneTBB task of its own, run_partition(p), all at
+  /// once, a partition waiting for another's activation or gradient suspending its task; and
+  /// one of them ends the step, end_partitions, which waits for the others and returns the
+  /// buckets sync_bucket must complete. The same weights as forward_backward, bit for bit.
+  void begin_partitions(const data::Batch& batch);
+  /// Partition p's part of the step begun; throws Error naming the partition, the stage and
+  /// the micro-batch if one of its actions fails (a partition stopped by another's failure
+  /// returns).
+  void run_partition(int partition);
+  std::size_t end_partitions();
+  /// Stops a step whose partitions run as graph nodes: those waiting return, and
+  /// end_partitions throws `reason` (the run failed elsewhere).
+  void cancel_partitions(const std::string& reason);
+  /// Seconds partition p waited for the other partitions' tensors, summed over the steps of
+  /// this Trainer (its share of the pipeline's bubble).
+  double partition_wait_seconds(int partition) const;
   /// Waits for bucket b's all-reduce and writes its averaged gradients back (nothing without a
   /// group). Thread-safe for different buckets of the step.
   void sync_bucket(std::size_t b);
@@ -191,20 +209,23 @@ class Trainer {
   };
   std::optional<Pending> pending_;
 
+  /// The start of a step, either way: checks the batch, opens pending_, and returns the label
+  /// targets (a mixed row's: the shares of its two labels).
+  torch::Tensor begin_step(const data::Batch& batch);
+  /// The end of forward_backward, either way: backward done, the buckets the sync must complete.
+  std::size_t end_step();
+
   struct Pipelined;  // the schedule and the model's partitions
   std::unique_ptr<Pipelined> pipelined_;
   void build_pipeline(dist::World* world, const Checkpoint* resume_from);
+  /// Opens a pipelined step: the micro-batches, and the PipelineBatch its ranks run.
+  void begin_pipeline(const data::Batch& batch, bool as_tasks);
   /// Where build_pipeline splits the model: the given splits, else the checkpoint's or measured
   /// ones (measured_balance), else as equal a count of blocks as they divide.
   std::vector<int> pipeline_splits(ViT& vit,
                                    int stages,
                                    dist::World* world,
                                    const Checkpoint* resume_from) const;
-  /// forward_backward's forward, loss and backward through the pipeline; returns how many of
-  /// the batch's predictions matched their label.
-  std::uint64_t pipelined_forward_backward(const data::Batch& batch,
-                                           const torch::Tensor& labels,
-                                           Pending& step);
   /// With partitions across ranks, after a step's pipeline: every rank learns the batch's loss
   /// and accuracy (from the rank holding the last stage) and every rank's action times `spans`
   /// (the step's bubble then counts all partitions).

@@ -177,24 +177,21 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
 }
 
 // train_step's pipeline keys, as a config gives them.
-TEST_CASE("Train.PipelineParallel.StepOptionsCheckedAgainstTheThreads") {
+TEST_CASE("Train.PipelineParallel.StepOptionsChecked") {
   PipelineStepOptions o{.partitions = 2, .microbatches = 8, .pipeline_schedule = "interleaved",
                         .virtual_stages = 2, .partition_splits = {2, 4, 6}};
-  const PipelineOptions p = o.config(4, 1);
+  const PipelineOptions p = o.config(3);
   CHECK(p.partitions == 2);
-  CHECK(p.threads == 2);  // intraop_threads shared equally
+  CHECK(p.threads == 3);  // each partition's, as a node or a rank
   CHECK(p.schedule == PipelineScheduleKind::kInterleaved);
   CHECK(p.splits == std::vector<int>{2, 4, 6});
-  CHECK_THROWS_WITH(o.config(3, 1), "param 'intraop_threads' (3) must be a multiple of partitions "
-                                    "(2): each partition gets an equal share");
-  CHECK(o.config(3, 2).threads == 3);  // across ranks: each rank runs its partition on its own
 
   o.pipeline_schedule = "1f1b";
-  CHECK_THROWS_WITH(o.config(2, 1),
+  CHECK_THROWS_WITH(o.config(2),
                     "param 'virtual_stages' (2) needs pipeline_schedule: interleaved");
   o.virtual_stages = 1;
   o.partition_splits = {2.5};
-  CHECK_THROWS_WITH(o.config(2, 1),
+  CHECK_THROWS_WITH(o.config(2),
                     "param 'partition_splits' must hold block indices (whole numbers >= 1)");
 }
 
@@ -262,5 +259,5 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
   // Both ways of saying where to split: refused.
   PipelineStepOptions both{.partitions = 2, .partition_splits = {2}};
   both.partition_balance = "measured";
-  CHECK_THROWS_WITH(both.config(2, 1), doctest::Contains("give one of them"));
+  CHECK_THROWS_WITH(both.config(2), doctest::Contains("give one of them"));
 }

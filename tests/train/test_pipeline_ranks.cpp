@@ -64,8 +64,8 @@ void check_exact_resume(const std::string& config,
 
 }  // namespace
 
-// Two ranks, each holding half the model, end where one process running the same partitions on
-// two threads ends (bit for bit: the same sums in the same order), and where the unpartitioned
+// Two ranks, each holding half the model, end where one process running the same partitions as
+// two nodes of its graph ends (bit for bit: the same sums in the same order), and where the unpartitioned
 // model ends within 1e-5, for every schedule. Each rank keeps only its partition's optimizer
 // state, and the run resumes exactly from those files.
 TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout(900)) {
@@ -74,11 +74,12 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
   const Exit whole =
       run_cli(args(config, dir / "whole", {"stages.student.params.intraop_threads=1"}));
   REQUIRE_MESSAGE(whole.code == 0, whole.output);
-  const Exit threads = run_cli(args(config, dir / "threads",
-                                    {"stages.student.params.partitions=2",
-                                     "stages.student.params.microbatches=4",
-                                     "stages.student.params.intraop_threads=2"}));
-  REQUIRE_MESSAGE(threads.code == 0, threads.output);
+  const Exit nodes = run_cli(args(config, dir / "nodes",
+                                  {"threads=2", "stages.student.params.partitions=2",
+                                   "stages.student.params.microbatches=4",
+                                   "stages.student.params.intraop_threads=1"}));
+  REQUIRE_MESSAGE(nodes.code == 0, nodes.output);
+  CHECK(nodes.output.find("student/partition1") != std::string::npos);
   for (const auto& [schedule, virtual_stages] :
        std::vector<std::pair<std::string, int>>{{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}}) {
     CAPTURE(schedule);
@@ -91,7 +92,7 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
                      << from_whole);
     CHECK(from_whole < 1e-5);
     if (schedule == "1f1b") {
-      CHECK(max_weight_difference(dir / "threads/final.pt", out + "/final.pt") == 0);
+      CHECK(max_weight_difference(dir / "nodes/final.pt", out + "/final.pt") == 0);
       // Rank 0's report charts both ranks' actions of the last step, and each rank holds
       // about half the optimizer state.
       CHECK(ranks.output.find("pipeline_bubble") != std::string::npos);

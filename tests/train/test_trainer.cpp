@@ -5,6 +5,9 @@
 
 #include <limits>
 
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_group.h>
+
 #include "graph/error.hpp"
 #include "stages/train/trainer.hpp"
 #include "tests/train/fixed_task.hpp"
@@ -205,4 +208,86 @@ TEST_CASE("Train.Trainer.PipelineRefusesWhatItCannotSplitExactly") {
   one.images = one.images.narrow(0, 0, 1);
   one.labels = one.labels.narrow(0, 0, 1);
   CHECK_THROWS_WITH(trainer.step(one), "batch 0 has 1 samples, fewer than microbatches (2)");
+}
+
+// The partitions as a graph runs them (train_partition nodes): each in a oneTBB task of its
+// own, a partition waiting for another's tensor suspending its task. They end where the
+// partitions on threads of their own (Trainer::step) do, bit for bit, for every schedule: each
+// partition's actions run in the schedule's order on the same intra-op threads. With one
+// thread in the arena the partitions take turns on it, which only works if a waiting one
+// lets go of the thread.
+TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(120)) {
+  TrainerOptions options = tiny(5);
+  options.model.depth = 4;
+  using Kind = PipelineScheduleKind;
+  const std::vector<PipelineOptions> layouts = {
+      {.partitions = 2, .microbatches = 4, .schedule = Kind::kGPipe},
+      {.partitions = 2, .microbatches = 4, .schedule = Kind::k1F1B},
+      {.partitions = 2, .virtual_stages = 2, .microbatches = 4, .schedule = Kind::kInterleaved},
+      {.partitions = 3, .microbatches = 3, .schedule = Kind::k1F1B}};
+  for (const PipelineOptions& layout : layouts) {
+    CAPTURE(to_string(layout.schedule));
+    CAPTURE(layout.partitions);
+    options.pipeline = layout;
+    Trainer threads(options);
+    for (std::uint64_t n = 0; n < 3; ++n) threads.step(batch(n));
+    for (const int arena_threads : {1, 2}) {
+      CAPTURE(arena_threads);
+      Trainer tasks(options);
+      tbb::task_arena arena(arena_threads);
+      StepOutcome last;
+      for (std::uint64_t n = 0; n < 3; ++n) {
+        const data::Batch b = batch(n);
+        std::size_t buckets = 0;
+        arena.execute([&] {
+          tasks.begin_partitions(b);
+          tbb::task_group others;
+          for (int p = 1; p < layout.partitions; ++p) others.run([&tasks, p] { tasks.run_partition(p); });
+          tasks.run_partition(0);
+          others.wait();
+          buckets = tasks.end_partitions();
+        });
+        CHECK(buckets == 1);
+        tasks.sync_bucket(0);
+        last = tasks.apply();
+      }
+      CHECK(last.applied);
+      // Every forward and backward of the last step, on its partition's track.
+      CHECK(last.timeline.size() ==
+            static_cast<std::size_t>(2 * layout.partitions * layout.virtual_stages *
+                                     layout.microbatches));
+      CHECK(same_weights(tasks, threads));
+      CHECK(tasks.state().step == 3);
+      CHECK(tasks.partition_wait_seconds(layout.partitions - 1) > 0);  // it waited for partition 0
+    }
+  }
+}
+
+// A run failing elsewhere (Stage::cancel) lets a partition waiting for another's tensor go:
+// it returns, and the step ends with the reason, instead of waiting for a partition whose task
+// will never start.
+TEST_CASE("Train.Trainer.CancelledPartitionsStopWaiting" * doctest::timeout(60)) {
+  TrainerOptions options = tiny(5);
+  options.model.depth = 4;
+  options.pipeline = {.partitions = 2, .microbatches = 4};
+  Trainer trainer(options);
+  tbb::task_arena arena(1);
+  const data::Batch b = batch(0);
+  arena.execute([&] {
+    trainer.begin_partitions(b);
+    tbb::task_group canceller;
+    // Runs once partition 1 has suspended (it needs partition 0's first activation).
+    canceller.run([&] { trainer.cancel_partitions("the run failed in another stage"); });
+    trainer.run_partition(1);  // returns: cancelled
+    canceller.wait();
+    trainer.run_partition(0);  // returns at its first backward, which waits: cancelled
+    CHECK_THROWS_WITH_AS(trainer.end_partitions(), "the run failed in another stage", Error);
+  });
+  // Later steps of a cancelled run are refused the same way.
+  arena.execute([&] {
+    trainer.begin_partitions(b);
+    trainer.run_partition(1);
+    trainer.run_partition(0);
+    CHECK_THROWS_WITH_AS(trainer.end_partitions(), "the run failed in another stage", Error);
+  });
 }
