@@ -13,6 +13,7 @@
 #include "graph/cpu_usage.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
+#include "graph/report_io.hpp"
 #include "stages/util/batch.hpp"
 #include "tests/test_stages.hpp"
 
@@ -361,6 +362,23 @@ TEST_CASE("Pipeline.Metrics.VerdictTellsWaitingFromWork" * doctest::timeout(60))
   RunReport working = r;
   working.stages[1].waiting.seconds = 0.2 * working.stages[1].busy_s;
   CHECK(working.verdict().find("waiting for") == std::string::npos);
+  // A wait on its peers, with its entry's param (a pipeline partition's node): no queue to
+  // lower, and the key is the entry's.
+  RunReport peers = r;
+  peers.stages[1].name = "student/partition1";
+  peers.stages[1].waiting.what = "the other partitions' tensors";
+  peers.stages[1].waiting.param = "microbatches";
+  peers.stages[1].waiting.held_after = false;
+  peers.stages[1].waiting.entry_param = true;
+  CHECK(peers.verdict().find("of that waiting for the other partitions' tensors: raise "
+                             "phases.main.stages.student.params.microbatches (now 2)") !=
+        std::string::npos);
+  CHECK(peers.verdict().find("queue capacities") == std::string::npos);
+  // The report file keeps both flags.
+  const RunReport read = report_from_yaml(report_to_yaml(peers), "peers.yaml");
+  CHECK_FALSE(read.stages[1].waiting.held_after);
+  CHECK(read.stages[1].waiting.entry_param);
+  CHECK(read.verdict() == peers.verdict());
 }
 
 TEST_CASE("Pipeline.Trace.WritesChromeTraceEvents" * doctest::timeout(60)) {
