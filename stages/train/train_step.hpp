@@ -225,8 +225,10 @@ struct TrainStepOptions {
 ///
 /// A config entry brings the rest of the step as nodes (expand): `<name>/grad_sync` and
 /// `<name>/optimizer_step`, wired with the token edge, and, when no entry takes the step's
-/// records, `<name>/step_log`, `<name>/checkpoint` and `<name>/snapshot`, which write them. The
-/// entry's row reports the whole step's numbers. With resume: true the newest checkpoint in
+/// records, `<name>/step_log`, `<name>/checkpoint` and `<name>/snapshot`, which write them. With
+/// `partitions` P > 1 in one process the entry runs the model's first partition and brings
+/// `<name>/partition1` .. `<name>/partition<P-1>` (TrainPartitionStage) before grad_sync, which
+/// work on each step at the same time. The entry's row reports the whole step's numbers. With resume: true the newest checkpoint in
 /// checkpoint_dir is restored and the run continues exactly where it stopped. (`student_step`
 /// is its former name, still accepted.)
 class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
