@@ -61,16 +61,26 @@ std::string RunReport::verdict() const {
   }
   std::string line = "'" + s.name + "' is the bottleneck: busy " + percent(s.busy_fraction) +
                      " of its " + workers_text(s);
-  if (s.waiting.seconds > 0.5 * s.busy_s) {
-    // Not work: the items after it, or its peers, hold what it needs to go on.
-    const StageWait& w = s.waiting;
+  // What it waited for, and the param that sets how much of it there is, as the config spells
+  // it (a node an entry brought has its entry's params).
+  const StageWait& w = s.waiting;
+  const auto wait_param = [&] {
     char value[32];
     std::snprintf(value, sizeof value, "%g", w.value);
     const std::string owner = w.entry_param ? s.name.substr(0, s.name.find('/')) : s.name;
+    return key_prefix + "stages." + owner + ".params." + w.param + " (now " + value + ")";
+  };
+  if (w.seconds > 0.5 * s.busy_s) {
+    // Not work: the items after it, or its peers, hold what it needs to go on.
     return line + ", but " + percent(w.seconds / s.busy_s) + " of that waiting for " + w.what +
-           (w.held_after ? ", which the items after it hold" : "") + ": raise " + key_prefix +
-           "stages." + owner + ".params." + w.param + " (now " + value + ")" +
+           (w.held_after ? ", which the items after it hold" : "") + ": raise " + wait_param() +
            (w.held_after ? ", or lower the queue capacities after it" : "");
+  }
+  if (w.seconds > 0 && !w.held_after) {
+    // A smaller wait on its peers (a pipeline partition's bubble): the param that shrinks it
+    // is the advice, not the threads (the peers need a graph thread each).
+    return line + ", " + percent(w.seconds / s.busy_s) + " of that waiting for " + w.what +
+           ": make each item cheaper, or raise " + wait_param() + " to shrink the wait";
   }
   // Name the costliest stage downstream, which waits on it, to show what the bottleneck costs.
   const StageReport* waiter = nullptr;

@@ -374,6 +374,12 @@ TEST_CASE("Pipeline.Metrics.VerdictTellsWaitingFromWork" * doctest::timeout(60))
                              "phases.main.stages.student.params.microbatches (now 2)") !=
         std::string::npos);
   CHECK(peers.verdict().find("queue capacities") == std::string::npos);
+  // A smaller wait on peers still names what shrinks it, in place of the thread advice.
+  RunReport some = peers;
+  some.stages[1].waiting.seconds = 0.2 * some.stages[1].busy_s;
+  CHECK(some.verdict().find(", 20% of that waiting for the other partitions' tensors: make each "
+                            "item cheaper, or raise phases.main.stages.student.params."
+                            "microbatches (now 2) to shrink the wait") != std::string::npos);
   // The report file keeps both flags.
   const RunReport read = report_from_yaml(report_to_yaml(peers), "peers.yaml");
   CHECK_FALSE(read.stages[1].waiting.held_after);
