@@ -160,6 +160,10 @@ struct PipelineBatch::State {
   torch::Tensor take(Kind kind, int stage, int microbatch) {
     const int from = schedule.rank_of(kind == Kind::kForward ? stage - 1 : stage + 1);
     if (!local(from)) {
+      // Received into memory this rank keeps (an activation until its backward): counted to
+      // it, as what it computes is. A receive blocks its thread, so no other task runs in
+      // this scope.
+      CountThreadMemory count(schedule.rank_of(stage) % CountThreadMemory::kSlots);
       return transport->recv(from, tag(kind, stage, microbatch), what(kind, stage, microbatch));
     }
     const std::tuple key{kind, stage, microbatch};

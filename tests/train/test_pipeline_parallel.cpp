@@ -1,7 +1,11 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -149,6 +153,74 @@ TEST_CASE("Train.PipelineParallel.PeakMemoryFollowsTheMicrobatchesKept" * doctes
     peaks.push_back(r.peak_bytes[0]);
   }
   CHECK(peaks[0] > 2 * peaks[1]);
+}
+
+namespace {
+// Two pipeline ranks of one test process, talking through memory as through c10d: a receive
+// makes a new tensor, in the receiving rank's thread.
+class Loopback final : public PipelineTransport {
+ public:
+  struct Wire {
+    std::mutex mutex;
+    std::condition_variable arrived;
+    std::map<std::pair<int, int>, torch::Tensor> sent;  // (to, tag)
+  };
+  Loopback(Wire& wire, int rank) : wire_(wire), rank_(rank) {}
+  int rank() const override { return rank_; }
+  void send(int to, int tag, const torch::Tensor& tensor, const std::string&) override {
+    std::lock_guard lock(wire_.mutex);
+    wire_.sent[{to, tag}] = tensor;
+    wire_.arrived.notify_all();
+  }
+  torch::Tensor recv(int, int tag, const std::string&) override {
+    std::unique_lock lock(wire_.mutex);
+    wire_.arrived.wait(lock, [&] { return wire_.sent.count({rank_, tag}) != 0; });
+    const torch::Tensor sent = wire_.sent[{rank_, tag}];
+    wire_.sent.erase({rank_, tag});
+    return sent.clone();
+  }
+  void flush() override {}
+
+ private:
+  Wire& wire_;
+  int rank_;
+};
+}  // namespace
+
+// A rank of a job counts the activations it receives and keeps for its backward: with GPipe
+// the last rank keeps all 8 micro-batches' inputs, which in one process the partition before it
+// made (and is charged with).
+TEST_CASE("Train.PipelineParallel.ARankCountsTheActivationsItReceives" * doctest::timeout(120)) {
+  const PipelineSchedule schedule = make_pipeline_schedule(Kind::kGPipe, 2, 8);
+  torch::manual_seed(3);
+  const torch::Tensor images = torch::randn({64, 3, 32, 32});
+  const torch::Tensor labels = torch::randint(0, 5, {64}, torch::kLong);
+  const auto run = [&](bool ranks) {
+    ViT model = fresh_model();
+    const auto stages = vit_pipeline_stages(model, {2}, [&](const ModelOutput& out, int m) {
+      return torch::nn::functional::cross_entropy(out.logits, labels.slice(0, 8 * m, 8 * m + 8));
+    });
+    const auto input = [&](int m) { return images.slice(0, 8 * m, 8 * m + 8); };
+    std::vector<std::int64_t> peaks(2);
+    for (int step = 0; step < 2; ++step) {  // the second step: the gradients exist already
+      model->zero_grad();
+      if (!ranks) {
+        peaks = run_pipeline_batch(schedule, stages, input, 1).peak_bytes;
+        continue;
+      }
+      Loopback::Wire wire;
+      Loopback first(wire, 0), second(wire, 1);
+      std::thread other([&] { peaks[1] = run_pipeline_batch(schedule, stages, input, 1, {}, &second).peak_bytes[1]; });
+      peaks[0] = run_pipeline_batch(schedule, stages, input, 1, {}, &first).peak_bytes[0];
+      other.join();
+    }
+    return peaks;
+  };
+  const std::vector<std::int64_t> process = run(false), job = run(true);
+  const std::int64_t inputs = 8 * 8 * 17 * 32 * 4;  // 8 micro-batches of 8 x 17 tokens x 32
+  MESSAGE("the last partition held " << process[1] << " bytes in one process, " << job[1]
+                                     << " on its rank; its inputs are " << inputs);
+  CHECK(job[1] - process[1] >= inputs * 9 / 10);
 }
 
 // A stage that fails stops every rank (none waits forever for its tensor) and is named.
