@@ -5,7 +5,7 @@
 namespace flowtrain::train {
 
 TrainPartitionStage::TrainPartitionStage(const Options& options)
-    : options_(options), intraop_threads_(options.intraop_threads) {
+    : options_(options) {
   if (options.partition >= options.partitions) {
     throw Error("param 'partition' (" + std::to_string(options.partition) +
                 ") must be below partitions (" + std::to_string(options.partitions) + ")");

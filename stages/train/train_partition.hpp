@@ -46,7 +46,7 @@ class TrainPartitionStage final : public FlatMap<GradBucket, GradBucket> {
   static StageDoc describe();
 
   std::size_t threads_per_invocation() const override {
-    return static_cast<std::size_t>(intraop_threads_);
+    return static_cast<std::size_t>(options_.intraop_threads);
   }
   bool intra_op_parallel() const override { return true; }
   std::vector<StageResult> results() const override;
@@ -58,7 +58,6 @@ class TrainPartitionStage final : public FlatMap<GradBucket, GradBucket> {
 
  private:
   Options options_;
-  int intraop_threads_;
   std::shared_ptr<TrainingSession> session_;           // from the first step
   std::atomic<TrainingSession*> published_{nullptr};  // session_, for cancel() and results()
 };
