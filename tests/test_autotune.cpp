@@ -258,7 +258,7 @@ TEST_CASE("Autotune.TheWindowStartsAfterTwoCompletions" * doctest::timeout(60)) 
   p.add("source", std::make_unique<CountSource<>>(1500));
   p.add("warming", std::make_unique<ProbeMap<>>([&](std::uint64_t&& v, ItemContext&) {
           const int call = calls++;
-          sleep_us(call == 1 || call == 2 ? 300'000 : 2000);  // the 2nd and 3rd are slow
+          sleep_us(call == 1 || call == 2 ? 1'000'000 : 2000);  // the 2nd and 3rd are slow
           return std::optional<std::uint64_t>(v);
         }),
         {.concurrency = 1, .queue_capacity = 1});
@@ -270,9 +270,9 @@ TEST_CASE("Autotune.TheWindowStartsAfterTwoCompletions" * doctest::timeout(60)) 
 
   REQUIRE(r.autotune);
   REQUIRE(r.autotune->trials.size() == 1);
-  // 2 ms an item is 500 items/s; counting the 3rd item's 0.3 s in a 0.5 s window would
-  // measure under 300.
-  CHECK(r.autotune->trials[0].items_per_s > 350);
+  // 2 ms an item is 500 items/s (about 300 on a loaded machine); a window with the 3rd item's
+  // 1 s in it would measure under 50.
+  CHECK(r.autotune->trials[0].items_per_s > 100);
   CHECK(r.stages[2].items_in == 1500);
 }
 
