@@ -243,16 +243,19 @@ void PipelineBatch::run_rank(int rank) {
     const auto stage = static_cast<std::size_t>(a.stage);
     State::Kept& k = s.kept[stage * static_cast<std::size_t>(s.m) +
                             static_cast<std::size_t>(a.microbatch)];
+    const bool forward = a.kind == Kind::kForward;
     double start = 0;  // once its input is there: waiting for it is the bubble
     try {
-      if (a.kind == Kind::kForward) {
-        k.input = a.stage == 0 ? torch::Tensor()
-                               : s.take(Kind::kForward, a.stage, a.microbatch).requires_grad_();
-        start = s.seconds();
-        IntraOpThreads threads(s.intraop_threads);
-        CountThreadMemory count(slot);
-        torch::Tensor y = s.stages[stage](a.stage == 0 ? s.input(a.microbatch) : k.input,
-                                          a.microbatch);
+      // The one point where a rank waits: the previous stage's activation (a forward) or the
+      // next stage's gradient (a backward), unless its own stage is the first or the last.
+      const bool takes = forward ? a.stage > 0 : a.stage < s.last;
+      const torch::Tensor in = takes ? s.take(a.kind, a.stage, a.microbatch) : torch::Tensor();
+      start = s.seconds();
+      IntraOpThreads threads(s.intraop_threads);
+      CountThreadMemory count(slot);
+      if (forward) {
+        if (takes) k.input = in.requires_grad_();
+        torch::Tensor y = s.stages[stage](takes ? k.input : s.input(a.microbatch), a.microbatch);
         if (a.stage == s.last) {
           s.result.losses[static_cast<std::size_t>(a.microbatch)] = y.item<double>();
           k.output = y * s.weight(a.microbatch);
@@ -263,15 +266,10 @@ void PipelineBatch::run_rank(int rank) {
         s.result.peak_in_flight[stage] =
             std::max(s.result.peak_in_flight[stage], ++s.in_flight[stage]);
       } else {
-        const torch::Tensor grad =
-            a.stage == s.last ? torch::Tensor() : s.take(Kind::kBackward, a.stage, a.microbatch);
-        start = s.seconds();
-        IntraOpThreads threads(s.intraop_threads);
-        CountThreadMemory count(slot);
-        if (a.stage == s.last) {
-          torch::autograd::backward({k.output});
+        if (takes) {
+          torch::autograd::backward({k.output}, {in});
         } else {
-          torch::autograd::backward({k.output}, {grad});
+          torch::autograd::backward({k.output});
         }
         if (a.stage > 0) s.put(Kind::kBackward, a.stage - 1, a.microbatch, k.input.grad());
         k = {};  // the activations go as soon as the backward is done
@@ -282,7 +280,7 @@ void PipelineBatch::run_rank(int rank) {
       return;
     } catch (...) {
       const std::string error = "pipeline rank " + std::to_string(rank) + ", " +
-                                (a.kind == Kind::kForward ? "forward" : "backward") +
+                                (forward ? "forward" : "backward") +
                                 " of stage " + std::to_string(a.stage) + ", micro-batch " +
                                 std::to_string(a.microbatch) + ": " + current_exception_text();
       s.fail(error);

@@ -50,7 +50,7 @@ StageWait TrainPartitionStage::waiting() const {
 
 void TrainPartitionStage::cancel() {
   if (TrainingSession* s = published_.load(std::memory_order_acquire)) {
-    s->trainer->cancel_partitions("the run failed in another stage");
+    s->trainer->cancel_partitions();
   }
 }
 

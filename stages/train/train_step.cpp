@@ -249,7 +249,7 @@ StageWait TrainStepStage::waiting() const {
 }
 
 void TrainStepStage::cancel() {
-  session_->trainer->cancel_partitions("the run failed in another stage");
+  session_->trainer->cancel_partitions();
 }
 
 std::vector<StageResult> TrainStepStage::live_results() const {

@@ -465,14 +465,18 @@ void Trainer::begin_pipeline(const data::Batch& batch, bool as_tasks) {
     return t.defined() ? t.tensor_split(m)
                        : std::vector<torch::Tensor>(static_cast<std::size_t>(m));
   };
-  // Only the first stage reads the images, and its partition is done with them by the time the
-  // step's first part returns; the last stage's targets are read later, so they are copied out
-  // of the batch's pooled buffers (a few values a row).
+  // As tasks, the partition nodes outlive the entry's call, which holds the batch: only the
+  // first stage reads the images, and it is done with them when that call returns, but the
+  // last stage's targets and the labels are read later, so they are copied out of the batch's
+  // pooled buffers (a few values a row). On threads the batch outlives the step.
+  const auto kept = [as_tasks](const torch::Tensor& t) {
+    return as_tasks && t.defined() ? t.clone() : t;
+  };
   p.images = split(batch.images);
   p.teacher_logits = split(batch.teacher_logits);
-  p.labels = split(labels.is_same(batch.labels) ? labels.clone() : labels);
-  p.targets = split(batch.targets.defined() ? batch.targets.clone() : batch.targets);
-  p.batch_labels = batch.labels.clone();
+  p.labels = split(labels.is_same(batch.labels) ? kept(labels) : labels);
+  p.targets = split(kept(batch.targets));
+  p.batch_labels = kept(batch.labels);
   p.losses.assign(static_cast<std::size_t>(m), {});
   p.logits.assign(static_cast<std::size_t>(m), {});
   p.weights.clear();

@@ -143,7 +143,7 @@ class Trainer {
   std::size_t end_partitions();
   /// Stops a step whose partitions run as graph nodes: those waiting return, and
   /// end_partitions throws `reason` (the run failed elsewhere).
-  void cancel_partitions(const std::string& reason);
+  void cancel_partitions(const std::string& reason = "the run failed in another stage");
   /// Seconds partition p waited for the other partitions' tensors, summed over the steps of
   /// this Trainer (its share of the pipeline's bubble).
   double partition_wait_seconds(int partition) const;
