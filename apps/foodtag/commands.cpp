@@ -14,6 +14,7 @@
 #include <regex>
 #include <sstream>
 
+#include "apps/foodtag/compare.hpp"
 #include "apps/foodtag/html_report.hpp"
 #include "apps/foodtag/prepare.hpp"
 #include "apps/foodtag/profile.hpp"
@@ -364,7 +365,9 @@ void validate_snapshots(const Context& ctx,
   for (const auto& [step, path] : models) {
     flowtrain::PipelineConfig run = *phase;
     for (flowtrain::StageConfig& stage : run.stages) {
-      if (stage.type == "evaluate") stage.params.set("model", path);
+      if (stage.type != "evaluate") continue;
+      stage.params.set("model", path);
+      stage.params.set("predictions", std::string());  // the eval command's, of the final model only
     }
     const flowtrain::RunReport report = flowtrain::build_pipeline(run)->run(run.run);
     const double top1 = stage_result(report, "top1").value_or(-1);
@@ -696,6 +699,31 @@ std::optional<ModelFacts> trivial_baseline(const Context& ctx) {
                     .mae_kcal = error / n};
 }
 
+// The student against the baseline and the teacher, photo by photo, from the predictions their
+// eval phases wrote (`predictions` of their evaluate stage); none where a file is missing.
+std::vector<std::string> photo_by_photo(const Context& ctx) {
+  const flowtrain::RunConfig config =
+      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  std::map<std::string, Predictions> models;
+  for (const char* name : {"student", "baseline", "teacher"}) {
+    for (const flowtrain::PipelineConfig& phase : config.phases) {
+      if (phase.name != std::string(name) + "_eval") continue;
+      for (const flowtrain::StageConfig& stage : phase.stages) {
+        if (stage.type != "evaluate") continue;
+        const std::string path = stage.params.get_string("predictions");
+        if (!path.empty() && fs::exists(path)) models[name] = read_predictions(name, path);
+      }
+    }
+  }
+  std::vector<std::string> lines;
+  for (const char* other : {"baseline", "teacher"}) {
+    if (models.count("student") && models.count(other)) {
+      lines.push_back(compare(models["student"], models[other]).text());
+    }
+  }
+  return lines;
+}
+
 int report_command(const Context& ctx) {
   check_output_dir(ctx);
   ReportData data;
@@ -741,6 +769,8 @@ int report_command(const Context& ctx) {
     }
     for (const PhaseProfile& p : data.phases) {
       if (p.name != std::string(name) + "_eval") continue;
+      facts.validation_images =
+          static_cast<std::uint64_t>(stage_result(p.report, "images").value_or(0));
       facts.top1 = stage_result(p.report, "top1").value_or(-1);
       facts.top5 = stage_result(p.report, "top5").value_or(-1);
       facts.mae_kcal = stage_result(p.report, "mae").value_or(-1);
@@ -750,6 +780,8 @@ int report_command(const Context& ctx) {
     data.models.push_back(facts);
   }
   if (std::optional<ModelFacts> trivial = trivial_baseline(ctx)) data.models.push_back(*trivial);
+  data.comparisons = photo_by_photo(ctx);
+  for (const std::string& line : data.comparisons) std::cout << line << "\n";
   for (const PhaseProfile& p : data.phases) {
     if (p.name == "distill" || (data.verdict.empty() && p.name == "teacher")) {
       data.verdict = p.name + ": " + p.report.verdict();

@@ -1,4 +1,5 @@
 #include "apps/foodtag/html_report.hpp"
+#include "apps/foodtag/compare.hpp"
 #include "apps/foodtag/profile.hpp"
 
 #include <algorithm>
@@ -103,6 +104,17 @@ std::string measured(double v, int decimals) {
 // An accuracy 0..1 (negative: not measured; 0 is a real, if sad, result).
 std::string accuracy_cell(double v) {
   return std::isfinite(v) && v >= 0 ? percent(v, 1) : kMissing;
+}
+
+// A top-1 with its 95% interval when the photo count is known: "58.0% (48.8-66.7)".
+std::string top1_cell(const ModelFacts& m) {
+  if (m.validation_images == 0 || !(std::isfinite(m.top1) && m.top1 >= 0)) {
+    return accuracy_cell(m.top1);
+  }
+  const auto right = static_cast<std::uint64_t>(
+      std::llround(m.top1 * static_cast<double>(m.validation_images)));
+  const auto [low, high] = wilson_interval(right, m.validation_images);
+  return percent(m.top1, 1) + " (" + fixed(low * 100, 1) + "-" + fixed(high * 100, 1) + ")";
 }
 
 // An error in kcal (negative: not measured).
@@ -516,16 +528,18 @@ std::string sweep_section(const std::vector<std::vector<std::string>>& rows) {
   return out + "</table>\n</section>\n";
 }
 
-std::string models_section(const std::vector<ModelFacts>& models) {
+std::string models_section(const std::vector<ModelFacts>& models,
+                           const std::vector<std::string>& comparisons) {
   std::string out = "<section id=\"models\">\n<h2>Models</h2>\n";
   if (models.empty()) return out + "<p class=\"no-data\">no models measured</p>\n</section>\n";
   out += "<table class=\"models\">\n" +
-         cells({"model", "parameters", "file (MB)", "val top-1", "val top-5", "energy MAE (kcal)",
+         cells({"model", "parameters", "file (MB)", "val top-1 (95% interval)", "val top-5",
+                "energy MAE (kcal)",
                 "its group's median: MAE (kcal)", "images/s", "ms/image"},
                "th");
   for (const ModelFacts& m : models) {
     out += cells({m.name, parameters_cell(m.parameters), measured(m.file_mb, 1),
-                  accuracy_cell(m.top1), accuracy_cell(m.top5),
+                  top1_cell(m), accuracy_cell(m.top5),
                   kcal_cell(m.mae_kcal), kcal_cell(m.mae_group_kcal), measured(m.images_per_s, 1),
                   measured(m.ms_per_image, 2)});
   }
@@ -545,6 +559,11 @@ std::string models_section(const std::vector<ModelFacts>& models) {
     out += "<p class=\"facts\"><b>student / teacher:</b> " +
            ratio_cell(student->images_per_s, teacher->images_per_s) + " the speed (images/s), " +
            ratio_cell(student->file_mb, teacher->file_mb) + " the size (file)</p>\n";
+  }
+  if (!comparisons.empty()) {
+    out += "<p class=\"facts\"><b>Photo by photo:</b></p>\n<ul class=\"comparisons\">\n";
+    for (const std::string& c : comparisons) out += "<li>" + escape(c) + "</li>\n";
+    out += "</ul>\n";
   }
   return out + "</section>\n";
 }
@@ -782,7 +801,7 @@ std::string render_html(const ReportData& data) {
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
       escape(data.title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n<main>\n";
   html += header_section(data);
-  html += models_section(data.models);
+  html += models_section(data.models, data.comparisons);
   html += training_section(data);
   html += sweep_section(data.sweep);
   for (std::size_t i = 0; i < data.phases.size(); ++i) html += phase_section(data.phases[i], i);

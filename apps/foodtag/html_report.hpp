@@ -27,6 +27,8 @@ struct ModelFacts {
   double mae_group_kcal = -1;   // ... of the median energy of the predicted group instead
   double images_per_s = 0;      // inference throughput (batch inference on this machine)
   double ms_per_image = 0;      // latency of one image at batch 1
+  std::uint64_t validation_images = 0;  // photos top1 was measured on (0: unknown; with it the
+                                        // top-1 cell shows its 95% interval)
 };
 
 /// One phase's profile (the RunReport of its pipeline).
@@ -45,6 +47,8 @@ struct ReportData {
   std::vector<ModelFacts> models;
   std::vector<PhaseProfile> phases;
   std::string verdict;        // the profiler's one-line verdict for the distillation phase
+  /// Models compared photo by photo (PairedComparison::text(), compare.hpp); may be empty.
+  std::vector<std::string> comparisons;
   /// `foodtag sweep`'s table (sweep.csv): a header row, then one row per student; may be empty.
   std::vector<std::vector<std::string>> sweep;
   std::string config_text;    // the effective config (shown in a <pre>)

@@ -74,13 +74,16 @@ int main(int argc, char** argv) {
   add_job(add_common(app.add_subcommand("train-teacher", "Train the teacher (phase teacher)")));
   add_job(add_common(
       app.add_subcommand("distill", "Distil the teacher into the student (phase distill)")));
-  add_job(add_common(app.add_subcommand("eval", "Validation accuracy of teacher and student")));
+  add_job(add_common(app.add_subcommand(
+      "baseline", "Train the student on the labels alone, as distill would (phase baseline)")));
+  add_job(add_common(
+      app.add_subcommand("eval", "Validation accuracy of teacher, student and baseline")));
   add_common(app.add_subcommand("export", "Write both models as TorchScript; measure their speed"));
   add_common(app.add_subcommand("report", "Write the HTML report of the run folder"));
   add_common(app.add_subcommand(
       "sweep", "Train a student per point of sweep.grid against the teacher cache; a table"));
   add_job(add_common(
-      app.add_subcommand("run", "prepare, train-teacher, distill, eval, export, report")));
+      app.add_subcommand("run", "prepare, train-teacher, distill, baseline, eval, export, report")));
   CLI::App* predict = app.add_subcommand("predict", "Tag photos with the student");
   predict->add_option("-c,--config", in.config_path, "foodtag config (YAML)")->capture_default_str();
   predict

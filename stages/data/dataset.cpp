@@ -217,7 +217,8 @@ CsvManifest read_csv_manifest(const std::string& path) {
 Uneven parse_uneven(const std::string& text) {
   if (text == "pad") return Uneven::kPad;
   if (text == "drop") return Uneven::kDrop;
-  throw Error("param 'uneven' must be 'pad' or 'drop', got '" + text + "'");
+  if (text == "split") return Uneven::kSplit;
+  throw Error("param 'uneven' must be 'pad', 'drop' or 'split', got '" + text + "'");
 }
 
 EpochOrder::EpochOrder(std::size_t size, Options options) : size_(size), options_(options) {
@@ -227,7 +228,17 @@ EpochOrder::EpochOrder(std::size_t size, Options options) : size_(size), options
                 std::to_string(options_.world_size));
   }
   const std::size_t w = options_.world_size;
-  per_rank_ = options_.uneven == Uneven::kPad ? (size_ + w - 1) / w : size_ / w;
+  switch (options_.uneven) {
+    case Uneven::kPad:
+      per_rank_ = (size_ + w - 1) / w;
+      break;
+    case Uneven::kDrop:
+      per_rank_ = size_ / w;
+      break;
+    case Uneven::kSplit:
+      per_rank_ = size_ / w + (options_.rank < size_ % w ? 1 : 0);
+      break;
+  }
 }
 
 std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch) const {

@@ -86,14 +86,17 @@ ClassTargetMedians class_target_medians(const CsvManifest& manifest);
 enum class Uneven {
   kPad,   // every rank gets ceil(n / world_size): repeat samples from the start of the order
   kDrop,  // every rank gets floor(n / world_size): leave out the tail of the order
+  kSplit,  // every sample once: ranks below n % world_size get one more (evaluation: the ranks
+           // run no collective per step, so their counts may differ)
 };
 
-/// "pad" or "drop"; throws Error naming the bad value otherwise.
+/// "pad", "drop" or "split"; throws Error naming the bad value otherwise.
 Uneven parse_uneven(const std::string& text);
 
 /// The indices one rank visits in one epoch, as PyTorch's DistributedSampler: the whole index is
 /// shuffled with a generator seeded from seed + epoch (the same on every rank), padded or
 /// truncated to a multiple of world_size, and rank r takes positions r, r + world_size, ...
+/// (split: neither, so the ranks' counts differ by up to one).
 /// So the ranks of one epoch see each sample exactly once (pad: plus the repeated padding), and
 /// the order depends on (seed, epoch) alone. Shuffle uses mt19937_64 and its own bounded draw,
 /// so it is the same with every standard library.
@@ -113,7 +116,8 @@ class EpochOrder {
   /// Dataset indices this rank visits in `epoch`, in visiting order; per_rank() of them.
   std::vector<std::uint64_t> indices(std::uint32_t epoch) const;
 
-  /// Samples per rank and epoch: ceil(size / world_size) with kPad, floor with kDrop.
+  /// Samples per rank and epoch: ceil(size / world_size) with kPad, floor with kDrop, either
+  /// with kSplit.
   std::size_t per_rank() const { return per_rank_; }
   std::size_t size() const { return size_; }
 
@@ -165,8 +169,10 @@ struct DatasetSourceOptions {
       {.min = 1, .max = 1 << 20});
     d(uneven, "uneven",
       "dataset not divisible by world_size: pad (repeat samples so every rank gets "
-      "ceil(n/world_size)) or drop (floor(n/world_size) each)",
-      {.choices = {"pad", "drop"}});
+      "ceil(n/world_size)), drop (floor(n/world_size) each) or split (every sample once, the "
+      "ranks' counts differing by up to one: for evaluation, where pad would count a sample "
+      "twice; a training step's all-reduce needs equal counts)",
+      {.choices = {"pad", "drop", "split"}});
     d(limit, "limit", "use only the first N entries of the dataset (0: all)", {.min = 0});
   }
 };

@@ -2,9 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <sstream>
 
 #include "distributed/world.hpp"
+#include "graph/atomic_file.hpp"
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/inference_model.hpp"
@@ -15,7 +20,8 @@ EvaluateStage::EvaluateStage(const Options& options, const BuildContext& context
     : model_(InferenceModel::load_required(options.inference.model,
                                            options.inference.precision())),
       intraop_threads_(options.inference.intraop_threads),
-      world_(context.find<dist::World>()) {
+      world_(context.find<dist::World>()),
+      predictions_path_(options.predictions) {
   if (const std::string& path = options.class_targets_from; !path.empty()) {
     const std::string param = "param 'class_targets_from': ";
     data::CsvManifest manifest;
@@ -37,7 +43,9 @@ EvaluateStage::~EvaluateStage() = default;
 StageDoc EvaluateStage::describe() {
   return {
       "Evaluates a model (a flowtrain checkpoint or a TorchScript module) on held-out "
-      "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head.",
+      "batches: top-1 and top-5 accuracy, and the mean absolute error of a regression head; "
+      "optionally each image's prediction, to a CSV. As ranks of a job, give its source "
+      "`uneven: split`, so that no image is counted twice.",
       option_specs<Options>(), "intraop_threads"};
 }
 
@@ -79,9 +87,82 @@ void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
     }
     class_target_values_ += static_cast<std::uint64_t>(targets.numel());
   }
+  if (!predictions_path_.empty()) keep_predictions(batch, out, top.select(1, 0));
+}
+
+// One CSV row per image, kept with its source index (the file's order).
+void EvaluateStage::keep_predictions(const data::Batch& batch, const ModelOutput& out,
+                                     const torch::Tensor& predicted) {
+  const torch::Tensor probability =
+      std::get<0>(out.logits.to(torch::kFloat).softmax(1).max(1)).contiguous();
+  const torch::Tensor classes = predicted.contiguous(), labels = batch.labels.contiguous();
+  const auto values = [](const torch::Tensor& t) {
+    return t.defined() && t.dim() == 2 ? t.to(torch::kFloat).contiguous() : torch::Tensor();
+  };
+  const std::pair<const char*, torch::Tensor> columns[] = {{"target_", values(batch.targets)},
+                                                           {"output_", values(out.regression)}};
+  if (predictions_header_.empty()) {
+    std::vector<std::string> header = {"index", "path", "label", "predicted", "probability"};
+    for (const auto& [name, t] : columns) {
+      for (std::int64_t k = 0; t.defined() && k < t.size(1); ++k) {
+        header.push_back(name + std::to_string(k));
+      }
+    }
+    predictions_header_ = csv_line(header);
+  }
+  const std::size_t rows = static_cast<std::size_t>(batch.size());
+  const std::uint64_t first = seen_ - rows;  // without views: the count so far
+  for (std::size_t row = 0; row < rows; ++row) {
+    const std::uint64_t index = row < batch.views.size() ? batch.views[row].index : first + row;
+    std::vector<std::string> fields = {
+        std::to_string(index), row < batch.paths.size() ? batch.paths[row] : "",
+        std::to_string(labels.data_ptr<std::int64_t>()[row]),
+        std::to_string(classes.data_ptr<std::int64_t>()[row]),
+        csv_number(probability.data_ptr<float>()[row])};
+    for (const auto& [name, t] : columns) {
+      for (std::int64_t k = 0; t.defined() && k < t.size(1); ++k) {
+        fields.push_back(csv_number(t.data_ptr<float>()[static_cast<std::int64_t>(row) * t.size(1) + k]));
+      }
+    }
+    predictions_.emplace_back(index, csv_line(fields));
+  }
+}
+
+// Rank 0 of a job gathers every rank's rows; the file lists them by source index.
+void EvaluateStage::write_predictions() {
+  if (predictions_path_.empty()) return;
+  if (world_) {
+    std::string mine;
+    for (const auto& [index, line] : predictions_) mine += std::to_string(index) + " " + line;
+    const std::vector<std::string> all = world_->gather_text("the predictions", mine);
+    if (world_->rank() != 0) return;
+    predictions_.clear();
+    for (const std::string& text : all) {
+      std::istringstream lines(text);
+      for (std::string line; std::getline(lines, line);) {
+        const std::size_t space = line.find(' ');
+        predictions_.emplace_back(std::stoull(line.substr(0, space)),
+                                  line.substr(space + 1) + "\n");
+      }
+    }
+  }
+  std::stable_sort(predictions_.begin(), predictions_.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string text = predictions_header_;
+  for (const auto& [index, line] : predictions_) text += line;
+  const std::filesystem::path parent = std::filesystem::path(predictions_path_).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  try {
+    if (ec) throw Error("cannot create folder " + parent.string() + ": " + ec.message());
+    write_file_atomically(predictions_path_, text);
+  } catch (const Error& e) {
+    throw Error("param 'predictions': " + std::string(e.what()));
+  }
 }
 
 void EvaluateStage::finish() {
+  write_predictions();
   // Data-parallel: each rank saw its shard of the split; report the whole split on every rank.
   if (!world_) return;
   std::vector<torch::Tensor> sums = {torch::tensor(

@@ -4,6 +4,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
@@ -17,10 +19,12 @@ class World;
 
 namespace flowtrain::train {
 
-/// The params of `evaluate`: the model's (InferenceOptions) and where class medians come from.
+/// The params of `evaluate`: the model's (InferenceOptions), where class medians come from and
+/// where each image's prediction goes.
 struct EvaluateOptions {
   InferenceOptions inference;
   std::string class_targets_from;
+  std::string predictions;
   template <class Declare>
   void declare(Declare& d) {
     inference.declare(d);
@@ -29,6 +33,11 @@ struct EvaluateOptions {
       "absolute error of answering each image's targets with the medians of its predicted "
       "class's rows there (empty: not)",
       {.type = ParamType::kPath});
+    d(predictions, "predictions",
+      "a CSV file to write each image's prediction to, in the source's order: index, path, "
+      "label, predicted (class), probability (of the predicted class), then target_K and "
+      "output_K per regression value; to compare models photo by photo (empty: not written)",
+      {.type = ParamType::kOutputPath});
   }
 };
 
@@ -37,7 +46,9 @@ struct EvaluateOptions {
 /// of the predicted class's median targets (`mae_by_class`: what the class alone tells of the
 /// targets, beside what the head tells). Serial and in order, so the sums (and the results) are
 /// the same on every run. In a data-parallel job each rank evaluates its shard and the counts
-/// are summed over the ranks at the end.
+/// are summed over the ranks at the end (and rank 0 writes every rank's predictions); its source
+/// should then have `uneven: split`, since the default (pad) repeats images to even out the
+/// ranks, which would count them twice.
 class EvaluateStage final : public SerialSink<data::Batch> {
  public:
   using Options = EvaluateOptions;
@@ -60,6 +71,10 @@ class EvaluateStage final : public SerialSink<data::Batch> {
   void finish() override;
 
  private:
+  void keep_predictions(const data::Batch& batch, const ModelOutput& out,
+                        const torch::Tensor& predicted);
+  void write_predictions();
+
   std::unique_ptr<InferenceModel> model_;
   int intraop_threads_;
   dist::World* world_;  // the job's process group (nullptr: a single process)
@@ -69,6 +84,8 @@ class EvaluateStage final : public SerialSink<data::Batch> {
   std::optional<data::ClassTargetMedians> class_targets_;  // with class_targets_from
   std::uint64_t class_target_values_ = 0;
   double class_abs_error_ = 0;
+  std::string predictions_path_, predictions_header_;
+  std::vector<std::pair<std::uint64_t, std::string>> predictions_;  // source index, CSV row
 };
 
 }  // namespace flowtrain::train

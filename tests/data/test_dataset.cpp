@@ -81,7 +81,7 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 // The global order of one epoch rebuilt from every rank's indices: rank r's k-th index is at
-// position r + k * world_size.
+// position r + k * world_size (split: the ranks' counts differ, the positions run 0 .. n-1).
 std::vector<std::uint64_t> global_order(std::size_t n,
                                         std::size_t world,
                                         Uneven uneven,
@@ -94,9 +94,15 @@ std::vector<std::uint64_t> global_order(std::size_t n,
         n, {.seed = seed, .shuffle = shuffle, .rank = r, .world_size = world, .uneven = uneven});
     ranks.push_back(order.indices(epoch));
     REQUIRE(ranks.back().size() == order.per_rank());
-    REQUIRE(ranks.back().size() == ranks.front().size());  // equal counts per rank
+    if (uneven != Uneven::kSplit) {
+      REQUIRE(ranks.back().size() == ranks.front().size());  // equal counts per rank
+    } else {  // the first n % world ranks get one more
+      REQUIRE(ranks.back().size() == n / world + (r < n % world ? 1 : 0));
+    }
   }
-  std::vector<std::uint64_t> out(world * ranks.front().size());
+  std::size_t total = 0;
+  for (const auto& indices : ranks) total += indices.size();
+  std::vector<std::uint64_t> out(total);
   for (std::size_t r = 0; r < world; ++r) {
     for (std::size_t k = 0; k < ranks[r].size(); ++k) out[r + k * world] = ranks[r][k];
   }
@@ -190,12 +196,12 @@ std::vector<Sample> run_source(std::unique_ptr<Stage> source) {
 TEST_CASE("Data.Dataset.EpochOrderEachSampleOncePerEpochAcrossRanks") {
   for (const std::size_t n : {1, 2, 5, 6, 7, 10, 13}) {
     for (const std::size_t world : {1, 2, 3}) {
-      for (const Uneven uneven : {Uneven::kPad, Uneven::kDrop}) {
+      for (const Uneven uneven : {Uneven::kPad, Uneven::kDrop, Uneven::kSplit}) {
         for (const bool shuffle : {true, false}) {
           for (std::uint32_t epoch = 0; epoch < 3; ++epoch) {
             CAPTURE(n);
             CAPTURE(world);
-            CAPTURE(uneven == Uneven::kPad);
+            CAPTURE(static_cast<int>(uneven));
             CAPTURE(shuffle);
             CAPTURE(epoch);
             const std::vector<std::uint64_t> order =
@@ -209,6 +215,11 @@ TEST_CASE("Data.Dataset.EpochOrderEachSampleOncePerEpochAcrossRanks") {
               std::iota(all.begin(), all.end(), 0);
               CHECK(head == all);
               for (std::size_t j = n; j < order.size(); ++j) CHECK(order[j] == order[j - n]);
+            } else if (uneven == Uneven::kSplit) {  // a permutation: every sample once
+              std::vector<std::uint64_t> sorted = order, all(n);
+              std::sort(sorted.begin(), sorted.end());
+              std::iota(all.begin(), all.end(), 0);
+              CHECK(sorted == all);
             } else {
               REQUIRE(order.size() == world * (n / world));
               const std::set<std::uint64_t> distinct(order.begin(), order.end());
@@ -227,6 +238,9 @@ TEST_CASE("Data.Dataset.EpochOrderMoreRanksThanSamples") {
   CHECK(global_order(2, 3, Uneven::kPad, true, 0, 0).size() == 3);
   const EpochOrder drop(2, {.rank = 2, .world_size = 3, .uneven = Uneven::kDrop});
   CHECK(drop.indices(0).empty());
+  // split: the first two ranks get one each, the third none.
+  CHECK(global_order(2, 3, Uneven::kSplit, true, 0, 0).size() == 2);
+  CHECK(EpochOrder(2, {.rank = 2, .world_size = 3, .uneven = Uneven::kSplit}).indices(0).empty());
   const EpochOrder empty(0, {.world_size = 2});
   CHECK(empty.indices(0).empty());
 }
@@ -260,7 +274,9 @@ TEST_CASE("Data.Dataset.EpochOrderRejectsBadRank") {
   CHECK_THROWS_AS(EpochOrder(10, {.world_size = 0}), Error);
   CHECK(parse_uneven("pad") == Uneven::kPad);
   CHECK(parse_uneven("drop") == Uneven::kDrop);
-  CHECK(contains(error_of([] { parse_uneven("even"); }), "'uneven' must be 'pad' or 'drop'"));
+  CHECK(parse_uneven("split") == Uneven::kSplit);
+  CHECK(contains(error_of([] { parse_uneven("even"); }),
+                 "'uneven' must be 'pad', 'drop' or 'split', got 'even'"));
 }
 
 // ---------------------------------------------------------------------------- image folders
@@ -718,7 +734,8 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
     auto error_with = [&](const DatasetSourceOptions& source) {
       return error_of([&] { make_source(f, type, source); });
     };
-    CHECK(error_with({.uneven = "even"}) == "param 'uneven' must be 'pad' or 'drop', got 'even'");
+    CHECK(error_with({.uneven = "even"}) ==
+          "param 'uneven' must be 'pad', 'drop' or 'split', got 'even'");
     CHECK(error_with({.rank = 2, .world_size = 2}) ==
           "param 'rank' (2) must be below world_size (2)");
     CHECK(error_with({.world_size = -1}) ==
@@ -743,7 +760,7 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
                            "', uneven: evn}}\n  - {type: sink}\n";
   CHECK(error_of([&] { parse_pipeline_config(yaml, "c.yaml", {}, registry); }) ==
         "c.yaml:2: stage 'image_folder' (image_folder): param 'uneven' must be one of pad, drop, "
-        "got 'evn'");
+        "split, got 'evn'");
 }
 
 // Resume: a source sought to position p emits exactly what a fresh one emits from its p-th

@@ -85,7 +85,8 @@ ReportData sample_report() {
       {"teacher (validation)", {2, 4, 5}, {0.30, 0.45, 0.52}, /*dashed=*/true},
   };
   d.models = {{"teacher", 85'800'000, 327.4, 0.812, 0.951, 62.5, 58.25, 40, 45.2},
-              {"student", 5'700'000, 22.1, 0.743, -1, 71.0, -1, 520, 4.1}};
+              {"student", 5'700'000, 22.1, 0.743, -1, 71.0, -1, 520, 4.1, 112}};
+  d.comparisons = {"student against <baseline> on the same 112 photos: ..."};
 
   flowtrain::RunReport r;
   r.wall_s = 20;
@@ -230,7 +231,11 @@ TEST_CASE("Foodtag.Report.SectionsInOrderAndEscaped") {
   // its group, the ratios.
   CHECK(html.find("<td>85.80 M</td><td>327.4</td><td>81.2%</td><td>95.1%</td><td>62.5</td>"
                   "<td>58.2</td><td>40.0</td><td>45.20</td>") != std::string::npos);
-  CHECK(html.find("<td>74.3%</td><td>–</td><td>71.0</td><td>–</td>") != std::string::npos);
+  // The student's top-1 was measured on 112 photos: its 95% interval (Wilson's, of 83 right).
+  CHECK(html.find("<td>74.3% (65.3-81.3)</td><td>–</td><td>71.0</td><td>–</td>") !=
+        std::string::npos);
+  CHECK(html.find("<li>student against &lt;baseline&gt; on the same 112 photos: ...</li>") !=
+        std::string::npos);
   CHECK(html.find("<td>13.0×</td><td>0.09×</td>") != std::string::npos);  // images/s, ms/image
   // The phase: its verdict and layout lines, items/s, CPU means in the legend.
   CHECK(html.find("busy 92% of its 2 workers") != std::string::npos);

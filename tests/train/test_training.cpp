@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <tuple>
 
 #include "graph/autotune.hpp"
+#include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
@@ -437,10 +439,41 @@ TEST_CASE("Train.Regression.TargetLearnedAndMaeReported" * doctest::timeout(180)
   // the predicted class errs by 1 to 3 on each wrong prediction and by nothing on a right one.
   const RunReport by_class = run_config(
       "threads: 2\nstages:\n" + with_epochs(1) + "  - {type: evaluate, params: {model: " +
-      (dir / "run/final.pt") + ", class_targets_from: " + (dir / "train.csv") + "}}\n");
+      (dir / "run/final.pt") + ", class_targets_from: " + (dir / "train.csv") +
+      ", predictions: " + (dir / "out/predictions.csv") + "}}\n");
   const double mae_by_class = result(by_class, "evaluate", "mae_by_class");
   MESSAGE("MAE of the predicted class's median " << mae_by_class << ", top-1 " << top1);
   CHECK(result(by_class, "evaluate", "mae") == mae);  // the head's is unchanged
+
+  // Each image's prediction, in the manifest's order though the source shuffled them: the
+  // counts and errors above, photo by photo.
+  const std::vector<CsvRow> manifest = read_csv_file(dir / "train.csv");
+  const auto check_predictions = [&](const std::string& path, double top1_reported,
+                                     std::optional<double> mae_reported) {
+    const std::vector<CsvRow> rows = read_csv_file(path);
+    REQUIRE(rows.size() == manifest.size());
+    std::vector<std::string> header = {"index", "path", "label", "predicted", "probability",
+                                       "target_0"};
+    if (mae_reported) header.push_back("output_0");
+    CHECK(rows[0].fields == header);
+    double right = 0, abs_error = 0;
+    for (std::size_t i = 1; i < rows.size(); ++i) {
+      const std::vector<std::string>& f = rows[i].fields;
+      REQUIRE(f.size() == header.size());
+      CHECK(f[0] == std::to_string(i - 1));
+      CHECK(f[1] == manifest[i].fields[0]);
+      CHECK(f[2] == manifest[i].fields[1]);
+      CHECK(std::stod(f[4]) >= 0.25);  // the most probable of 4 classes
+      CHECK(std::stod(f[4]) <= 1);
+      CHECK(std::stod(f[5]) == std::stod(manifest[i].fields[2]));
+      right += f[2] == f[3];
+      if (mae_reported) abs_error += std::abs(std::stod(f[5]) - std::stod(f[6]));
+    }
+    const double n = static_cast<double>(rows.size() - 1);
+    CHECK(right / n == doctest::Approx(top1_reported));
+    if (mae_reported) CHECK(abs_error / n == doctest::Approx(*mae_reported).epsilon(1e-4));
+  };
+  check_predictions(dir / "out/predictions.csv", top1, mae);
   CHECK(mae_by_class >= (1 - top1) - 1e-9);
   CHECK(mae_by_class <= 3 * (1 - top1) + 1e-9);
   // The same through an untrained model (no regression head), which errs on most images: the
@@ -448,8 +481,10 @@ TEST_CASE("Train.Regression.TargetLearnedAndMaeReported" * doctest::timeout(180)
   write_tiny_teacher(dir / "random.pt");
   const RunReport random = run_config(
       "threads: 2\nstages:\n" + with_epochs(1) + "  - {type: evaluate, params: {model: " +
-      (dir / "random.pt") + ", class_targets_from: " + (dir / "train.csv") + "}}\n");
+      (dir / "random.pt") + ", class_targets_from: " + (dir / "train.csv") +
+      ", predictions: " + (dir / "random.csv") + "}}\n");
   const double random_top1 = result(random, "evaluate", "top1");
+  check_predictions(dir / "random.csv", random_top1, std::nullopt);
   const double random_mae = result(random, "evaluate", "mae_by_class");
   MESSAGE("untrained: MAE of the predicted class's median " << random_mae << ", top-1 "
                                                             << random_top1);
