@@ -128,21 +128,31 @@ void EvaluateStage::keep_predictions(const data::Batch& batch, const ModelOutput
   }
 }
 
-// Rank 0 of a job gathers every rank's rows; the file lists them by source index.
+// Rank 0 of a job gathers every rank's header and rows (each as "index length bytes", so a
+// quoted field may hold anything); the file lists them by source index.
 void EvaluateStage::write_predictions() {
   if (predictions_path_.empty()) return;
   if (world_) {
-    std::string mine;
-    for (const auto& [index, line] : predictions_) mine += std::to_string(index) + " " + line;
+    const auto record = [](std::uint64_t index, const std::string& bytes) {
+      return std::to_string(index) + " " + std::to_string(bytes.size()) + " " + bytes;
+    };
+    std::string mine = record(0, predictions_header_);
+    for (const auto& [index, line] : predictions_) mine += record(index, line);
     const std::vector<std::string> all = world_->gather_text("the predictions", mine);
     if (world_->rank() != 0) return;
     predictions_.clear();
     for (const std::string& text : all) {
-      std::istringstream lines(text);
-      for (std::string line; std::getline(lines, line);) {
-        const std::size_t space = line.find(' ');
-        predictions_.emplace_back(std::stoull(line.substr(0, space)),
-                                  line.substr(space + 1) + "\n");
+      std::istringstream in(text);
+      std::uint64_t index = 0;
+      std::size_t size = 0;
+      for (bool header = true; in >> index >> size && in.get() == ' '; header = false) {
+        std::string bytes(size, '\0');
+        in.read(bytes.data(), static_cast<std::streamsize>(size));
+        if (!header) {
+          predictions_.emplace_back(index, std::move(bytes));
+        } else if (predictions_header_.empty()) {
+          predictions_header_ = std::move(bytes);  // rank 0 had no image
+        }
       }
     }
   }
