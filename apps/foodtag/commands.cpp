@@ -855,6 +855,8 @@ int sweep_command(const Context& ctx) {
     overrides.push_back("phases.distill.stages.student.params.snapshot_every=0");
     overrides.push_back("phases.student_eval.stages.evaluate.params.model=" +
                         (dir / "final.pt").string());
+    overrides.push_back("phases.student_eval.stages.evaluate.params.predictions=" +
+                        (dir / "predictions.csv").string());  // not the run's student's
     std::error_code ec;
     fs::remove_all(dir, ec);  // a fresh student, not a resumed one
     PhasePlan plan = check_phases(ctx, "sweep", overrides);
