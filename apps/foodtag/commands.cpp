@@ -696,7 +696,8 @@ std::optional<ModelFacts> trivial_baseline(const Context& ctx) {
   return ModelFacts{.name = "no model (the most frequent groups, the median energy)",
                     .top1 = top1 / n,
                     .top5 = top5 / n,
-                    .mae_kcal = error / n};
+                    .mae_kcal = error / n,
+                    .validation_images = val_rows.size()};
 }
 
 // The student against the baseline and the teacher, photo by photo, from the predictions their
