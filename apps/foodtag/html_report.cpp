@@ -106,7 +106,7 @@ std::string accuracy_cell(double v) {
   return std::isfinite(v) && v >= 0 ? percent(v, 1) : kMissing;
 }
 
-// A top-1 with its 95% interval when the photo count is known: "58.0% (48.8-66.7)".
+// A top-1 with its 95% interval when the photo count is known: "58.0% (48.8-66.8)".
 std::string top1_cell(const ModelFacts& m) {
   if (m.validation_images == 0 || !(std::isfinite(m.top1) && m.top1 >= 0)) {
     return accuracy_cell(m.top1);

@@ -34,7 +34,7 @@ struct EvaluateOptions {
       "class's rows there (empty: not)",
       {.type = ParamType::kPath});
     d(predictions, "predictions",
-      "a CSV file to write each image's prediction to, in the source's order: index, path, "
+      "a CSV file to write each image's prediction to, by its index in the dataset: index, path, "
       "label, predicted (class), probability (of the predicted class), then target_K and "
       "output_K per regression value; to compare models photo by photo (empty: not written)",
       {.type = ParamType::kOutputPath});
