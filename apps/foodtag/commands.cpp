@@ -73,8 +73,9 @@ const std::vector<flowtrain::ConfigSection>& sections() {
        "the students `foodtag sweep` trains against one teacher cache",
        {flowtrain::string_param(
            "grid", "student.lr=0.002,0.004; student.temperature=2,4",
-           "distill's stage params to vary, `STAGE.PARAM=v1,v2,...` separated by `;`: every "
-           "combination is one student")}},
+           "distill's stage params to vary, `STAGE.PARAM=v1,v2,...` separated by `;`, or "
+           "`seed=v1,v2,...` for every seed of phase distill (the photos' order, the views, the "
+           "mixing, the student's initial weights): every combination is one student")}},
       {"report",
        "the inference-speed measurement of export, and the HTML report",
        {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1,
@@ -799,9 +800,8 @@ int report_command(const Context& ctx) {
   return 0;
 }
 
-// Energy and food groups of photos, from the exported student (or --model).
 // The combinations of a sweep grid "student.lr=0.001,0.002; student.temperature=2,4": each a
-// list of (STAGE.PARAM, value), the first key varying slowest.
+// list of (STAGE.PARAM or `seed`, value), the first key varying slowest.
 std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
     const std::string& grid) {
   std::vector<std::vector<std::pair<std::string, std::string>>> points = {{}};
@@ -812,8 +812,8 @@ std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
     if (axis.empty()) continue;
     const std::size_t eq = axis.find('=');
     const std::string key = axis.substr(0, eq);
-    if (eq == std::string::npos || key.find('.') == std::string::npos) {
-      throw Error("sweep.grid: '" + axis + "' is not STAGE.PARAM=v1,v2,...");
+    if (eq == std::string::npos || (key.find('.') == std::string::npos && key != "seed")) {
+      throw Error("sweep.grid: '" + axis + "' is not STAGE.PARAM=v1,v2,... or seed=v1,v2,...");
     }
     std::vector<std::vector<std::pair<std::string, std::string>>> next;
     for (const auto& point : points) {
@@ -828,12 +828,40 @@ std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
   return points;
 }
 
+// The overrides of phase distill that set a sweep point: STAGE.PARAM's, and for `seed` the seed
+// of each of its stages that has one (the order of the photos, the views, the mixing and the
+// student's initial weights).
+std::vector<std::string> sweep_overrides(
+    const flowtrain::RunConfig& config,
+    const std::vector<std::pair<std::string, std::string>>& point) {
+  std::vector<std::string> overrides;
+  const std::string prefix = "phases.distill.stages.";
+  for (const auto& [key, value] : point) {
+    if (key != "seed") {
+      overrides.push_back(prefix + key.substr(0, key.find('.')) + ".params." +
+                          key.substr(key.find('.') + 1) + "=" + value);
+      continue;
+    }
+    for (const flowtrain::PipelineConfig& phase : config.phases) {
+      if (phase.name != "distill") continue;
+      for (const flowtrain::StageConfig& stage : phase.stages) {
+        if (stage.params.values().count("seed") != 0) {
+          overrides.push_back(prefix + stage.name + ".params.seed=" + value);
+        }
+      }
+    }
+  }
+  return overrides;
+}
+
 // Trains one student per point of sweep.grid with distill's config (its checkpoints under
 // OUTPUT/sweep/N/), validates each with student_eval, and prints and saves (OUTPUT/sweep.csv)
 // a table of their validation accuracy and time. With the teacher cache of `distill` filled,
 // no student here runs the teacher.
 int sweep_command(const Context& ctx) {
   const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
+  const flowtrain::RunConfig config =
+      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
   std::vector<std::string> keys;
   for (const auto& [key, value] : points.front()) keys.push_back(key);
   std::vector<std::string> header = {"run"};
@@ -848,10 +876,7 @@ int sweep_command(const Context& ctx) {
   for (std::size_t i = 0; i < points.size(); ++i) {
     const fs::path dir = ctx.out_dir / "sweep" / std::to_string(i + 1);
     std::vector<std::string> overrides = ctx.in.overrides;
-    for (const auto& [key, value] : points[i]) {
-      overrides.push_back("phases.distill.stages." + key.substr(0, key.find('.')) + ".params." +
-                          key.substr(key.find('.') + 1) + "=" + value);
-    }
+    for (std::string& o : sweep_overrides(config, points[i])) overrides.push_back(std::move(o));
     overrides.push_back("phases.distill.stages.student.params.checkpoint_dir=" + dir.string());
     overrides.push_back("phases.distill.stages.student.params.snapshot_every=0");
     overrides.push_back("phases.student_eval.stages.evaluate.params.model=" +
