@@ -194,6 +194,13 @@ flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::
   return nullptr;
 }
 
+flowtrain::PipelineConfig* find_phase(flowtrain::RunConfig& config, const std::string& name) {
+  for (flowtrain::PipelineConfig& phase : config.phases) {
+    if (phase.name == name) return &phase;
+  }
+  return nullptr;
+}
+
 // Phase baseline is distill without the teacher: the same student, data and steps, trained on
 // the labels alone. Its stages must be distill's but the teacher's (teacher_cache, teacher_infer,
 // merge), and take distill's params but their own batch layout and cores (pool_size,
@@ -247,15 +254,9 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
       cache->params.set(key, teacher->params.values().at(key));
     }
   }
-  auto named = [&](const std::string& name) -> flowtrain::PipelineConfig* {
-    for (flowtrain::PipelineConfig& p : config.phases) {
-      if (p.name == name) return &p;
-    }
-    return nullptr;
-  };
-  flowtrain::PipelineConfig* pre = named("precompute");
-  flowtrain::PipelineConfig* distill = named("distill");
-  if (flowtrain::PipelineConfig* baseline = named("baseline"); baseline && distill) {
+  flowtrain::PipelineConfig* pre = find_phase(config, "precompute");
+  flowtrain::PipelineConfig* distill = find_phase(config, "distill");
+  if (flowtrain::PipelineConfig* baseline = find_phase(config, "baseline"); baseline && distill) {
     derive_baseline(*distill, *baseline);
   }
   flowtrain::StageConfig* views = distill ? find_stage(*distill, "decode_crop") : nullptr;
@@ -704,18 +705,14 @@ std::optional<ModelFacts> trivial_baseline(const Context& ctx) {
 // The student against the baseline and the teacher, photo by photo, from the predictions their
 // eval phases wrote (`predictions` of their evaluate stage); none where a file is missing.
 std::vector<std::string> photo_by_photo(const Context& ctx) {
-  const flowtrain::RunConfig config =
+  flowtrain::RunConfig config =
       flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
   std::map<std::string, Predictions> models;
   for (const char* name : {"student", "baseline", "teacher"}) {
-    for (const flowtrain::PipelineConfig& phase : config.phases) {
-      if (phase.name != std::string(name) + "_eval") continue;
-      for (const flowtrain::StageConfig& stage : phase.stages) {
-        if (stage.type != "evaluate") continue;
-        const std::string path = stage.params.get_string("predictions");
-        if (!path.empty() && fs::exists(path)) models[name] = read_predictions(name, path);
-      }
-    }
+    flowtrain::PipelineConfig* phase = find_phase(config, std::string(name) + "_eval");
+    const flowtrain::StageConfig* evaluate = phase ? find_stage(*phase, "evaluate") : nullptr;
+    const std::string path = evaluate ? evaluate->params.get_string("predictions") : "";
+    if (!path.empty() && fs::exists(path)) models[name] = read_predictions(name, path);
   }
   std::vector<std::string> lines;
   for (const char* other : {"baseline", "teacher"}) {
@@ -832,19 +829,16 @@ std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
 // of each of its stages that has one (the order of the photos, the views, the mixing and the
 // student's initial weights).
 std::vector<std::string> sweep_overrides(
-    const flowtrain::RunConfig& config,
-    const std::vector<std::pair<std::string, std::string>>& point) {
+    flowtrain::RunConfig& config, const std::vector<std::pair<std::string, std::string>>& point) {
   std::vector<std::string> overrides;
   const std::string prefix = "phases.distill.stages.";
+  const flowtrain::PipelineConfig* distill = find_phase(config, "distill");
   for (const auto& [key, value] : point) {
     if (key != "seed") {
       overrides.push_back(prefix + key.substr(0, key.find('.')) + ".params." +
                           key.substr(key.find('.') + 1) + "=" + value);
-      continue;
-    }
-    for (const flowtrain::PipelineConfig& phase : config.phases) {
-      if (phase.name != "distill") continue;
-      for (const flowtrain::StageConfig& stage : phase.stages) {
+    } else if (distill) {
+      for (const flowtrain::StageConfig& stage : distill->stages) {
         if (stage.params.values().count("seed") != 0) {
           overrides.push_back(prefix + stage.name + ".params.seed=" + value);
         }
@@ -860,7 +854,7 @@ std::vector<std::string> sweep_overrides(
 // no student here runs the teacher.
 int sweep_command(const Context& ctx) {
   const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
-  const flowtrain::RunConfig config =
+  flowtrain::RunConfig config =
       flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
   std::vector<std::string> keys;
   for (const auto& [key, value] : points.front()) keys.push_back(key);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "graph/csv.hpp"
@@ -60,12 +59,6 @@ double binomial_half_cdf(std::uint64_t k, std::uint64_t n) {
   return sum;
 }
 
-std::string number(double v, const char* format) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
 }  // namespace
 
 PairedComparison compare(const Predictions& a, const Predictions& b) {
@@ -97,8 +90,8 @@ std::string PairedComparison::text() const {
                         static_cast<double>(std::max<std::uint64_t>(photos, 1));
   return a + " against " + b + " on the same " + std::to_string(photos) + " photos: " +
          std::to_string(only_a) + " right only for " + a + ", " + std::to_string(only_b) +
-         " only for " + b + " (" + number(points, "%+.1f") + " points); p = " +
-         number(p_value, "%.2g") + " (exact McNemar): " +
+         " only for " + b + " (" + flowtrain::csv_number(points, "%+.1f") + " points); p = " +
+         flowtrain::csv_number(p_value, "%.2g") + " (exact McNemar): " +
          (p_value < 0.05 ? "a split this uneven is rare by chance (p < 0.05)"
                          : "a split this uneven is common by chance");
 }

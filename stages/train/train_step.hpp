@@ -229,9 +229,9 @@ struct TrainStepOptions {
 /// `partitions` P > 1 in one process the entry runs the model's first partition and brings
 /// `<name>/partition1` .. `<name>/partition<P-1>` (TrainPartitionStage) before grad_sync, which
 /// work on each step at the same time (a graph built with Pipeline::add must add them too: the
-/// entry's partition 0 waits for them). The entry's row reports the whole step's numbers. With resume: true the newest checkpoint in
-/// checkpoint_dir is restored and the run continues exactly where it stopped. (`student_step`
-/// is its former name, still accepted.)
+/// entry's partition 0 waits for them). The entry's row reports the whole step's numbers. With
+/// resume: true the newest checkpoint in checkpoint_dir is restored and the run continues
+/// exactly where it stopped. (`student_step` is its former name, still accepted.)
 class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
  public:
   using Options = TrainStepOptions;
