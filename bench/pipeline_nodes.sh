@@ -17,6 +17,10 @@
 # first a warm-up); printed: the median wall time, images/s (the images over it), the median
 # pipeline_bubble, the final loss, and whether `threads` and `nodes` ended with the same
 # checkpoint (weights, optimizer state and RNG, scripts/same-tensors).
+#
+# With BASE_LAYOUT=nodes (a base that has partition nodes too), the layouts are whole and nodes
+# of each build instead, base-whole whole base-nodes nodes in turn, and each pair of the same
+# layout must end with the same checkpoint: a change of the new build against the previous one.
 set -euo pipefail
 base=$1/apps/flowtrain/flowtrain
 new=$2/apps/flowtrain/flowtrain
@@ -52,13 +56,21 @@ run() {  # run NAME BINARY ARGS...: prints "wall bubble loss"
 }
 median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
 
+nodes="threads=2 $S.intraop_threads=1 $pipe"
+if [ "${BASE_LAYOUT:-threads}" = nodes ]; then
+  layouts="base-whole whole base-nodes nodes"; pairs="base-whole:whole base-nodes:nodes"
+else
+  layouts="whole threads nodes"; pairs="threads:nodes"
+fi
 declare -A walls bubbles loss
 for r in $(seq 0 "$reps"); do
-  for layout in whole threads nodes; do
+  for layout in $layouts; do
     case $layout in
       whole) out=$(run whole "$new") ;;
+      base-whole) out=$(run base-whole "$base") ;;
       threads) out=$(run threads "$base" $pipe) ;;
-      nodes) out=$(run nodes "$new" threads=2 $S.intraop_threads=1 $pipe) ;;
+      nodes) out=$(run nodes "$new" $nodes) ;;
+      base-nodes) out=$(run base-nodes "$base" $nodes) ;;
     esac
     read -r w b l <<< "$out"
     echo "round $r $layout: wall $w s, pipeline_bubble $b, loss $l" >&2
@@ -66,15 +78,18 @@ for r in $(seq 0 "$reps"); do
     walls[$layout]+="$w "; bubbles[$layout]+="$b "; loss[$layout]=$l
   done
 done
-same=$(python3 "$root/scripts/same-tensors" "$dir/threads/final.pt" "$dir/nodes/final.pt" \
-         > /dev/null && echo "identical" || echo "DIFFERENT")
 echo "| layout | wall s ($reps runs) | median | images/s | vs whole | pipeline_bubble | loss |"
 echo "|---|---|---:|---:|---:|---:|---:|"
 w0=$(median ${walls[whole]})
-for layout in whole threads nodes; do
+for layout in $layouts; do
   w=$(median ${walls[$layout]})
   awk -v n="$layout" -v all="${walls[$layout]% }" -v w="$w" -v w0="$w0" -v images="$images" \
       -v b="$(median ${bubbles[$layout]})" -v l="${loss[$layout]}" \
       'BEGIN{printf "| %s | %s | %s | %.1f | %.2f | %s | %s |\n", n, all, w, images / w, w0 / w, b, l}'
 done
-echo "threads (base) and nodes (new) final checkpoints: $same"
+for pair in $pairs; do
+  a=${pair%:*} b=${pair#*:}
+  same=$(python3 "$root/scripts/same-tensors" "$dir/$a/final.pt" "$dir/$b/final.pt" \
+           > /dev/null && echo "identical" || echo "DIFFERENT")
+  echo "$a (base) and $b (new) final checkpoints: $same"
+done
