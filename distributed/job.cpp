@@ -1,5 +1,7 @@
 #include "distributed/job.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -52,6 +54,32 @@ std::string first_slurm_host(const std::string& nodelist) {
   return first.substr(0, open) + ranges.substr(0, stop);
 }
 
+int slurm_tasks_on_node(const std::string& list, int node, const std::string& variable) {
+  const auto malformed = [&](const std::string& why) {
+    return Error("environment variable " + variable + "='" + list + "' " + why);
+  };
+  int first = 0;  // the first node the entry describes
+  std::size_t at = 0;
+  while (at < list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string entry = list.substr(at, comma - at);
+    // "N" or "N(xK)": N tasks on each of K nodes.
+    int tasks = 0, nodes = 1;
+    char close = 0;
+    char extra = 0;
+    const int read = std::sscanf(entry.c_str(), "%d(x%d%c%c", &tasks, &nodes, &close, &extra);
+    const bool plain = read == 1 && entry.find('(') == std::string::npos;
+    if (!(plain || (read == 3 && close == ')')) || tasks < 1 || nodes < 1) {
+      throw malformed("has an entry '" + entry + "' that is not N or N(xK)");
+    }
+    if (node < first + nodes) return tasks;
+    first += nodes;
+    at = comma + 1;
+  }
+  throw malformed("lists " + std::to_string(first) + " nodes, but this is node " +
+                  std::to_string(node) + " (SLURM_NODEID)");
+}
+
 ShardGroup shard_group(const JobPlacement& job, int ranks_per_shard) {
   const int k = ranks_per_shard;
   if (k < 1 || job.world_size % k != 0) {
@@ -81,6 +109,14 @@ JobPlacement job_placement_from_env() {
     p.world_size = env_int("SLURM_NTASKS", 1, 1);
     p.rank = env_int("SLURM_PROCID", 0, 0);
     p.local_rank = env_int("SLURM_LOCALID", 0, 0);
+    // The tasks of this step on this node share its cores (each rank plans its own share, as
+    // under torchrun), unless Slurm grants each its own CPUs.
+    const char* per_node =
+        env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+    if (const std::optional<std::string> list = env(per_node)) {
+      p.local_world_size = slurm_tasks_on_node(*list, env_int("SLURM_NODEID", 0, 0), per_node);
+    }
+    p.cpus_per_rank = env_int("SLURM_CPUS_PER_TASK", 0, 1);
     p.master_addr = env("MASTER_ADDR").value_or(first_slurm_host(
         env("SLURM_JOB_NODELIST").value_or(env("SLURM_NODELIST").value_or("127.0.0.1"))));
     p.master_port = env_int("MASTER_PORT", 0, 0);

@@ -91,7 +91,12 @@ PhasesOutcome run_phases(RunConfig& config,
   const JobPlacement placement = job_placement_from_env();
   for (PipelineConfig* phase : phases) {  // all, before any runs
     // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
+    // A launcher that grants each rank its CPUs (Slurm's --cpus-per-task) sets the machine's
+    // cores where the config does not.
     phase->run.local_ranks = static_cast<std::size_t>(placement.local_world_size);
+    if (phase->run.cores == 0 && placement.cpus_per_rank > 0) {
+      phase->run.cores = phase->run.local_ranks * static_cast<std::size_t>(placement.cpus_per_rank);
+    }
     resolve_auto_threads(*phase);
     check_thread_budget(*phase);
   }

@@ -509,6 +509,14 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
       }
     }
 
+    if (info->check) {
+      try {
+        info->check(stage.params);
+      } catch (const Error& e) {
+        loc.fail(entry["params"] ? entry["params"] : entry, stage_ctx + e.what());
+      }
+    }
+
     if (const YAML::Node inputs = entry["inputs"]) {
       stage.options.inputs = input_list(inputs, stage_ctx, config.stages, loc);
     }

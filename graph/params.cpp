@@ -109,6 +109,14 @@ std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
       },
       value);
   if (!right_type) return std::string("must be a ") + to_string(spec.type);
+  if (const auto* d = std::get_if<double>(&value); d && !std::isfinite(*d)) {
+    return "must be a finite number, got " + format_number(*d);
+  }
+  if (const auto* list = std::get_if<std::vector<double>>(&value)) {
+    for (const double d : *list) {
+      if (!std::isfinite(d)) return "must hold finite numbers, got " + format_number(d);
+    }
+  }
   if (spec.type == ParamType::kInt || spec.type == ParamType::kFloat) {
     const double v = spec.type == ParamType::kInt ? static_cast<double>(std::get<std::int64_t>(value))
                                                   : std::get<double>(value);

@@ -1357,9 +1357,15 @@ void Pipeline::prepare() {
       mix->stage->seek(*position);
     }
   } else if (position && *position > 0 && !nodes_[0].stage->seek(*position)) {
-    throw Error("stage '" + asked_by + "' resumes from source position " +
-                std::to_string(*position) + ", but source '" + nodes_[0].name +
-                "' cannot seek; use a dataset source or start without the checkpoint");
+    const std::string at = "stage '" + asked_by + "' resumes from source position " +
+                           std::to_string(*position) + ", but source '" + nodes_[0].name + "' ";
+    if (const std::optional<std::uint64_t> total = nodes_[0].stage->plan(std::nullopt);
+        total && *position > *total) {
+      throw Error(at + "has only " + std::to_string(*total) +
+                  " items: the checkpoint is from a run over more data; give the run that data "
+                  "or start without the checkpoint");
+    }
+    throw Error(at + "cannot seek; use a dataset source or start without the checkpoint");
   }
   // The count each stage passes on (from its first input; a mix: the sum of its inputs');
   // what reaches the last sink is what the progress line expects.

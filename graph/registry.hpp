@@ -21,8 +21,9 @@ struct StageDoc {
   /// e.g. "intraop_threads"; empty if always 1. Lets a config's thread budget be checked before
   /// anything is built.
   std::string threads_param;
-  /// Its results depend on how many threads compute them (a training step's gradient sums):
-  /// autotune times its counts on rehearsals only and fixes one before the run's first item.
+  /// Its results may depend on how many threads compute them (a training step's gradient sums;
+  /// a teacher's outputs, which the student learns from): autotune times its counts on
+  /// rehearsals only and fixes one before the run's first item.
   bool threads_change_results = false;
 };
 
@@ -59,6 +60,11 @@ struct StageInfo {
   /// (the step's log, checkpoint and snapshot writers): one entry in a config, every node in
   /// the report. Empty for most types.
   std::function<std::vector<ExpandedNode>(const Params&)> expand;
+  /// Refuses params that their declared ranges cannot (a ViT's heads must divide its dim; a
+  /// crop's scale must be [min, max]): throws Error. Run on every entry of every phase when a
+  /// config is loaded, so `flowtrain check` and the first phase already refuse what a later
+  /// phase would only find when built. Empty for most types.
+  std::function<void(const Params&)> check;
 
   const ParamSpec* find_param(const std::string& name) const;
 };
@@ -94,6 +100,9 @@ struct Registrar {
                      }
                    }};
     if constexpr (requires(const Params& p) { S::expand(p); }) info.expand = &S::expand;
+    if constexpr (requires(const typename S::Options& o) { S::check(o); }) {
+      info.check = [](const Params& p) { S::check(options_from<typename S::Options>(p)); };
+    }
     Registry::global().add(std::move(info));
   }
 };
@@ -108,7 +117,8 @@ struct Registrar {
 /// (graph/options.hpp), `static StageDoc describe()` listing `option_specs<Options>()`, and a
 /// constructor taking `const Options&` (and `const BuildContext&` if it needs the run's
 /// services, such as the process group), and may have
-/// `static std::vector<ExpandedNode> expand(const Params&)` (StageInfo::expand):
+/// `static std::vector<ExpandedNode> expand(const Params&)` (StageInfo::expand) and
+/// `static void check(const Options&)` (StageInfo::check):
 ///
 ///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };
 ///   FLOWTRAIN_REGISTER_STAGE("spin", SpinStage);

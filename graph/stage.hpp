@@ -149,8 +149,8 @@ class Stage {
   virtual bool intra_op_parallel() const { return false; }
   /// Between runs of a paused pipeline (autotune): use `threads` intra-op threads per
   /// invocation from now on. Returns false if the stage cannot: its count is fixed, or changes
-  /// its results (a training step's gradient sums depend on how its threads split them; an
-  /// inference forward's do not).
+  /// its results (any LibTorch forward may: OpenBLAS splits a matrix product's sums by its
+  /// threads on some CPUs; see docs/training.md, "What changes the sums").
   virtual bool set_threads_per_invocation(std::size_t /*threads*/) { return false; }
 
   /// Called once before the run, in chain order, with the number of items the stage will

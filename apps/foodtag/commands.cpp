@@ -28,6 +28,7 @@
 #include "stages/data/dataset.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
+#include "stages/train/folder_lock.hpp"
 #include "stages/train/predictor.hpp"
 #include "stages/train/torchscript.hpp"
 
@@ -396,7 +397,18 @@ void run_phases(const Context& ctx, const std::string& command) {
   flowtrain::dist::PhaseHooks hooks;
   std::vector<std::string> tuned;  // the settings autotune chose, as overrides
   const fs::path saved_config = ctx.out_dir / "config.yaml";
+  // One command at a time in a run folder: a second is refused before it writes anything
+  // (each rank holds its own lock, as train_step's checkpoint folders do).
+  std::unique_ptr<flowtrain::train::FolderLock> lock;
   hooks.joined = [&](bool leader) {
+    const flowtrain::dist::World* world = flowtrain::dist::World::current();
+    const std::string rank = leader || !world ? "" : ".rank" + std::to_string(world->rank());
+    try {
+      lock = std::make_unique<flowtrain::train::FolderLock>(ctx.out_dir.string(),
+                                                            ".foodtag.lock" + rank);
+    } catch (const Error& e) {
+      throw Error(std::string("output folder ") + e.what() + " (output.dir)");
+    }
     if (leader) flowtrain::write_file_atomically(saved_config.string(), config.effective_text);
   };
   hooks.progress = [](const flowtrain::PipelineConfig& phase) {

@@ -144,6 +144,8 @@ class AugmentStage final : public Map<Sample, Sample> {
  public:
   using Options = AugmentOptions;
   explicit AugmentStage(const Options& options);
+  /// Throws Error on params the constructor would refuse (a scale that is not [min, max]).
+  static void check(const Options& options) { AugmentPolicy{options.policy()}; }
   static StageDoc describe();
 
  protected:

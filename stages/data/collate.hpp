@@ -38,6 +38,8 @@ class CollateStage final : public FlatMap<Sample, Batch> {
  public:
   using Options = CollateOptions;
   explicit CollateStage(const Options& options);
+  /// Throws Error on params the constructor would refuse (std not three values > 0).
+  static void check(const Options& options) { Normalizer{options.normalize}; }
   static StageDoc describe();
   bool requires_order() const override { return true; }
   /// Batches from the expected samples: floor(n / batch_size), or ceil without drop_last.

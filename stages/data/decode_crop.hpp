@@ -92,6 +92,11 @@ class DecodeCropStage final : public Map<Sample, BatchRow> {
   /// a job.
   explicit DecodeCropStage(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
+  /// Throws Error on params the constructor would refuse (its crop's scale, its std).
+  static void check(const Options& options) {
+    AugmentPolicy{options.augment.policy()};
+    Normalizer{options.normalize};
+  }
   /// "replaced": bad samples that stand-ins took the place of (on_bad_sample: replace);
   /// "stopped_below_crop": views decoded only to their crop's last row (a file checked whole);
   /// "views_from_index", "indexed_files", "index_mb": views decoded from a file's

@@ -336,6 +336,19 @@ std::vector<std::string> step_checkpoints(const std::string& dir, int rank) {
   return paths;
 }
 
+namespace {
+
+// Whether every rank of `world_size` wrote its file of checkpoint `path` (rank 0's name).
+bool written_by_every_rank(const std::string& path, int world_size) {
+  std::error_code ec;
+  for (int r = 0; r < world_size; ++r) {
+    if (!fs::is_regular_file(rank_file(path, r), ec)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
@@ -344,13 +357,34 @@ std::optional<std::string> latest_checkpoint(const std::string& dir, int world_s
   std::reverse(paths.begin(), paths.end());
   paths.insert(paths.begin(), (fs::path(dir) / "final.pt").string());
   for (const std::string& path : paths) {
-    bool complete = true;
-    for (int r = 0; r < world_size && complete; ++r) {
-      complete = fs::is_regular_file(rank_file(path, r), ec);
-    }
-    if (complete) return path;
+    if (written_by_every_rank(path, world_size)) return path;
   }
   return std::nullopt;
+}
+
+std::vector<std::string> stale_step_checkpoints(const std::string& dir,
+                                                int rank,
+                                                int world_size,
+                                                std::size_t keep) {
+  // The oldest step to keep: the keep-th newest that every rank completed.
+  const std::vector<std::string> steps = step_checkpoints(dir);
+  std::size_t complete = 0;
+  std::string oldest_kept;  // its file name ("step-00000036.pt")
+  for (auto it = steps.rbegin(); it != steps.rend() && complete < keep; ++it) {
+    if (!written_by_every_rank(*it, world_size)) continue;
+    ++complete;
+    oldest_kept = fs::path(*it).filename().string();
+  }
+  if (complete < keep) return {};
+  // Fixed-width names: the rank's files named below it are older ("step-N.pt.rankR" keeps
+  // rank 0's name as its prefix).
+  std::vector<std::string> out;
+  for (const std::string& path : step_checkpoints(dir, rank)) {
+    if (fs::path(path).filename().string().substr(0, oldest_kept.size()) < oldest_kept) {
+      out.push_back(path);
+    }
+  }
+  return out;
 }
 
 std::string rank_file(const std::string& path, int rank) {

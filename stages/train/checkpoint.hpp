@@ -91,6 +91,15 @@ std::vector<std::string> step_checkpoints(const std::string& dir, int rank = 0);
 /// checkpoint whose files exist for every rank counts (a rank may have died before writing).
 std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size = 1);
 
+/// The step files of rank `rank` in `dir` that are older than the newest `keep` checkpoints
+/// every rank of `world_size` completed, oldest first: what the rank may delete and still
+/// leave a step all ranks can resume from (a rank stopped early writes a step the others never
+/// reach; its older files must outlive it).
+std::vector<std::string> stale_step_checkpoints(const std::string& dir,
+                                                int rank,
+                                                int world_size,
+                                                std::size_t keep);
+
 /// The file rank `rank` writes for checkpoint `path`: `path` itself for rank 0, else
 /// "path.rank<r>" (each rank keeps its own data position and, with ZeRO, optimizer shard).
 std::string rank_file(const std::string& path, int rank);

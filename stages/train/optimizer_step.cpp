@@ -83,7 +83,8 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
                     .seen = step.seen,
                     .begin_s = seconds(s.run_begin, step.begin),
                     .time_s = seconds(s.run_begin, step.end),
-                    .rank = trainer.rank()};
+                    .rank = trainer.rank(),
+                    .world_size = trainer.world_size()};
   s.history.push_back(record);
   const double smoothed =
       s.steps_this_run == 1 ? step.loss : 0.9 * s.live_loss.load() + 0.1 * step.loss;
@@ -112,7 +113,8 @@ void OptimizerStepStage::finish(Emitter<StepRecord>& out) {
   const Trainer& trainer = *session_->trainer;
   const TrainState& state = trainer.state();
   // A run that reached the end of its data is final; one stopped early is a resumable step.
-  StepRecord record{.epoch = state.epoch, .rank = trainer.rank()};
+  StepRecord record{
+      .epoch = state.epoch, .rank = trainer.rank(), .world_size = trainer.world_size()};
   record.checkpoint_name =
       state.step >= state.total_steps ? "final.pt" : step_checkpoint_name(state.step);
   const auto begin = Clock::now();

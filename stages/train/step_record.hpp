@@ -21,6 +21,7 @@ struct StepRecord {
   double begin_s = 0;         // from the start of the run's first step to the start of this one
   double time_s = 0;          // ... to the end of this one
   int rank = 0;               // data-parallel rank that trained it
+  int world_size = 1;         // ranks that each write their file of a checkpoint
 
   /// A checkpoint due now ("step-00000042.pt", or "final.pt" at the end): its file name (rank
   /// 0's; other ranks add ".rankN") and bytes (weights, optimizer state, RNG, state).

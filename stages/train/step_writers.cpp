@@ -1,8 +1,11 @@
 #include "stages/train/step_writers.hpp"
 
+#include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
+#include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -17,6 +20,25 @@ void create_folder(const fs::path& dir) {
   fs::create_directories(dir, ec);
   if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
 }
+// Keeps the header and the rows of steps before `step` in the steps.csv at `path`: a run
+// killed after its last checkpoint logged steps that its resumption takes again (and perhaps
+// half a row, cut by the kill).
+void keep_rows_before(const std::string& path, std::uint64_t step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no line break: a row the kill cut
+    std::uint64_t row_step = 0;
+    if (header || (std::sscanf(line.c_str(), "%" SCNu64 ",", &row_step) == 1 && row_step < step)) {
+      kept += line + "\n";
+    }
+    header = false;
+  }
+  in.close();
+  write_file_atomically(path, kept);
+}
+
 }  // namespace
 
 // A rehearsal's writers (autotune timing a layout on a throwaway copy) write nothing.
@@ -26,7 +48,8 @@ StepLogStage::StepLogStage(const Options& options, const BuildContext& context)
 StageDoc StepLogStage::describe() {
   return {
       "Appends one row per training step (step, epoch, loss, correct, seen, lr, time_s) to "
-      "dir/steps.csv on rank 0; a resumed run continues the file.",
+      "dir/steps.csv on rank 0; a resumed run continues the file from its checkpoint's step "
+      "(the rows of steps it takes again are dropped).",
       option_specs<Options>()};
 }
 
@@ -37,6 +60,7 @@ void StepLogStage::consume(StepRecord&& record, ItemContext&) {
     const std::string path = (fs::path(dir_) / "steps.csv").string();
     create_folder(dir_);
     const bool fresh = record.step == 1 || !fs::exists(path);
+    if (!fresh) keep_rows_before(path, record.step);
     file_.open(path, fresh ? std::ios::trunc : std::ios::app);
     if (!file_) throw Error("cannot write " + path);
     if (fresh) file_ << "step,epoch,loss,correct,seen,lr,time_s\n";
@@ -70,11 +94,13 @@ void CheckpointStage::consume(StepRecord&& record, ItemContext&) {
   write_file_atomically(rank_file((fs::path(dir_) / record.checkpoint_name).string(), record.rank),
                         *record.checkpoint);
   ++written_;
-  // Each rank prunes its own files (listing rank 0's would miss the files whose rank-0 twin
-  // another process already removed).
-  const std::vector<std::string> steps = step_checkpoints(dir_, record.rank);
+  // Each rank prunes its own files, keeping every one from the newest `keep` steps that all
+  // ranks completed on (a rank that stops early may have written a step no other reached).
   std::error_code ec;
-  for (std::size_t i = 0; i + keep_ < steps.size(); ++i) fs::remove(steps[i], ec);
+  for (const std::string& path :
+       stale_step_checkpoints(dir_, record.rank, record.world_size, keep_)) {
+    fs::remove(path, ec);
+  }
 }
 
 std::vector<StageResult> CheckpointStage::results() const {

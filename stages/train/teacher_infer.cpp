@@ -112,7 +112,7 @@ StageDoc TeacherInferStage::describe() {
       "and adds its logits (and regression outputs) to the batch, for the student's "
       "distillation loss. With partitions, a forward-only pipeline of graph nodes: the entry "
       "runs the first chunk of the blocks and brings `<name>/partition1` ... for the others.",
-      option_specs<Options>(), "intraop_threads"};
+      option_specs<Options>(), "intraop_threads", /*threads_change_results=*/true};
 }
 
 std::vector<ExpandedNode> TeacherInferStage::expand(const Params& params) {
@@ -231,7 +231,7 @@ StageDoc TeacherPartitionStage::describe() {
       "A chunk of a teacher split into pipeline partitions after the first, brought by a "
       "teacher_infer entry with partitions as `<name>/partition<N>`: runs its blocks on the "
       "activation the chunk before handed on in the batch, and the last adds the outputs.",
-      option_specs<Options>(), "intraop_threads"};
+      option_specs<Options>(), "intraop_threads", /*threads_change_results=*/true};
 }
 
 FLOWTRAIN_REGISTER_STAGE("teacher_infer", TeacherInferStage);

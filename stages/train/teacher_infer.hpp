@@ -81,12 +81,6 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
-  /// A forward's outputs do not depend on its intra-op threads (each output element's sum is
-  /// one thread's), so a tuner may change them between runs.
-  bool set_threads_per_invocation(std::size_t threads) override {
-    intraop_threads_ = static_cast<int>(threads);
-    return true;
-  }
   /// images (the teacher ran on), forward_ms (per batch), and gflops: the forward's matrix-product
   /// FLOPs (ModelConfig::forward_flops) per second of forward, per invocation (its
   /// intraop_threads); gflops is left out for a TorchScript teacher, whose shape is unknown. A

@@ -86,14 +86,20 @@ bool PipelineStepOptions::partition_nodes() const {
   return partitions > 1 && !job_placement_from_env().distributed();
 }
 
+void TrainStepStage::check(const Options& options) {
+  if ((options.checkpoint_every > 0 || options.snapshot_every > 0 || options.resume) &&
+      options.checkpoint_dir.empty()) {
+    throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
+  }
+  options.model.config();
+  options.pipeline.config(options.intraop_threads);
+}
+
 TrainStepStage::TrainStepStage(const Options& options, const BuildContext& context)
     : session_(std::make_shared<TrainingSession>()), configured_total_steps_(options.total_steps) {
   session_->intraop_threads = options.intraop_threads;
   const std::string& checkpoint_dir = options.checkpoint_dir;
-  if ((options.checkpoint_every > 0 || options.snapshot_every > 0 || options.resume) &&
-      checkpoint_dir.empty()) {
-    throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
-  }
+  check(options);
   TrainerOptions trainer;
   trainer.model = options.model.config();
   trainer.seed = options.seed;

@@ -241,6 +241,9 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   ~TrainStepStage() override;
   static StageDoc describe();
   static std::vector<ExpandedNode> expand(const Params& params);
+  /// The model (its preset with the params over it), the pipeline params and the files' params
+  /// make sense together; throws Error otherwise (what the constructor would refuse).
+  static void check(const Options& options);
 
   bool requires_order() const override { return true; }
   std::size_t threads_per_invocation() const override { return session_->intraop_threads; }

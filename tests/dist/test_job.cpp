@@ -17,7 +17,8 @@ struct Env {
   static void clear() {
     for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST",
-                          "SLURM_NODELIST"}) {
+                          "SLURM_NODELIST", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+                          "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "LOCAL_WORLD_SIZE"}) {
       ::unsetenv(k);
     }
   }
@@ -75,4 +76,32 @@ TEST_CASE("Job.SlurmNodeList.FirstHost") {
   CHECK(first_slurm_host("a,b") == "a");
   CHECK(first_slurm_host("gpu[01-04],cpu7") == "gpu01");
   CHECK(first_slurm_host("rack2-n[007,009-011]") == "rack2-n007");
+}
+
+// srun's tasks on one node share its cores as torchrun's ranks do: this node's entry of the
+// step's tasks per node, and the CPUs Slurm grants each task where it says.
+TEST_CASE("Job.Placement.SlurmTasksOnThisNodeAndTheirCpus") {
+  {
+    Env env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+             {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_TASKS_PER_NODE", "4"}});
+    const JobPlacement p = job_placement_from_env();
+    CHECK(p.local_world_size == 2);  // the step's, not the job's
+    CHECK(p.cpus_per_rank == 0);
+  }
+  {
+    Env env({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "7"}, {"SLURM_NODEID", "3"},
+             {"SLURM_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_CPUS_PER_TASK", "16"}});
+    const JobPlacement p = job_placement_from_env();
+    CHECK(p.local_world_size == 1);
+    CHECK(p.cpus_per_rank == 16);
+  }
+  CHECK(slurm_tasks_on_node("2(x3),1", 2, "V") == 2);
+  CHECK(slurm_tasks_on_node("3,2", 1, "V") == 2);
+  CHECK_THROWS_WITH_AS(slurm_tasks_on_node("2(x3),1", 4, "V"),
+                       "environment variable V='2(x3),1' lists 4 nodes, but this is node 4 "
+                       "(SLURM_NODEID)",
+                       Error);
+  CHECK_THROWS_WITH_AS(slurm_tasks_on_node("2(x3", 0, "V"),
+                       "environment variable V='2(x3' has an entry '2(x3' that is not N or N(xK)",
+                       Error);
 }

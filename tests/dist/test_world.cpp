@@ -16,6 +16,7 @@
 #include "distributed/job.hpp"
 #include "distributed/launch.hpp"
 #include "distributed/world.hpp"
+#include "tests/dist/child_ranks.hpp"
 #include "tests/process.hpp"
 
 namespace flowtrain::testing {
@@ -125,7 +126,8 @@ std::string log_path(const std::string& test, int rank) {
       .string();
 }
 
-// Starts ranks 0..size-1 of `mode` on a fresh port, each with `extra(rank)` in its environment.
+}  // namespace
+
 std::vector<Process> start_ranks(const std::string& test,
                                  const std::string& mode,
                                  int size,
@@ -145,14 +147,13 @@ std::vector<Process> start_ranks(const std::string& test,
   return ranks;
 }
 
-}  // namespace
-
 int run_child(const std::string& mode) {
   const std::map<std::string, std::function<int()>> modes = {
       {"collectives", child_collectives},
       {"init_only", child_init_only},
       {"killed", child_killed},
       {"watched", child_watched},
+      {"grad_sync", child_grad_sync},
   };
   const auto it = modes.find(mode);
   if (it == modes.end()) {

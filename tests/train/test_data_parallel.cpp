@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distributed/grad_sync.hpp"
+#include "distributed/launch.hpp"
 #include "distributed/zero.hpp"
 #include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -109,8 +110,12 @@ TEST_CASE("Dist.DataParallel.TwoRanksMatchOneRankAndZero" * doctest::timeout(600
 }
 
 // ZeRO-2 reduces each gradient to the rank whose optimizer shard updates it, and the others
-// drop it: the weights equal ZeRO-1's (bit for bit on two ranks, where a sum of two has one
-// order; within 1e-6 on three), and a rank holds its shard's gradients and no bucket buffers
+// drop it: the weights equal ZeRO-1's bit for bit on two ranks, where a sum of two has one
+// result. On three, Gloo's reduce and all-reduce sum in different orders; each step's gradients
+// agree within what that allows (Dist.GradSync.ReduceToOwnersAgreesWithAllReduceWithin-
+// ReductionOrder), which ten AdamW steps compound in ways no bound follows, so the weights are
+// checked to agree as closely as one rank's and two ranks' do (1e-4, above).
+// A rank holds its shard's gradients and no bucket buffers
 // between steps, about a quarter of ZeRO-1's gradient memory on two ranks. Their checkpoints
 // are alike: ZeRO-2 resumed from ZeRO-1's step files ends where ZeRO-1 ends.
 TEST_CASE("Dist.DataParallel.ZeroTwoMatchesZeroOne" * doctest::timeout(600)) {
@@ -151,7 +156,7 @@ TEST_CASE("Dist.DataParallel.ZeroTwoMatchesZeroOne" * doctest::timeout(600)) {
       CHECK(resumed.output.find("resumed_at 4") != std::string::npos);
       CHECK(max_weight_difference(dir / "zero1-2-final.pt", dir / "zero1-2/final.pt") == 0);
     } else {
-      CHECK(difference <= 1e-6);
+      CHECK(difference < 1e-4);
       CHECK(zero2_mb / zero1_mb == doctest::Approx(1.0 / 6).epsilon(0.3));
     }
   }
@@ -206,4 +211,121 @@ TEST_CASE("Dist.DataParallel.BadSampleOnOneRankIsReplaced" * doctest::timeout(60
   CHECK(std::regex_search(skipped.output,
                           std::regex("rank [01]: " + broken + ": .*dropping it would leave this "
                                      "rank a step short")));
+}
+
+namespace {
+
+// The same two-rank job started three ways on this machine, each rank's output in a log.
+struct Launched {
+  std::vector<Exit> ranks;  // one per process started (--nproc and torchrun: the launcher's)
+};
+
+Launched launch(const std::string& how,
+                const std::string& config,
+                const std::string& dir,
+                const std::vector<std::string>& overrides) {
+  std::vector<std::string> args = {FLOWTRAIN_CLI, "run", config, "--timeout", "120",
+                                   "stages.student_step.params.checkpoint_dir=" + dir};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  const auto log = [&](int r) {
+    return (fs::temp_directory_path() /
+            ("flowtrain-launch-" + how + "-" + std::to_string(::getpid()) + "-" +
+             std::to_string(r) + ".log"))
+        .string();
+  };
+  const std::string port = std::to_string(dist::free_local_port());
+  Launched out;
+  if (how == "nproc") {
+    args.insert(args.end(), {"--nproc", "2"});
+    out.ranks.push_back(wait_for(spawn(args, {}, log(0)), 300));
+  } else if (how == "torchrun") {
+    // torchrun as docs/distributed.md gives it (python3-torch's, torch 1.13's flag spellings).
+    args.insert(args.begin(), {"/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", "2",
+                               "--master_port", port, "--no_python", "-r", "1", "-t", "1",
+                               "--log_dir", dir + "-torchrun-logs"});
+    out.ranks.push_back(wait_for(spawn(args, {}, log(0)), 300));
+  } else {  // what srun -n 2 sets in each task on one node (slurm-wlm 22.05, no binding)
+    std::vector<Process> tasks;
+    for (int r = 0; r < 2; ++r) {
+      tasks.push_back(spawn(args,
+                            {"SLURM_PROCID=" + std::to_string(r), "SLURM_LOCALID=" + std::to_string(r),
+                             "SLURM_NTASKS=2", "SLURM_NODEID=0", "SLURM_STEP_TASKS_PER_NODE=2",
+                             "SLURM_TASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost",
+                             "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port},
+                            log(r)));
+    }
+    for (const Process& t : tasks) out.ranks.push_back(wait_for(t, 300));
+  }
+  return out;
+}
+
+}  // namespace
+
+// Each rank plans its own share of the machine whoever started it: `cores: 2` and two ranks on
+// this machine give each 1 core (1 graph thread, `auto` intra-op threads 1) under srun, torchrun
+// and --nproc alike, so the three jobs train the same weights, bit for bit (a rank that took
+// both cores would run its products on 2 threads, whose sums differ on some CPUs).
+TEST_CASE("Dist.Launchers.SrunTorchrunAndNprocPlanTheSameCoresAndWeights" * doctest::timeout(900)) {
+  TempDir dir("launchers");
+  const std::string config = dir / "job.yaml";
+  std::ofstream(config) << "cores: 2\nstages:\n" + data_stages("train", 1, true) +
+                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
+                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
+                               "alpha: 1, lr: 0.002, warmup_steps: 2, intraop_threads: auto}}\n";
+  const std::vector<std::string> overrides = {"stages.collate.params.batch_size=16"};
+  std::vector<std::string> hows = {"nproc", "srun"};
+  if (fs::exists("/usr/bin/torchrun")) hows.push_back("torchrun");
+  for (const std::string& how : hows) {
+    CAPTURE(how);
+    const Launched job = launch(how, config, dir / how, overrides);
+    for (const Exit& rank : job.ranks) {
+      INFO(rank.output);
+      REQUIRE(rank.code == 0);
+    }
+    // Rank 0's report: its share and the layout planned in it.
+    const std::string& report = job.ranks.front().output;
+    CHECK(report.find("layout: 1 core: 1 graph thread;") != std::string::npos);
+    if (how != "nproc") {
+      CHECK(max_weight_difference(dir / "nproc/final.pt", dir / (how + "/final.pt")) == 0);
+    }
+  }
+}
+
+// A job stopped under load (scancel) may leave a step checkpointed on some ranks only: rank 1
+// wrote step 8 while rank 0 failed in grad_sync. Each rank prunes only what is older than the
+// newest steps every rank completed, so the last common step survives the newer one, and a
+// resume takes it: the weights end where an uninterrupted run's end.
+TEST_CASE("Dist.Resume.TakesTheNewestStepEveryRankCompleted" * doctest::timeout(600)) {
+  TempDir dir("dp-uneven");
+  {
+    // What CheckpointStage keeps with keep 1, as the files of a 2-rank job appear.
+    const auto touch = [&](const std::string& name) { std::ofstream(dir / name) << "x"; };
+    touch("step-00000006.pt");
+    touch("step-00000006.pt.rank1");
+    touch("step-00000008.pt.rank1");  // rank 0 never wrote step 8
+    CHECK(latest_checkpoint(dir.str(), 2) == dir.str("step-00000006.pt"));
+    CHECK(stale_step_checkpoints(dir.str(), 1, 2, 1).empty());  // step 6 is the last common one
+    touch("step-00000008.pt");
+    CHECK(stale_step_checkpoints(dir.str(), 1, 2, 1) ==
+          std::vector<std::string>{dir.str("step-00000006.pt.rank1")});
+    CHECK(stale_step_checkpoints(dir.str(), 0, 2, 2).empty());
+    CHECK(stale_step_checkpoints(dir.str(), 0, 1, 1) ==
+          std::vector<std::string>{dir.str("step-00000006.pt")});  // one rank: as before
+  }
+  const std::string config = write_config(dir);
+  const std::vector<std::string> every_two = {"--nproc", "2",
+                                              "stages.student_step.params.checkpoint_every=2",
+                                              "stages.student_step.params.keep_checkpoints=3",
+                                              "stages.student_step.params.resume=true"};
+  REQUIRE(run_cli(args(config, dir / "whole", 16, every_two)).code == 0);
+  REQUIRE(run_cli(args(config, dir / "cut", 16, every_two)).code == 0);
+  // As if stopped after rank 1 wrote step 10, before rank 0 did.
+  for (const std::string name : {"final.pt", "final.pt.rank1", "step-00000010.pt"}) {
+    REQUIRE(fs::remove(dir / ("cut/" + name)));
+  }
+  const Exit resumed = run_cli(args(config, dir / "cut", 16, every_two));
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.output.find("resumed_at 8") != std::string::npos);
+  CHECK(max_weight_difference(dir / "whole/final.pt", dir / "cut/final.pt") == 0);
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +76,17 @@ void check_interrupted_run_resumes_exactly(int signal) {
   REQUIRE(resumed_run.code == 0);
   CHECK(resumed_run.output.find("resumed_at " + std::to_string(stopped_at.state.step)) !=
         std::string::npos);
+
+  // steps.csv has each step once, in order: the rows the stopped run logged after its
+  // checkpoint were dropped when the resumed run took those steps again.
+  std::ifstream csv(dir / "stopped/steps.csv");
+  std::string line;
+  std::getline(csv, line);
+  std::vector<int> steps;
+  while (std::getline(csv, line)) steps.push_back(std::stoi(line.substr(0, line.find(','))));
+  std::vector<int> once(40);
+  std::iota(once.begin(), once.end(), 1);
+  CHECK(steps == once);
 
   const Checkpoint whole = read_checkpoint(dir / "whole/final.pt");
   const Checkpoint resumed = read_checkpoint(dir / "stopped/final.pt");

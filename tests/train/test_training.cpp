@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 
@@ -702,4 +703,68 @@ TEST_CASE("Train.Autotune.RehearsalsFixTheStepsThreadsAndWriteNothing" * doctest
       parse_pipeline_config(config("chosen", ""), "chosen.yaml", a.overrides);
   build_pipeline(chosen)->run(chosen.run);
   CHECK(same_weights(runs / "tuned/final.pt", runs / "chosen/final.pt"));
+}
+
+// Every check that can run before a run runs when the config is loaded, for every phase: a
+// second phase's model, augmentation or optimizer values are refused by `flowtrain check` and
+// before the first phase trains, naming the phase, the stage and the line.
+TEST_CASE("Config.Check.EveryPhaseIsCheckedBeforeTheFirstRuns" * doctest::timeout(60)) {
+  const std::string step = "{type: train_step, name: student, params: {" + tiny_vit(64, 1, 4) +
+                           ", lr: 0.003}}\n";
+  std::string stages;  // the data stages, as a phase's list
+  std::istringstream lines(data_stages("train", 1, true));
+  for (std::string line; std::getline(lines, line);) stages += "    " + line + "\n";
+  const std::string text = "phases:\n  - name: first\n    stages:\n" + stages + "      - " +
+                           step + "  - name: second\n    stages:\n" + stages + "      - " + step;
+  CHECK_NOTHROW(parse_run_config(text, "two.yaml"));
+  const std::string student = "phases.second.stages.student.params.";
+  const std::string augment = "phases.second.stages.augment.params.";
+  const std::string collate = "phases.second.stages.collate.params.";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {student + "heads=3", "dim 64 is not divisible by heads 3"},
+      {student + "classes=0", "classes"},
+      {student + "patch_size=7", "image_size 32"},
+      {student + "dropout=2", "dropout"},
+      {student + "lr=.nan", "param 'lr' must be a finite number, got nan"},
+      {student + "resume=true", "resume need a checkpoint_dir"},
+      {collate + "std=[0,0,0]", "param 'std' values must be > 0"},
+      {collate + "std=[0.2,0.2]", "need 3 values"},
+      {augment + "scale=[1,0.5]", "param 'scale' must be [min, max]"},
+      {augment + "eval_crop=0", "eval_crop"},
+  };
+  for (const auto& [override, message] : refused) {
+    CAPTURE(override);
+    try {
+      parse_run_config(text, "two.yaml", {override});
+      FAIL("accepted");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      CHECK(what.find(message) != std::string::npos);
+      CHECK(what.find("phase 'second'") != std::string::npos);
+      CHECK(what.rfind("two.yaml:", 0) == 0);
+    }
+  }
+}
+
+// A checkpoint whose data position lies past the end of the data the resumed run was given
+// (fewer epochs, or a smaller folder) is refused with the source's size, not as a source that
+// cannot seek.
+TEST_CASE("Train.Resume.PastTheEndOfTheDataSaysSo" * doctest::timeout(120)) {
+  TempDir dir;
+  const auto config = [&](int epochs) {
+    return "threads: 2\nstages:\n" + data_stages("train", epochs, true) +
+           "  - {type: train_step, params: {" + tiny_vit(32, 1, 2) +
+           ", alpha: 1, checkpoint_every: 15, resume: true, checkpoint_dir: " + dir.str("run") +
+           "}}\n";
+  };
+  const PipelineConfig longer = parse_pipeline_config(config(2), "longer.yaml");
+  build_pipeline(longer)->run(longer.run);
+  REQUIRE(fs::exists(dir / "run/step-00000015.pt"));
+  fs::remove(dir / "run/final.pt");  // resume from step 15: 480 images into the data
+  const PipelineConfig shorter = parse_pipeline_config(config(1), "shorter.yaml");
+  CHECK_THROWS_WITH_AS(
+      build_pipeline(shorter)->run(shorter.run),
+      doctest::Contains("resumes from source position 480, but source 'source' has only 320 "
+                        "items: the checkpoint is from a run over more data"),
+      Error);
 }
