@@ -86,14 +86,12 @@ std::vector<PipelineConfig*> selected(RunConfig& config, const RunPhasesOptions&
 PhasesOutcome run_phases(RunConfig& config,
                          const RunPhasesOptions& options,
                          const PhaseHooks& hooks) {
+  check_timeout(options.timeout_s);
   keep_freed_memory();  // a training step's activations, reused rather than faulted in again
   const std::vector<PipelineConfig*> phases = selected(config, options);
   const JobPlacement placement = job_placement_from_env();
   for (PipelineConfig* phase : phases) {  // all, before any runs
-    // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
-    phase->run.local_ranks = static_cast<std::size_t>(placement.local_world_size);
-    resolve_auto_threads(*phase);
-    check_thread_budget(*phase);
+    plan_for_local_ranks(*phase, static_cast<std::size_t>(placement.local_world_size));
   }
   World* world = nullptr;
   if (placement.distributed()) {
@@ -186,6 +184,21 @@ PhasesOutcome run_phases(RunConfig& config,
   }
   World::shutdown();
   return outcome;
+}
+
+void check_timeout(double timeout_s) {
+  if (timeout_s > 0 && timeout_s <= kMaxTimeoutS) return;  // false for nan
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", timeout_s);
+  throw Error("--timeout must be a number of seconds above 0 and at most " +
+              std::to_string(static_cast<long long>(kMaxTimeoutS)) + ", got " + got);
+}
+
+void plan_for_local_ranks(PipelineConfig& phase, std::size_t local_ranks) {
+  // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
+  phase.run.local_ranks = local_ranks;
+  resolve_auto_threads(phase);
+  check_thread_budget(phase);
 }
 
 int relaunch_as_ranks(int nproc, int argc, char** argv) {
