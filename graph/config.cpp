@@ -310,8 +310,8 @@ void reject_bad_structure(const YAML::Node& node, StructureWalk& walk) {
       const auto [first, fresh] = keys.emplace(it->first.Scalar(), line);
       if (!fresh) {
         throw Error(walk.origin + ":" + std::to_string(line) + ": duplicate key '" +
-                    it->first.Scalar() + "' (first given on line " +
-                    std::to_string(first->second) + "); give each key once");
+                    it->first.Scalar() + "' (first given on line " + std::to_string(first->second) +
+                    "); give each key once");
       }
     }
     reject_bad_structure(node.IsMap() ? it->second : *it, walk);

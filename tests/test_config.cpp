@@ -200,21 +200,20 @@ TEST_CASE("Config.File.OnlyARegularFileOfAFewMegabytes" * doctest::timeout(20)) 
   flowtrain::testing::TempDir dir("config");
   const std::string fifo = dir.str("fifo.yaml");
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
-  CHECK_THROWS_WITH_AS(load_run_config(fifo),
-                       ("cannot read config '" + fifo + "': it is a FIFO, not a regular file")
-                           .c_str(),
-                       Error);
-  CHECK_THROWS_WITH_AS(load_run_config(dir.str()),
-                       ("cannot read config '" + dir.str() + "': it is a folder, not a regular file")
-                           .c_str(),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      load_run_config(fifo),
+      ("cannot read config '" + fifo + "': it is a FIFO, not a regular file").c_str(), Error);
+  CHECK_THROWS_WITH_AS(
+      load_run_config(dir.str()),
+      ("cannot read config '" + dir.str() + "': it is a folder, not a regular file").c_str(),
+      Error);
   const std::string huge = dir.str("huge.yaml");
   std::ofstream(huge) << kGood << "#" << std::string(4 << 20, ' ') << "\n";
-  CHECK_THROWS_WITH_AS(load_run_config(huge),
-                       ("cannot read config '" + huge +
-                        "': it is larger than 4 MiB, the most a config may be")
-                           .c_str(),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      load_run_config(huge),
+      ("cannot read config '" + huge + "': it is larger than 4 MiB, the most a config may be")
+          .c_str(),
+      Error);
 }
 
 TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {

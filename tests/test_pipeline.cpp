@@ -416,11 +416,11 @@ TEST_CASE("Pipeline.Trace.UnwritablePathFailsBeforeTheRun" * doctest::timeout(60
   Pipeline p;
   p.add("source", std::make_unique<CountSource<>>(50));
   p.add("sink", std::make_unique<ProbeSink<>>([&](std::uint64_t&&, ItemContext&) { ++seen; }));
-  CHECK_THROWS_WITH_AS(p.run({.threads = 2, .trace_path = path}),
-                       ("cannot write " + path + ": cannot create " + path +
-                        ".tmp (No such file or directory)")
-                           .c_str(),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      p.run({.threads = 2, .trace_path = path}),
+      ("cannot write " + path + ": cannot create " + path + ".tmp (No such file or directory)")
+          .c_str(),
+      Error);
   CHECK(seen == 0);
 }
 

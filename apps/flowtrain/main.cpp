@@ -212,8 +212,7 @@ int main(int argc, char** argv) {
     if (check_cmd->parsed()) return check(config_path, overrides);
     if (gen_cmd->parsed()) {
       if (count < 1) {
-        throw flowtrain::Error("--count must be a whole number >= 1, got " +
-                               std::to_string(count));
+        throw flowtrain::Error("--count must be a whole number >= 1, got " + std::to_string(count));
       }
       synthetic.count = static_cast<std::size_t>(count);
       if (std::sscanf(size.c_str(), "%dx%d", &synthetic.width, &synthetic.height) != 2 ||
