@@ -86,19 +86,13 @@ std::vector<PipelineConfig*> selected(RunConfig& config, const RunPhasesOptions&
 PhasesOutcome run_phases(RunConfig& config,
                          const RunPhasesOptions& options,
                          const PhaseHooks& hooks) {
+  check_timeout(options.timeout_s);
   keep_freed_memory();  // a training step's activations, reused rather than faulted in again
   const std::vector<PipelineConfig*> phases = selected(config, options);
   const JobPlacement placement = job_placement_from_env();
   for (PipelineConfig* phase : phases) {  // all, before any runs
-    // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
-    // A launcher that grants each rank its CPUs (Slurm's --cpus-per-task) sets the machine's
-    // cores where the config does not.
-    phase->run.local_ranks = static_cast<std::size_t>(placement.local_world_size);
-    if (phase->run.cores == 0 && placement.cpus_per_rank > 0) {
-      phase->run.cores = phase->run.local_ranks * static_cast<std::size_t>(placement.cpus_per_rank);
-    }
-    resolve_auto_threads(*phase);
-    check_thread_budget(*phase);
+    plan_for_local_ranks(*phase, static_cast<std::size_t>(placement.local_world_size),
+                         static_cast<std::size_t>(placement.cpus_per_rank));
   }
   World* world = nullptr;
   if (placement.distributed()) {
@@ -191,6 +185,24 @@ PhasesOutcome run_phases(RunConfig& config,
   }
   World::shutdown();
   return outcome;
+}
+
+void check_timeout(double timeout_s) {
+  if (timeout_s > 0 && timeout_s <= kMaxTimeoutS) return;  // false for nan
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", timeout_s);
+  throw Error("--timeout must be a number of seconds above 0 and at most " +
+              std::to_string(static_cast<long long>(kMaxTimeoutS)) + ", got " + got);
+}
+
+void plan_for_local_ranks(PipelineConfig& phase, std::size_t local_ranks, std::size_t rank_cpus) {
+  // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
+  // A launcher that grants each rank its CPUs (Slurm's --cpus-per-task) sets the machine's
+  // cores where the config does not.
+  phase.run.local_ranks = local_ranks;
+  if (phase.run.cores == 0 && rank_cpus > 0) phase.run.cores = local_ranks * rank_cpus;
+  resolve_auto_threads(phase);
+  check_thread_budget(phase);
 }
 
 int relaunch_as_ranks(int nproc, int argc, char** argv) {

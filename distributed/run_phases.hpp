@@ -56,6 +56,28 @@ PhasesOutcome run_phases(RunConfig& config,
                          const RunPhasesOptions& options,
                          const PhaseHooks& hooks = {});
 
+/// The longest a rank waits for the others: a wait adds it to the clock (Gloo in milliseconds).
+inline constexpr double kMaxTimeoutS = 1e6;
+
+/// Throws Error("--timeout must be ...") unless `timeout_s` is a number of seconds above 0 and at
+/// most kMaxTimeoutS (11.6 days): nan, inf, -1 or 1e308 would never time out or overflow the
+/// clock. run_phases checks its options with it; an app checks its --timeout before starting
+/// ranks.
+///   check_timeout(timeout_s);
+void check_timeout(double timeout_s);
+
+/// Plans `phase` for `local_ranks` ranks sharing this machine's cores (RunOptions::local_ranks;
+/// `auto` intra-op threads fill each rank's share) and throws Error if it needs more threads
+/// than a rank's share (check_thread_budget). `rank_cpus`: the CPUs the launcher grants each
+/// rank (JobPlacement::cpus_per_rank; 0: none said), which set the machine's `cores` where the
+/// config does not. run_phases does it for every phase before the
+/// first runs; a launcher does it before it starts the ranks, so that a config that cannot fit
+/// is one line rather than one from each rank.
+///   for (PipelineConfig& phase : config.phases) plan_for_local_ranks(phase, nproc);
+void plan_for_local_ranks(PipelineConfig& phase,
+                          std::size_t local_ranks,
+                          std::size_t rank_cpus = 0);
+
 /// `PROGRAM ... --nproc N`: runs this program's command line again without --nproc as N local
 /// ranks of a job and returns the job's exit code. Throws Error if this process already is a
 /// rank of a job (drop --nproc).

@@ -1,6 +1,7 @@
 #include "graph/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,7 +13,33 @@
 
 namespace flowtrain {
 
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+}  // namespace
+
+void check_replaceable(const std::string& path) {
+  struct stat st {};
+  // Absent (or unreachable: creating or moving the file then says why).
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  throw Error("cannot write " + path + ": it is " + file_kind(st.st_mode) +
+              ", not a regular file (moving a new file there would replace it)");
+}
+
+void check_can_write_atomically(const std::string& path) {
+  AtomicFile probe(path);  // creates the temporary; destroyed uncommitted, it removes it
+}
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temporary_(path_ + ".tmp") {
+  check_replaceable(path_);
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create " + temporary_, errno);
 }
@@ -54,6 +81,12 @@ void AtomicFile::commit() {
     const int error = errno;
     std::remove(temporary_.c_str());
     fail("flushing " + temporary_ + " failed", error);
+  }
+  try {
+    check_replaceable(path_);  // something may have appeared there since the file was created
+  } catch (...) {
+    std::remove(temporary_.c_str());
+    throw;
   }
   if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
     const int error = errno;

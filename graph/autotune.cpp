@@ -14,6 +14,7 @@
 #include <tuple>
 #include <utility>
 
+#include "graph/atomic_file.hpp"
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
@@ -652,6 +653,8 @@ RunReport autotune_run(Pipeline& pipeline,
                        const std::vector<StageDecl>& decls,
                        std::optional<AutotuneReport> rehearsed) {
   if (!options.autotune.enabled) return pipeline.run(options);
+  // The trials run without it: a trace that cannot be written fails before them.
+  if (!options.trace_path.empty()) check_can_write_atomically(options.trace_path);
   if (!rehearsed) return Tuner(pipeline, options, decls).run();
   // The pipeline was built with the rehearsals' choice; the rest of the trials tune on from it
   // on the run's own work (the step's threads stay).

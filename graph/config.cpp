@@ -74,7 +74,12 @@ class Locator {
  public:
   explicit Locator(std::string origin) : origin_(std::move(origin)) {}
 
+  // An override of a value an earlier override set replaces it there: `epochs=1 epochs=0`
+  // quotes the second for a problem with 0.
   void add_override(const YAML::Node& node, std::string text) {
+    overrides_.erase(std::remove_if(overrides_.begin(), overrides_.end(),
+                                    [&](const auto& entry) { return entry.first.is(node); }),
+                     overrides_.end());
     overrides_.emplace_back(node, std::move(text));
   }
 
@@ -255,39 +260,68 @@ YAML::Node find_named(YAML::Node list,
               known + ")");
 }
 
+// The most values a config may hold with its YAML aliases expanded. Every walk over the config
+// visits an aliased value again at each alias: nine levels of ten aliases each (a "billion
+// laughs", under 1 KB) would be 10^9 visits per walk. A pipeline config has hundreds.
+constexpr std::size_t kMaxExpandedValues = 100000;
+
+// A walk over a config's nodes, as the aliases expand it.
+struct StructureWalk {
+  const std::string& origin;
+  std::vector<YAML::Node> ancestors;  // of the node visited, the root first
+  std::size_t values = 0;             // visited so far
+};
+
+// The line on which `node`'s expansion passed kMaxExpandedValues: that of the outermost node on
+// its path that holds an alias (an alias refers back to its anchor, so the node it stands for
+// begins before the node that holds it), else `node`'s.
+int expansion_line(const YAML::Node& node, const StructureWalk& walk) {
+  std::vector<YAML::Node> path = walk.ancestors;
+  path.push_back(node);
+  for (std::size_t i = 1; i < path.size(); ++i) {
+    if (path[i].Mark().pos < path[i - 1].Mark().pos) return path[i - 1].Mark().line + 1;
+  }
+  return node.Mark().line + 1;
+}
+
 // Throws if a YAML alias makes `node` contain itself (`&a {threads: *a}`: every walk over the
-// config would then recurse without end), or if a map repeats a key (YAML forbids it, yaml-cpp
-// keeps both and a lookup sees only the first: a value given twice must not be half-ignored).
-void reject_bad_structure(const YAML::Node& node,
-                          const std::string& origin,
-                          std::vector<YAML::Node>& ancestors) {
+// config would then recurse without end), if the aliases expand it past kMaxExpandedValues, or
+// if a map repeats a key (YAML forbids it, yaml-cpp keeps both and a lookup sees only the
+// first: a value given twice must not be half-ignored).
+void reject_bad_structure(const YAML::Node& node, StructureWalk& walk) {
+  if (++walk.values > kMaxExpandedValues) {
+    throw Error(walk.origin + ":" + std::to_string(expansion_line(node, walk)) +
+                ": the config holds more than " + std::to_string(kMaxExpandedValues) +
+                " values once its YAML aliases are expanded (aliases of aliases multiply); use "
+                "fewer aliases");
+  }
   if (!node.IsMap() && !node.IsSequence()) return;
-  for (const YAML::Node& ancestor : ancestors) {
+  for (const YAML::Node& ancestor : walk.ancestors) {
     if (ancestor.is(node)) {
-      throw Error(origin + ":" + std::to_string(node.Mark().line + 1) +
+      throw Error(walk.origin + ":" + std::to_string(node.Mark().line + 1) +
                   ": a YAML alias refers to a node that contains it (an endless cycle)");
     }
   }
   std::map<std::string, int> keys;  // key -> line it was first given on
-  ancestors.push_back(node);
+  walk.ancestors.push_back(node);
   for (auto it = node.begin(); it != node.end(); ++it) {
     if (node.IsMap() && it->first.IsScalar()) {
       const int line = it->first.Mark().line + 1;
       const auto [first, fresh] = keys.emplace(it->first.Scalar(), line);
       if (!fresh) {
-        throw Error(origin + ":" + std::to_string(line) + ": duplicate key '" +
-                    it->first.Scalar() + "' (first given on line " +
-                    std::to_string(first->second) + "); give each key once");
+        throw Error(walk.origin + ":" + std::to_string(line) + ": duplicate key '" +
+                    it->first.Scalar() + "' (first given on line " + std::to_string(first->second) +
+                    "); give each key once");
       }
     }
-    reject_bad_structure(node.IsMap() ? it->second : *it, origin, ancestors);
+    reject_bad_structure(node.IsMap() ? it->second : *it, walk);
   }
-  ancestors.pop_back();
+  walk.ancestors.pop_back();
 }
 
 void reject_bad_structure(const YAML::Node& node, const std::string& origin) {
-  std::vector<YAML::Node> ancestors;
-  reject_bad_structure(node, origin, ancestors);
+  StructureWalk walk{origin, {}, 0};
+  reject_bad_structure(node, walk);
 }
 
 void apply_override(YAML::Node& root, const std::string& text, Locator& loc) {
@@ -726,6 +760,12 @@ YAML::Node load_root(const std::string& text,
                      const std::vector<std::string>& overrides,
                      Locator& loc,
                      YAML::Node* references = nullptr) {
+  // yaml-cpp reads on past a NUL byte and keeps a different character in its place.
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
+    const auto line = std::count(text.data(), text.data() + nul, '\n');
+    throw Error(origin + ":" + std::to_string(line + 1) +
+                ": a NUL byte in the config; YAML text cannot hold one");
+  }
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -744,15 +784,36 @@ YAML::Node load_root(const std::string& text,
   return root;
 }
 
+// The largest config file read: `flowtrain check /dev/zero` read until memory ran out.
+constexpr std::size_t kMaxConfigBytes = 4 << 20;
+
 std::string read_config_file(const std::string& path) {
-  std::ifstream in(path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  // Before it is opened: opening a FIFO waits for a writer, and a device may never end.
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    const char* kind = fs::is_directory(status)        ? "a folder"
+                       : fs::is_character_file(status) ? "a character device"
+                       : fs::is_block_file(status)     ? "a block device"
+                       : fs::is_fifo(status)           ? "a FIFO"
+                       : fs::is_socket(status)         ? "a socket"
+                                                       : "a special file";
+    throw Error("cannot read config '" + path + "': it is " + kind + ", not a regular file");
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error("cannot read config '" + path +
-                "': " + (std::filesystem::exists(path) ? "permission denied" : "no such file"));
+                "': " + (fs::exists(path) ? "permission denied" : "no such file"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    throw Error("cannot read config '" + path + "': it is larger than " +
+                std::to_string(kMaxConfigBytes >> 20) + " MiB, the most a config may be");
+  }
+  return text;
 }
 
 // Validates a whole config: one pipeline (`stages`) or several run in turn (`phases`), each

@@ -14,6 +14,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "graph/metrics.hpp"
 #include "graph/mix.hpp"
@@ -653,7 +654,10 @@ class Pipeline::Runtime {
         if (tokens_[in.stage] || !may_discard_[in.stage]) may_discard_[i] = false;
       }
     }
-    if (!options.trace_path.empty()) trace_.emplace(start_);
+    if (!options.trace_path.empty()) {
+      check_can_write_atomically(options.trace_path);  // before the run, not after it
+      trace_.emplace(start_);
+    }
     sampler_.emplace(counters_, geometry(), options.sample_interval_ms, start_, options.on_progress,
                      options.progress_interval_s, pipeline.expected_);
   }

@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,59 @@ TEST_CASE("Files.AtomicFile.MissingFolderNamesThePath") {
   const std::string path = dir.str("no/such/a.bin");
   CHECK_THROWS_WITH_AS(
       write_file_atomically(path, "x"),
+      ("cannot write " + path + ": cannot create " + path + ".tmp (No such file or directory)")
+          .c_str(),
+      Error);
+}
+
+TEST_CASE("Files.AtomicFile.RefusesATargetThatIsNoRegularFile") {
+  // The rename replaced a FIFO (as root, /dev/full) with a regular file and said "wrote".
+  TempDir dir("atomic");
+  const std::string fifo = dir.str("run.trace.json");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  CHECK_THROWS_WITH_AS(
+      write_file_atomically(fifo, "x"),
+      ("cannot write " + fifo +
+       ": it is a FIFO, not a regular file (moving a new file there would replace it)")
+          .c_str(),
+      Error);
+  CHECK(fs::is_fifo(fifo));
+  CHECK_FALSE(fs::exists(fifo + ".tmp"));
+
+  const std::string folder = dir.str("final.pt");
+  fs::create_directory(folder);
+  CHECK_THROWS_WITH_AS(check_can_write_atomically(folder),
+                       doctest::Contains("it is a folder, not a regular file"), Error);
+  CHECK(fs::is_directory(folder));
+
+  // One that appears between the file's creation and its commit.
+  const std::string late = dir.str("late.bin");
+  {
+    AtomicFile file(late);
+    file.write("x");
+    REQUIRE(::mkfifo(late.c_str(), 0644) == 0);
+    CHECK_THROWS_WITH_AS(file.commit(), doctest::Contains("it is a FIFO"), Error);
+  }
+  CHECK(fs::is_fifo(late));
+  CHECK_FALSE(fs::exists(late + ".tmp"));
+
+  if (fs::exists("/dev/null")) {
+    CHECK_THROWS_WITH_AS(write_file_atomically("/dev/null", "x"),
+                         doctest::Contains("/dev/null: it is a character device"), Error);
+  }
+  // A regular file, and a path that does not exist yet, are fine.
+  write_file_atomically(dir.str("a.bin"), "old");
+  check_can_write_atomically(dir.str("a.bin"));
+  check_can_write_atomically(dir.str("b.bin"));
+  CHECK_FALSE(fs::exists(dir.str("b.bin")));
+  CHECK_FALSE(fs::exists(dir.str("b.bin.tmp")));
+}
+
+TEST_CASE("Files.AtomicFile.CheckCanWriteNamesTheProblemAndLeavesNothing") {
+  TempDir dir("atomic");
+  const std::string path = dir.str("no/such/run.trace.json");
+  CHECK_THROWS_WITH_AS(
+      check_can_write_atomically(path),
       ("cannot write " + path + ": cannot create " + path + ".tmp (No such file or directory)")
           .c_str(),
       Error);

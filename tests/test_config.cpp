@@ -1,10 +1,12 @@
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace flowtrain;
 
@@ -144,6 +146,76 @@ TEST_CASE("Config.Errors.SelfReferencingAliasIsAnErrorNotACrash") {
             .empty());
 }
 
+namespace {
+
+// Aliases of aliases: level `a` a list of ten values, each later level ten aliases of the one
+// before (`b: &b [*a, ...]`), `levels` levels in all.
+std::string nested_aliases(char levels) {
+  std::string text = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char level = 'b'; level < 'a' + levels; ++level) {
+    const std::string before(1, static_cast<char>(level - 1));
+    text += std::string(1, level) + ": &" + level + " [";
+    for (int i = 0; i < 10; ++i) text += (i == 0 ? "*" : ", *") + before;
+    text += "]\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("Config.Yaml.AliasExpansionIsBounded" * doctest::timeout(20)) {
+  // A "billion laughs" of 9 levels (10^9 values in 413 bytes): `flowtrain check` did not finish
+  // in 60 s. The line is that of the value whose aliases pass the bound.
+  const std::string refused =
+      ": the config holds more than 100000 values once its YAML aliases are expanded (aliases "
+      "of aliases multiply); use fewer aliases";
+  CHECK(error_of(nested_aliases(9)) == "cfg.yaml:5" + refused);
+  // Deeper in the config: the line of the list that holds the aliases.
+  CHECK(error_of(nested_aliases(4) + "stages:\n  - type: sequence\n    params:\n      count: [" +
+                 "*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n") == "cfg.yaml:8" + refused);
+  // In an override's value, on one line.
+  std::string flow = nested_aliases(6);
+  for (std::size_t at = flow.find('\n'); at != std::string::npos; at = flow.find('\n', at)) {
+    flow.replace(at, 1, at + 1 == flow.size() ? "}" : ", ");
+  }
+  const std::string override_text = "threads={" + flow;
+  CHECK(error_of(kGood, {override_text}) == "override '" + override_text + "':1" + refused);
+  // Below the bound, aliases are read as before.
+  CHECK(error_of(nested_aliases(4) + kGood).find("unknown key 'a'") != std::string::npos);
+}
+
+TEST_CASE("Config.Yaml.NulByteIsRefusedWithItsLine") {
+  // yaml-cpp read "wo\0rk" as "wo\x1brk": a stage name changed without a word.
+  CHECK(error_of(replace(kGood, "name: work", std::string("name: wo\0rk", 11))) ==
+        "cfg.yaml:7: a NUL byte in the config; YAML text cannot hold one");
+}
+
+TEST_CASE("Config.File.OnlyARegularFileOfAFewMegabytes" * doctest::timeout(20)) {
+  // `flowtrain check /dev/zero` read until bad_alloc; a FIFO waited for a writer.
+  if (std::filesystem::exists("/dev/zero")) {
+    CHECK_THROWS_WITH_AS(
+        load_run_config("/dev/zero"),
+        "cannot read config '/dev/zero': it is a character device, not a regular file", Error);
+  }
+  flowtrain::testing::TempDir dir("config");
+  const std::string fifo = dir.str("fifo.yaml");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  CHECK_THROWS_WITH_AS(
+      load_run_config(fifo),
+      ("cannot read config '" + fifo + "': it is a FIFO, not a regular file").c_str(), Error);
+  CHECK_THROWS_WITH_AS(
+      load_run_config(dir.str()),
+      ("cannot read config '" + dir.str() + "': it is a folder, not a regular file").c_str(),
+      Error);
+  const std::string huge = dir.str("huge.yaml");
+  std::ofstream(huge) << kGood << "#" << std::string(4 << 20, ' ') << "\n";
+  CHECK_THROWS_WITH_AS(
+      load_run_config(huge),
+      ("cannot read config '" + huge + "': it is larger than 4 MiB, the most a config may be")
+          .c_str(),
+      Error);
+}
+
 TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
   SUBCASE("unknown stage type") {
     CHECK(error_of(replace(kGood, "type: spin", "type: spni")) ==
@@ -251,6 +323,14 @@ TEST_CASE("Config.Overrides.ApplyAndReport") {
         "you mean 'rounds'?)");
   CHECK(error_of(kGood, {"threads"}) ==
         "override 'threads': expected key.path=value, e.g. stages.decode.concurrency=2");
+}
+
+TEST_CASE("Config.Overrides.TheLastOverrideOfAKeyIsTheOneQuoted") {
+  // `epochs=1 epochs=0` quoted 'epochs=1' for the 0 it refused.
+  CHECK(error_of(kGood, {"stages.batch.params.size=2", "stages.batch.params.size=0"}) ==
+        "override 'stages.batch.params.size=0': stage 'batch' (batch): param 'size' must be >= 1, "
+        "got 0");
+  CHECK(error_of(kGood, {"stages.batch.params.size=0", "stages.batch.params.size=2"}).empty());
 }
 
 TEST_CASE("Config.Paths.RelativeToTheConfigFile") {

@@ -409,6 +409,21 @@ TEST_CASE("Pipeline.Trace.WritesChromeTraceEvents" * doctest::timeout(60)) {
   std::remove(path.c_str());
 }
 
+TEST_CASE("Pipeline.Trace.UnwritablePathFailsBeforeTheRun" * doctest::timeout(60)) {
+  // It was found when the trace was written, after the whole run.
+  const std::string path = "no_such_folder/pipeline_test.trace.json";
+  std::atomic<int> seen{0};
+  Pipeline p;
+  p.add("source", std::make_unique<CountSource<>>(50));
+  p.add("sink", std::make_unique<ProbeSink<>>([&](std::uint64_t&&, ItemContext&) { ++seen; }));
+  CHECK_THROWS_WITH_AS(
+      p.run({.threads = 2, .trace_path = path}),
+      ("cannot write " + path + ": cannot create " + path + ".tmp (No such file or directory)")
+          .c_str(),
+      Error);
+  CHECK(seen == 0);
+}
+
 // A chart of the last item's spans: one row per track, labels padded with '=', '.' idle, and
 // the idle share (a pipeline's bubble) in the header; earlier items are not drawn.
 TEST_CASE("Pipeline.Report.TimelineChartOfTheLastItem") {

@@ -141,8 +141,7 @@ int main(int argc, char** argv) {
   run_cmd
       ->add_option("--timeout", timeout_s,
                    "Seconds to wait for the other ranks (rendezvous, collectives, barriers)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->capture_default_str();  // checked below, with the other run checks: one line
 
   CLI::App* check_cmd =
       app.add_subcommand("check", "Validate a pipeline config without running it");
@@ -159,7 +158,9 @@ int main(int argc, char** argv) {
   CLI::App* gen_cmd = app.add_subcommand(
       "gen-images", "Write a synthetic JPEG dataset (root/class_XX/img_XXXXX.jpg + manifest.csv)");
   gen_cmd->add_option("--out", synthetic.root, "Output folder")->required();
-  gen_cmd->add_option("--count", synthetic.count, "Number of files")->capture_default_str();
+  // Signed, so that -1 is refused rather than read as 2^64 - 1.
+  long long count = static_cast<long long>(synthetic.count);
+  gen_cmd->add_option("--count", count, "Number of files")->capture_default_str();
   gen_cmd->add_option("--size", size, "WIDTHxHEIGHT")->capture_default_str();
   gen_cmd->add_option("--classes", synthetic.classes, "Number of classes")->capture_default_str();
   gen_cmd->add_option("--quality", synthetic.quality, "JPEG quality 1..100")->capture_default_str();
@@ -193,8 +194,13 @@ int main(int argc, char** argv) {
   }
   flowtrain::dist::exit_with_launcher();
   try {
+    if (run_cmd->parsed()) flowtrain::dist::check_timeout(timeout_s);
     if (run_cmd->parsed() && nproc > 1) {
-      flowtrain::load_run_config(config_path, overrides);  // one line for a config error
+      // One line for a config error, or a config that does not fit N ranks, not one a rank.
+      flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides);
+      for (flowtrain::PipelineConfig& phase : config.phases) {
+        flowtrain::dist::plan_for_local_ranks(phase, static_cast<std::size_t>(nproc));
+      }
       return flowtrain::dist::relaunch_as_ranks(nproc, argc, argv);
     }
     if (run_cmd->parsed()) {
@@ -205,6 +211,10 @@ int main(int argc, char** argv) {
     }
     if (check_cmd->parsed()) return check(config_path, overrides);
     if (gen_cmd->parsed()) {
+      if (count < 1) {
+        throw flowtrain::Error("--count must be a whole number >= 1, got " + std::to_string(count));
+      }
+      synthetic.count = static_cast<std::size_t>(count);
       if (std::sscanf(size.c_str(), "%dx%d", &synthetic.width, &synthetic.height) != 2 ||
           synthetic.width < 1 || synthetic.height < 1) {
         throw flowtrain::Error("--size must be WIDTHxHEIGHT, e.g. 640x360, got '" + size + "'");

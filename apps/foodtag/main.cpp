@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   const std::string command = app.get_subcommands()[0]->get_name();
   in.program = std::filesystem::read_symlink("/proc/self/exe").string();
   try {
+    flowtrain::dist::check_timeout(in.timeout_s);  // CLI11 lets nan and 1e308 through
     if (command == "keys") {
       std::cout << foodtag::keys_text(markdown);
       return 0;

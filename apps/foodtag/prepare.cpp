@@ -490,6 +490,13 @@ class StagedFiles {
   void add(const fs::path& staged, const fs::path& path) { moved_.emplace_back(staged, path); }
 
   void commit() {
+    // Every target first, so that a refused one leaves the earlier prepare's files as they were.
+    for (const auto& staged_and_final : moved_) {
+      flowtrain::check_replaceable(staged_and_final.second.string());
+    }
+    for (const std::unique_ptr<flowtrain::AtomicFile>& file : written_) {
+      flowtrain::check_replaceable(file->path());
+    }
     for (const auto& [staged, final_path] : moved_) {
       std::error_code ec;
       fs::rename(staged, final_path, ec);
