@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
+#include "stages/data/image_header.hpp"
 
 namespace flowtrain::data {
 namespace {
@@ -110,16 +111,6 @@ std::string too_large(std::int64_t width, std::int64_t height, std::int64_t max_
 bool starts_with(std::span<const std::uint8_t> bytes, std::size_t offset, std::string_view magic) {
   return bytes.size() >= offset + magic.size() &&
          std::memcmp(bytes.data() + offset, magic.data(), magic.size()) == 0;
-}
-
-std::uint32_t big_endian32(const std::uint8_t* p) {
-  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
-         p[3];
-}
-
-std::uint32_t little_endian32(const std::uint8_t* p) {
-  return (std::uint32_t{p[3]} << 24) | (std::uint32_t{p[2]} << 16) | (std::uint32_t{p[1]} << 8) |
-         p[0];
 }
 
 // ---- JPEG ---------------------------------------------------------------------------------------
@@ -270,47 +261,6 @@ DecodeResult decode_jpeg(std::span<const std::uint8_t> bytes,
 
 // ---- other formats, through OpenCV --------------------------------------------------------------
 
-/// The format the leading bytes announce, for messages; empty if none we know.
-std::string_view sniff_format(std::span<const std::uint8_t> bytes) {
-  if (starts_with(bytes, 0, "\x89PNG\r\n\x1a\n")) return "PNG";
-  if (starts_with(bytes, 0, "BM")) return "BMP";
-  if (starts_with(bytes, 0, "GIF87a") || starts_with(bytes, 0, "GIF89a")) return "GIF";
-  if (starts_with(bytes, 0, std::string_view("II*\0", 4)) ||
-      starts_with(bytes, 0, std::string_view("MM\0*", 4))) {
-    return "TIFF";
-  }
-  if (starts_with(bytes, 0, "RIFF") && starts_with(bytes, 8, "WEBP")) return "WebP";
-  if (starts_with(bytes, 0, std::string_view("\0\0\0\x0cjP  ", 8)) ||
-      starts_with(bytes, 0, "\xff\x4f\xff\x51")) {
-    return "JPEG 2000";
-  }
-  if (bytes.size() >= 3 && bytes[0] == 'P' && bytes[1] >= '1' && bytes[1] <= '7' &&
-      std::strchr(" \t\r\n", bytes[2]) != nullptr) {
-    return "PNM";
-  }
-  if (starts_with(bytes, 0, "#?RADIANCE") || starts_with(bytes, 0, "#?RGBE")) return "HDR";
-  if (starts_with(bytes, 0, "\x76\x2f\x31\x01")) return "OpenEXR";
-  if (starts_with(bytes, 0, "\x59\xa6\x6a\x95")) return "Sun raster";
-  return {};
-}
-
-/// Width and height from a PNG or BMP header, read before OpenCV allocates anything.
-std::optional<std::pair<std::int64_t, std::int64_t>> header_size(
-    std::string_view format, std::span<const std::uint8_t> bytes) {
-  if (format == "PNG" && bytes.size() >= 24) {  // signature, IHDR length and type, then w, h
-    return std::pair<std::int64_t, std::int64_t>{big_endian32(&bytes[16]),
-                                                 big_endian32(&bytes[20])};
-  }
-  if (format == "BMP" && bytes.size() >= 26 && little_endian32(&bytes[14]) >= 40) {
-    // BITMAPINFOHEADER or later: int32 width, then height (negative for top-down rows).
-    const auto width = static_cast<std::int32_t>(little_endian32(&bytes[18]));
-    const auto height = static_cast<std::int32_t>(little_endian32(&bytes[22]));
-    return std::pair<std::int64_t, std::int64_t>{std::abs(std::int64_t{width}),
-                                                 std::abs(std::int64_t{height})};
-  }
-  return std::nullopt;
-}
-
 DecodeResult decode_other(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
                           Image& out) {
@@ -320,11 +270,14 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
   // reader, fails an assert on a 135-byte file).
   if (format.empty()) return {"not an image (unknown format)"};
   if (!options.other_formats) return {"not a JPEG (" + format + " data) and other_formats is false"};
-  if (const auto size = header_size(format, bytes)) {
-    // width * height > max_pixels, without the product (two 32-bit fields overflow 64 bits)
-    if (size->second > 0 && size->first > options.max_pixels / size->second) {
-      return {too_large(size->first, size->second, options.max_pixels)};
-    }
+  // The size from the header, before a decoder allocates for it (a lossless WebP of 10 KB may
+  // declare 16000x16000 pixels). A header that declares none is refused: the decoder would
+  // refuse it too, or find a size we did not check.
+  const std::optional<ImageSize> size = read_image_size(format, bytes);
+  if (!size) return {"cannot decode " + format + " data (no image size in its header)"};
+  // width * height > max_pixels, without the product (two 32-bit fields overflow 64 bits)
+  if (size->width > options.max_pixels / size->height) {
+    return {too_large(size->width, size->height, options.max_pixels)};
   }
   if (bytes.size() > static_cast<std::size_t>(INT_MAX)) {
     return {"file of " + std::to_string(bytes.size()) + " bytes is too large for OpenCV"};

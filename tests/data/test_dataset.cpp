@@ -21,6 +21,7 @@
 #include "stages/data/sample.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/shard_source.hpp"
+#include "tests/data/declared_size.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/test_stages.hpp"
 
@@ -466,6 +467,21 @@ TEST_CASE("Data.Shard.PackThenReadReturnsSameRecords") {
     CHECK(r.targets[0] == static_cast<float>(i) * 1.5f);
     CHECK(r.path == p.string());
   }
+}
+
+TEST_CASE("Data.Shard.PackRefusesAnImageFromItsHeader") {
+  // A lossless WebP of a few KB that declares 16000x16000 pixels: refused by max_pixels from its
+  // header, as jpeg_decode refuses it, not decoded first.
+  TempDir dir;
+  write_file(dir / "declares-16000.webp", declaring("WebP lossless", 16000));
+  write_file(dir / "photo.jpg", make_jpeg(20, 16, 1));
+  const std::vector<DatasetEntry> entries{{(dir / "declares-16000.webp").string(), 0, {}},
+                                          {(dir / "photo.jpg").string(), 1, {}}};
+  const PackResult result = pack_dataset(entries, (dir / "p.ftpk").string(), 0);
+  CHECK(result.written == 1);
+  REQUIRE(result.skipped.size() == 1);
+  CHECK(result.skipped[0].path == (dir / "declares-16000.webp").string());
+  CHECK(result.skipped[0].reason == "image 16000x16000 exceeds max_pixels 100000000");
 }
 
 TEST_CASE("Data.Shard.PackResizesOnlyLargerImages") {
