@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <optional>
+#include <streambuf>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -261,6 +263,40 @@ DecodeResult decode_jpeg(std::span<const std::uint8_t> bytes,
 
 // ---- other formats, through OpenCV --------------------------------------------------------------
 
+/// Whether this thread is inside cv::imdecode (its lines on std::cerr are then dropped).
+thread_local bool t_in_imdecode = false;
+
+/// std::cerr's buffer once quiet_opencv_decode_errors() ran: passes every write on to the
+/// buffer it replaced, except a thread's writes while it is inside cv::imdecode.
+class QuietInImdecode final : public std::streambuf {
+ public:
+  explicit QuietInImdecode(std::streambuf* target) : target_(target) {}
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (t_in_imdecode || traits_type::eq_int_type(c, traits_type::eof())) {
+      return traits_type::not_eof(c);
+    }
+    return target_->sputc(traits_type::to_char_type(c));
+  }
+  std::streamsize xsputn(const char* text, std::streamsize n) override {
+    return t_in_imdecode ? n : target_->sputn(text, n);
+  }
+  int sync() override { return t_in_imdecode ? 0 : target_->pubsync(); }
+
+ private:
+  std::streambuf* target_;
+};
+
+cv::Mat quiet_imdecode(const cv::Mat& encoded, int flags) {
+  quiet_opencv_decode_errors();
+  t_in_imdecode = true;
+  struct Unmute {
+    ~Unmute() { t_in_imdecode = false; }
+  } unmute;
+  return cv::imdecode(encoded, flags);
+}
+
 DecodeResult decode_other(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
                           Image& out) {
@@ -287,7 +323,7 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
     // A header over the bytes: OpenCV reads them in place.
     const cv::Mat encoded(1, static_cast<int>(bytes.size()), CV_8UC1,
                           const_cast<std::uint8_t*>(bytes.data()));
-    decoded = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+    decoded = quiet_imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
   } catch (const cv::Exception& e) {
     return {"cannot decode " + format + " data: " + e.err};
   }
@@ -360,6 +396,15 @@ std::string read_file(const std::string& path,
   }
   bytes = std::span<const std::uint8_t>(buffer.data(), size);
   return {};
+}
+
+void quiet_opencv_decode_errors() {
+  static const bool installed = [] {
+    // Never deleted: std::cerr may be written to until the process ends.
+    std::cerr.rdbuf(new QuietInImdecode(std::cerr.rdbuf()));
+    return true;
+  }();
+  (void)installed;
 }
 
 int dct_scale_denom(int width, int height, int min_side) {

@@ -76,6 +76,16 @@ DecodeResult decode_image(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
                           Image& out);
 
+/// OpenCV 4.6's imdecode prints a failing decoder's exception to std::cerr itself
+/// ("imdecode_(''): can't read data: ..."), and its logger prints some decoders' complaints there
+/// ("[ERROR:0@0.1] ... OpenJPEG2000: ..."): raw lines about a file whose reason the stage reports
+/// anyway. This puts a filter on std::cerr, process-wide and once, that drops what a thread writes
+/// there while decode_image has it inside imdecode, and passes on every other write unchanged.
+/// decode_image calls it; the stages call it when built, before their threads run, as replacing
+/// std::cerr's buffer while another thread writes to it would race. What libpng or libtiff print
+/// with fprintf ("libpng error: ...") does not go through std::cerr and still shows.
+void quiet_opencv_decode_errors();
+
 /// Thread buffers above this size are released after use instead of kept for the next sample.
 inline constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -530,6 +531,30 @@ TEST_CASE("Data.Decode.MaxPixelsFromTheHeaderOfEveryFormat") {
   Bytes webp = declaring("WebP", 0);
   webp[15] = 'Y';  // "VP8Y": no chunk we know
   CHECK(decode_error(webp) == "cannot decode WebP data (no image size in its header)");
+}
+
+TEST_CASE("Data.Decode.OpenCvPrintsNothingOfItsOwnForABrokenFile") {
+  // OpenCV 4.6's imdecode writes its decoder's exception to std::cerr ("imdecode_(''): can't
+  // read data: ... Unexpected end of input stream"); the reason is ours to report, once.
+  Bytes cut = declaring("PNM", 0);
+  cut.resize(cut.size() / 2);
+  const TempDir dir("opencv-quiet");
+  const std::string captured = dir.str("stderr.txt");
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  REQUIRE(saved >= 0);
+  std::FILE* file = std::fopen(captured.c_str(), "w");
+  REQUIRE(file != nullptr);
+  ::dup2(::fileno(file), 2);
+  const std::string error = decode_error(cut);
+  std::cerr << "after" << std::endl;  // std::cerr itself still writes
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(file);
+  CHECK(error == "cannot decode PNM data (corrupt or unsupported)");
+  const Bytes text = read_bytes(captured);
+  CHECK(std::string(text.begin(), text.end()) == "after\n");
 }
 
 TEST_CASE("Data.Decode.BadDataDoesNotPoisonTheThreadsDecoder") {
