@@ -5,6 +5,7 @@
 
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
+#include "stages/data/image_decode.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
 #include "stages/data/render_normalized.hpp"
@@ -54,6 +55,7 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
       check_once_(options.check_whole_file == "once"),
       index_budget_(options.mcu_index_mb << 20) {
   keep_opencv_on_caller_thread();
+  quiet_opencv_decode_errors();  // before the workers run
   open_.reserve(kOpenBatches);
 }
 

@@ -11,16 +11,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <optional>
+#include <streambuf>
 #include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
 
 #include "graph/error.hpp"
+#include "stages/data/image_header.hpp"
 
 namespace flowtrain::data {
 namespace {
@@ -110,16 +113,6 @@ std::string too_large(std::int64_t width, std::int64_t height, std::int64_t max_
 bool starts_with(std::span<const std::uint8_t> bytes, std::size_t offset, std::string_view magic) {
   return bytes.size() >= offset + magic.size() &&
          std::memcmp(bytes.data() + offset, magic.data(), magic.size()) == 0;
-}
-
-std::uint32_t big_endian32(const std::uint8_t* p) {
-  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
-         p[3];
-}
-
-std::uint32_t little_endian32(const std::uint8_t* p) {
-  return (std::uint32_t{p[3]} << 24) | (std::uint32_t{p[2]} << 16) | (std::uint32_t{p[1]} << 8) |
-         p[0];
 }
 
 // ---- JPEG ---------------------------------------------------------------------------------------
@@ -270,45 +263,38 @@ DecodeResult decode_jpeg(std::span<const std::uint8_t> bytes,
 
 // ---- other formats, through OpenCV --------------------------------------------------------------
 
-/// The format the leading bytes announce, for messages; empty if none we know.
-std::string_view sniff_format(std::span<const std::uint8_t> bytes) {
-  if (starts_with(bytes, 0, "\x89PNG\r\n\x1a\n")) return "PNG";
-  if (starts_with(bytes, 0, "BM")) return "BMP";
-  if (starts_with(bytes, 0, "GIF87a") || starts_with(bytes, 0, "GIF89a")) return "GIF";
-  if (starts_with(bytes, 0, std::string_view("II*\0", 4)) ||
-      starts_with(bytes, 0, std::string_view("MM\0*", 4))) {
-    return "TIFF";
-  }
-  if (starts_with(bytes, 0, "RIFF") && starts_with(bytes, 8, "WEBP")) return "WebP";
-  if (starts_with(bytes, 0, std::string_view("\0\0\0\x0cjP  ", 8)) ||
-      starts_with(bytes, 0, "\xff\x4f\xff\x51")) {
-    return "JPEG 2000";
-  }
-  if (bytes.size() >= 3 && bytes[0] == 'P' && bytes[1] >= '1' && bytes[1] <= '7' &&
-      std::strchr(" \t\r\n", bytes[2]) != nullptr) {
-    return "PNM";
-  }
-  if (starts_with(bytes, 0, "#?RADIANCE") || starts_with(bytes, 0, "#?RGBE")) return "HDR";
-  if (starts_with(bytes, 0, "\x76\x2f\x31\x01")) return "OpenEXR";
-  if (starts_with(bytes, 0, "\x59\xa6\x6a\x95")) return "Sun raster";
-  return {};
-}
+/// Whether this thread is inside cv::imdecode (its lines on std::cerr are then dropped).
+thread_local bool t_in_imdecode = false;
 
-/// Width and height from a PNG or BMP header, read before OpenCV allocates anything.
-std::optional<std::pair<std::int64_t, std::int64_t>> header_size(
-    std::string_view format, std::span<const std::uint8_t> bytes) {
-  if (format == "PNG" && bytes.size() >= 24) {  // signature, IHDR length and type, then w, h
-    return std::pair<std::int64_t, std::int64_t>{big_endian32(&bytes[16]),
-                                                 big_endian32(&bytes[20])};
+/// std::cerr's buffer once quiet_opencv_decode_errors() ran: passes every write on to the
+/// buffer it replaced, except a thread's writes while it is inside cv::imdecode.
+class QuietInImdecode final : public std::streambuf {
+ public:
+  explicit QuietInImdecode(std::streambuf* target) : target_(target) {}
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (t_in_imdecode || traits_type::eq_int_type(c, traits_type::eof())) {
+      return traits_type::not_eof(c);
+    }
+    return target_->sputc(traits_type::to_char_type(c));
   }
-  if (format == "BMP" && bytes.size() >= 26 && little_endian32(&bytes[14]) >= 40) {
-    // BITMAPINFOHEADER or later: int32 width, then height (negative for top-down rows).
-    const auto width = static_cast<std::int32_t>(little_endian32(&bytes[18]));
-    const auto height = static_cast<std::int32_t>(little_endian32(&bytes[22]));
-    return std::pair<std::int64_t, std::int64_t>{std::abs(std::int64_t{width}),
-                                                 std::abs(std::int64_t{height})};
+  std::streamsize xsputn(const char* text, std::streamsize n) override {
+    return t_in_imdecode ? n : target_->sputn(text, n);
   }
-  return std::nullopt;
+  int sync() override { return t_in_imdecode ? 0 : target_->pubsync(); }
+
+ private:
+  std::streambuf* target_;
+};
+
+cv::Mat quiet_imdecode(const cv::Mat& encoded, int flags) {
+  quiet_opencv_decode_errors();
+  t_in_imdecode = true;
+  struct Unmute {
+    ~Unmute() { t_in_imdecode = false; }
+  } unmute;
+  return cv::imdecode(encoded, flags);
 }
 
 DecodeResult decode_other(std::span<const std::uint8_t> bytes,
@@ -320,11 +306,14 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
   // reader, fails an assert on a 135-byte file).
   if (format.empty()) return {"not an image (unknown format)"};
   if (!options.other_formats) return {"not a JPEG (" + format + " data) and other_formats is false"};
-  if (const auto size = header_size(format, bytes)) {
-    // width * height > max_pixels, without the product (two 32-bit fields overflow 64 bits)
-    if (size->second > 0 && size->first > options.max_pixels / size->second) {
-      return {too_large(size->first, size->second, options.max_pixels)};
-    }
+  // The size from the header, before a decoder allocates for it (a lossless WebP of 10 KB may
+  // declare 16000x16000 pixels). A header that declares none is refused: the decoder would
+  // refuse it too, or find a size we did not check.
+  const std::optional<ImageSize> size = read_image_size(format, bytes);
+  if (!size) return {"cannot decode " + format + " data (no image size in its header)"};
+  // width * height > max_pixels, without the product (two 32-bit fields overflow 64 bits)
+  if (size->width > options.max_pixels / size->height) {
+    return {too_large(size->width, size->height, options.max_pixels)};
   }
   if (bytes.size() > static_cast<std::size_t>(INT_MAX)) {
     return {"file of " + std::to_string(bytes.size()) + " bytes is too large for OpenCV"};
@@ -334,7 +323,7 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
     // A header over the bytes: OpenCV reads them in place.
     const cv::Mat encoded(1, static_cast<int>(bytes.size()), CV_8UC1,
                           const_cast<std::uint8_t*>(bytes.data()));
-    decoded = cv::imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+    decoded = quiet_imdecode(encoded, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
   } catch (const cv::Exception& e) {
     return {"cannot decode " + format + " data: " + e.err};
   }
@@ -407,6 +396,15 @@ std::string read_file(const std::string& path,
   }
   bytes = std::span<const std::uint8_t>(buffer.data(), size);
   return {};
+}
+
+void quiet_opencv_decode_errors() {
+  static const bool installed = [] {
+    // Never deleted: std::cerr may be written to until the process ends.
+    std::cerr.rdbuf(new QuietInImdecode(std::cerr.rdbuf()));
+    return true;
+  }();
+  (void)installed;
 }
 
 int dct_scale_denom(int width, int height, int min_side) {

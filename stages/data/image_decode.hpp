@@ -20,8 +20,8 @@ struct DecodeOptions {
   /// smallest of 1/8, 1/4, 1/2 and 1 that keeps it (like PIL's draft mode). 0: never scale.
   /// Other formats are always decoded at full size.
   int min_side = 0;
-  /// Largest width x height accepted. Checked on the header, before any pixel buffer exists
-  /// (for JPEG, PNG and BMP; other formats rely on OpenCV's own limit, 2^30 pixels).
+  /// Largest width x height accepted. Checked on the header, before any pixel buffer exists, for
+  /// every format (stages/data/image_header.hpp reads the size of those OpenCV decodes).
   std::int64_t max_pixels = 100'000'000;
   /// Decode PNG, BMP, TIFF, WebP... through OpenCV; when false, only JPEG is accepted.
   bool other_formats = true;
@@ -64,7 +64,8 @@ int dct_scale_denom(int width, int height, int min_side);
 /// formats go to OpenCV only when their signature says PNG, BMP, TIFF, WebP, JPEG 2000, PNM,
 /// HDR, OpenEXR or Sun raster (GIF is named but OpenCV cannot decode it); anything else is
 /// "not an image (unknown format)": OpenCV would try every decoder it has on it, and some abort
-/// the process on damaged data.
+/// the process on damaged data. Their size is read from their header first (`read_image_size`);
+/// one that declares none is refused ("cannot decode TIFF data (no image size in its header)").
 ///
 /// Any libjpeg warning refuses the image (a corrupt scan mostly shows up only as "extraneous
 /// bytes before marker 0xd9", and often not at all), except two about header fields that
@@ -74,6 +75,16 @@ int dct_scale_denom(int width, int height, int min_side);
 DecodeResult decode_image(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
                           Image& out);
+
+/// OpenCV 4.6's imdecode prints a failing decoder's exception to std::cerr itself
+/// ("imdecode_(''): can't read data: ..."), and its logger prints some decoders' complaints there
+/// ("[ERROR:0@0.1] ... OpenJPEG2000: ..."): raw lines about a file whose reason the stage reports
+/// anyway. This puts a filter on std::cerr, process-wide and once, that drops what a thread writes
+/// there while decode_image has it inside imdecode, and passes on every other write unchanged.
+/// decode_image calls it; the stages call it when built, before their threads run, as replacing
+/// std::cerr's buffer while another thread writes to it would race. What libpng or libtiff print
+/// with fprintf ("libpng error: ...") does not go through std::cerr and still shows.
+void quiet_opencv_decode_errors();
 
 /// Thread buffers above this size are released after use instead of kept for the next sample.
 inline constexpr std::size_t kKeepScratchBytes = std::size_t{64} << 20;

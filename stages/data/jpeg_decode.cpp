@@ -24,6 +24,7 @@ JpegDecodeStage::JpegDecodeStage(const Options& options, const BuildContext& con
       recipe_(mix_recipe(0, "jpeg_decode", Params({{"min_side", options.min_side}}))) {
   options_.min_side = static_cast<int>(std::clamp<std::int64_t>(options.min_side, 0, INT_MAX));
   keep_opencv_on_caller_thread();  // other formats decode through OpenCV
+  quiet_opencv_decode_errors();    // before the workers run
 }
 
 StageDoc JpegDecodeStage::describe() {

@@ -17,6 +17,7 @@
 
 #include "graph/error.hpp"
 #include "stages/data/image_decode.hpp"
+#include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
 
@@ -63,6 +64,7 @@ void ShardWriter::add(std::span<const std::uint8_t> bytes,
   sizes_.push_back(bytes.size());
   file_.write(bytes.data(), bytes.size());
   labels_.push_back(label);
+  checksums_.push_back(hash_bytes(bytes));
   targets_.insert(targets_.end(), targets.begin(), targets.end());
   paths_.append(source_path);
   path_ends_.push_back(paths_.size());
@@ -76,27 +78,40 @@ void ShardWriter::finish() {
   file_.write(kZeros, (8 - file_.size() % 8) % 8);
   const std::uint64_t index_offset = file_.size();
 
+  // The index is built in memory, so that its checksum covers it as one span.
+  std::vector<std::uint8_t> index;
+  const auto append = [&index](const void* data, std::size_t size) {
+    const auto* bytes = static_cast<const std::uint8_t*>(data);
+    index.insert(index.end(), bytes, bytes + size);
+  };
   const std::uint64_t count = labels_.size();
   const std::uint32_t target_count = static_cast<std::uint32_t>(target_count_);
   const std::uint32_t reserved = 0;
-  file_.write(&count, sizeof count);
-  file_.write(&target_count, sizeof target_count);
-  file_.write(&reserved, sizeof reserved);
+  append(&count, sizeof count);
+  append(&target_count, sizeof target_count);
+  append(&reserved, sizeof reserved);
   std::uint64_t path_begin = 0;
   for (std::size_t i = 0; i < labels_.size(); ++i) {
-    const std::uint64_t entry[5] = {offsets_[i], sizes_[i], static_cast<std::uint64_t>(labels_[i]),
-                                    path_begin, path_ends_[i] - path_begin};
+    const std::uint64_t entry[6] = {offsets_[i],
+                                    sizes_[i],
+                                    static_cast<std::uint64_t>(labels_[i]),
+                                    path_begin,
+                                    path_ends_[i] - path_begin,
+                                    checksums_[i]};
     static_assert(sizeof entry == kShardRecordEntrySize);
-    file_.write(entry, sizeof entry);
+    append(entry, sizeof entry);
     path_begin = path_ends_[i];
   }
-  file_.write(targets_.data(), targets_.size() * sizeof(float));
-  file_.write(paths_.data(), paths_.size());
+  append(targets_.data(), targets_.size() * sizeof(float));
+  append(paths_.data(), paths_.size());
+  file_.write(index.data(), index.size());
 
-  const std::uint64_t index_size = file_.size() - index_offset;
+  const std::uint64_t index_size = index.size();
+  const std::uint64_t index_checksum = hash_bytes(index);
   const std::uint32_t version = kShardVersion;
   file_.write(&index_offset, sizeof index_offset);
   file_.write(&index_size, sizeof index_size);
+  file_.write(&index_checksum, sizeof index_checksum);
   file_.write(&version, sizeof version);
   file_.write(kShardMagic, sizeof kShardMagic);
 
@@ -119,12 +134,12 @@ ShardReader::ShardReader(std::string path, Access access) : path_(std::move(path
     throw Error(path_ + ": empty file, not a flowtrain shard");
   }
   void* map = ::mmap(nullptr, file_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);
   if (map == MAP_FAILED) {
-    errno = map_errno;
-    throw Error(path_ + ": cannot map (" + errno_text() + ")");
+    const std::string reason = errno_text();
+    ::close(fd);
+    throw Error(path_ + ": cannot map (" + reason + ")");
   }
+  fd_ = fd;
   data_ = static_cast<const std::uint8_t*>(map);
   if (access == Access::kSequential) ::madvise(map, file_size_, MADV_SEQUENTIAL);
 
@@ -137,15 +152,17 @@ ShardReader::ShardReader(std::string path, Access access) : path_(std::move(path
     fail("truncated: " + n_bytes + ", too small for the header and footer");
   }
   if (const auto v = load<std::uint32_t>(data_ + 4); v != kShardVersion) {
-    fail("shard format version " + std::to_string(v) + ", this build reads version " +
-         std::to_string(kShardVersion));
+    fail("shard format version " + std::to_string(v) +
+         (v < kShardVersion ? " (without checksums)" : "") + ", this build reads version " +
+         std::to_string(kShardVersion) + ": re-pack it with this build's `flowtrain pack`");
   }
   const std::uint8_t* footer = data_ + file_size_ - kShardFooterSize;
-  if (std::memcmp(footer + 20, kShardMagic, 4) != 0) {
+  if (std::memcmp(footer + 28, kShardMagic, 4) != 0) {
     fail("truncated or unfinished: no footer at the end of its " + n_bytes);
   }
   const auto index_offset = load<std::uint64_t>(footer);
   const auto index_size = load<std::uint64_t>(footer + 8);
+  const auto index_checksum = load<std::uint64_t>(footer + 16);
   const std::uint64_t index_end = file_size_ - kShardFooterSize;
   if (index_offset < kShardHeaderSize || index_offset % 8 != 0 || index_offset > index_end ||
       index_size != index_end - index_offset || index_size < 16) {
@@ -154,6 +171,11 @@ ShardReader::ShardReader(std::string path, Access access) : path_(std::move(path
   }
 
   const std::uint8_t* index = data_ + index_offset;
+  if (hash_bytes({index, static_cast<std::size_t>(index_size)}) != index_checksum) {
+    fail(
+        "damaged index (checksum mismatch): its labels, targets, paths and record places "
+        "cannot be trusted; re-pack the shard");
+  }
   const auto count = load<std::uint64_t>(index);
   const auto target_count = load<std::uint32_t>(index + 8);
   std::uint64_t rest = index_size - 16;
@@ -193,10 +215,12 @@ ShardReader::ShardReader(std::string path, Access access) : path_(std::move(path
 
 ShardReader::~ShardReader() {
   if (data_ != nullptr) ::munmap(const_cast<std::uint8_t*>(data_), file_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void ShardReader::fail(const std::string& what) const {
   ::munmap(const_cast<std::uint8_t*>(data_), file_size_);
+  ::close(fd_);
   throw Error(path_ + ": " + what);
 }
 
@@ -205,6 +229,12 @@ ShardReader::Record ShardReader::record(std::size_t i) const {
     throw Error(path() + ": record " + std::to_string(i) + " out of range (" +
                 std::to_string(count_) + " records)");
   }
+  // Reading a page truncated away since the mapping was made would raise SIGBUS.
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < file_size_) {
+    throw Error(path() + ": truncated to " + std::to_string(st.st_size) + " bytes while in use (" +
+                std::to_string(file_size_) + " when opened); a shard must not change while read");
+  }
   const std::uint8_t* e = entries_ + i * kShardRecordEntrySize;
   Record r;
   r.bytes = {data_ + load<std::uint64_t>(e), static_cast<std::size_t>(load<std::uint64_t>(e + 8))};
@@ -212,6 +242,10 @@ ShardReader::Record ShardReader::record(std::size_t i) const {
   r.targets = {targets_ + i * target_count_, target_count_};
   r.path = {strings_ + load<std::uint64_t>(e + 24),
             static_cast<std::size_t>(load<std::uint64_t>(e + 32))};
+  if (hash_bytes(r.bytes) != load<std::uint64_t>(e + 40)) {
+    throw Error(path() + ": record " + std::to_string(i) + " (" + std::string(r.path) +
+                ") is damaged (checksum mismatch); re-pack the shard");
+  }
   return r;
 }
 

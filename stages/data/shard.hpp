@@ -19,17 +19,21 @@ namespace flowtrain::data {
 ///   header   16 B   "FTPK", u32 version, u64 reserved (0)
 ///   records         encoded image bytes, back to back, then zero padding to a multiple of 8
 ///   index           u64 record count n, u32 target count t, u32 reserved (0),
-///                   n x 40 B {u64 offset, u64 size, i64 label, u64 path offset, u64 path size},
-///                   n x t f32 targets, then the original paths (UTF-8, path offsets relative
-///                   to the start of this string area)
-///   footer   24 B   u64 index offset, u64 index size, u32 version, "FTPK"
+///                   n x 48 B {u64 offset, u64 size, i64 label, u64 path offset, u64 path size,
+///                   u64 checksum of the record's bytes}, n x t f32 targets, then the original
+///                   paths (UTF-8, path offsets relative to the start of this string area)
+///   footer   32 B   u64 index offset, u64 index size, u64 checksum of the index, u32 version,
+///                   "FTPK"
 ///
 /// The footer makes a truncated or unfinished file detectable; record i is found in O(1).
+/// Checksums are data::hash_bytes (stages/data/splitmix.hpp, as the teacher cache's records):
+/// the index's is checked when the shard opens, a record's each time it is read, so a flipped
+/// label or a damaged image is an error naming the file, never trained on. Version 1 had none.
 inline constexpr char kShardMagic[4] = {'F', 'T', 'P', 'K'};
-inline constexpr std::uint32_t kShardVersion = 1;
+inline constexpr std::uint32_t kShardVersion = 2;
 inline constexpr std::size_t kShardHeaderSize = 16;
-inline constexpr std::size_t kShardFooterSize = 24;
-inline constexpr std::size_t kShardRecordEntrySize = 40;
+inline constexpr std::size_t kShardFooterSize = 32;
+inline constexpr std::size_t kShardRecordEntrySize = 48;
 
 /// Writes a shard. The data go to `path` + ".tmp", renamed to `path` by finish(), so a reader
 /// never sees a partial shard; destroying an unfinished writer removes the temporary file.
@@ -58,13 +62,21 @@ class ShardWriter {
   std::vector<std::uint64_t> offsets_;
   std::vector<std::uint64_t> sizes_;
   std::vector<std::int64_t> labels_;
+  std::vector<std::uint64_t> checksums_;
   std::vector<float> targets_;
   std::vector<std::uint64_t> path_ends_;
   std::string paths_;
 };
 
 /// Maps a shard read-only and gives O(1) access to its records. Validates the magic, version,
-/// footer and every index entry when it opens, so record() needs no further checks.
+/// footer, the index's checksum and every index entry when it opens; record() checks that the
+/// file still has its size and the record its checksum.
+///
+/// The file must not change while it is open: it is mapped, and reading a page that another
+/// process truncated away would kill this one with SIGBUS. record() checks the size first
+/// (fstat), which catches a truncation before the record is read, but not one between that check
+/// and the last read of its bytes (the sample's decode, later). `flowtrain pack` never truncates
+/// in place: it writes FILE.tmp and renames it over FILE, and an open mapping keeps the old one.
 class ShardReader {
  public:
   /// How records will be read, passed to the kernel (madvise) for its read-ahead.
@@ -78,7 +90,8 @@ class ShardReader {
   };
 
   /// Throws Error naming `path` and the problem: missing, not a shard (bad magic), another
-  /// version, truncated or unfinished (no footer), or an index pointing outside the file.
+  /// version (say, 1: re-pack it), truncated or unfinished (no footer), an index that fails its
+  /// checksum, or one pointing outside the file.
   explicit ShardReader(std::string path, Access access = Access::kRandom);
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
@@ -88,13 +101,15 @@ class ShardReader {
   std::size_t target_count() const { return target_count_; }
   const std::string& path() const { return path_; }
 
-  /// Record `i`; throws Error if i >= size().
+  /// Record `i`. Throws Error if i >= size(), if the file is now shorter than when it was
+  /// opened, or if the record's bytes fail their checksum ("record 3 (photos/a.jpg) is damaged").
   Record record(std::size_t i) const;
 
  private:
   [[noreturn]] void fail(const std::string& what) const;
 
   std::string path_;
+  int fd_ = -1;                         // kept open for record()'s size check
   const std::uint8_t* data_ = nullptr;  // the mapping
   std::size_t file_size_ = 0;
   std::size_t count_ = 0;

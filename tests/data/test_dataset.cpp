@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,6 +22,7 @@
 #include "stages/data/sample.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/shard_source.hpp"
+#include "tests/data/declared_size.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/test_stages.hpp"
 
@@ -468,6 +470,21 @@ TEST_CASE("Data.Shard.PackThenReadReturnsSameRecords") {
   }
 }
 
+TEST_CASE("Data.Shard.PackRefusesAnImageFromItsHeader") {
+  // A lossless WebP of a few KB that declares 16000x16000 pixels: refused by max_pixels from its
+  // header, as jpeg_decode refuses it, not decoded first.
+  TempDir dir;
+  write_file(dir / "declares-16000.webp", declaring("WebP lossless", 16000));
+  write_file(dir / "photo.jpg", make_jpeg(20, 16, 1));
+  const std::vector<DatasetEntry> entries{{(dir / "declares-16000.webp").string(), 0, {}},
+                                          {(dir / "photo.jpg").string(), 1, {}}};
+  const PackResult result = pack_dataset(entries, (dir / "p.ftpk").string(), 0);
+  CHECK(result.written == 1);
+  REQUIRE(result.skipped.size() == 1);
+  CHECK(result.skipped[0].path == (dir / "declares-16000.webp").string());
+  CHECK(result.skipped[0].reason == "image 16000x16000 exceeds max_pixels 100000000");
+}
+
 TEST_CASE("Data.Shard.PackResizesOnlyLargerImages") {
   TempDir dir;
   write_file(dir / "wide.jpg", make_jpeg(100, 40, 1));
@@ -537,17 +554,25 @@ TEST_CASE("Data.Shard.ForeignFileGivesClearError") {
   CHECK(error_of([&] { ShardReader reader(missing); }) ==
         missing + ": cannot open (No such file or directory)");
 
-  // A shard of another format version.
-  const std::string v2 = (dir / "v2.ftpk").string();
+  // A shard of another format version: version 1, without checksums, or a later one.
+  const std::string other = (dir / "other.ftpk").string();
   {
-    ShardWriter writer(v2);
+    ShardWriter writer(other);
     writer.finish();
   }
-  std::vector<std::uint8_t> bytes = read_bytes(v2);
-  bytes[4] = 2;
-  write_file(v2, bytes);
-  CHECK(error_of([&] { ShardReader reader(v2); }) ==
-        v2 + ": shard format version 2, this build reads version 1");
+  std::vector<std::uint8_t> bytes = read_bytes(other);
+  bytes[4] = 1;
+  write_file(other, bytes);
+  CHECK(error_of([&] { ShardReader reader(other); }) ==
+        other +
+            ": shard format version 1 (without checksums), this build reads version 2: re-pack "
+            "it with this build's `flowtrain pack`");
+  bytes[4] = 3;
+  write_file(other, bytes);
+  CHECK(error_of([&] { ShardReader reader(other); }) ==
+        other +
+            ": shard format version 3, this build reads version 2: re-pack it with this "
+            "build's `flowtrain pack`");
 
   // A footer that points outside the file.
   const std::string bad = (dir / "bad.ftpk").string();
@@ -560,6 +585,70 @@ TEST_CASE("Data.Shard.ForeignFileGivesClearError") {
   bytes[bytes.size() - kShardFooterSize] = 0xF8;  // index offset
   write_file(bad, bytes);
   CHECK(contains(error_of([&] { ShardReader reader(bad); }), bad + ": corrupt footer"));
+}
+
+TEST_CASE("Data.Shard.DamageIsFoundByItsChecksum") {
+  TempDir dir;
+  std::vector<DatasetEntry> entries;
+  for (int i = 0; i < 3; ++i) {
+    const fs::path p = dir / ("img" + std::to_string(i) + ".jpg");
+    write_file(p, make_jpeg(24, 16, i));
+    entries.push_back({p.string(), i, {static_cast<float>(i) * 100}});
+  }
+  const std::string path = (dir / "s.ftpk").string();
+  REQUIRE(pack_dataset(entries, path, 0).written == 3);
+  const std::vector<std::uint8_t> whole = read_bytes(path);
+  std::uint64_t index = 0;  // the footer's first field
+  std::memcpy(&index, whole.data() + whole.size() - kShardFooterSize, sizeof index);
+  const std::size_t entry1 = index + 16 + kShardRecordEntrySize;  // record 1's index entry
+  std::uint64_t record1 = 0;
+  std::memcpy(&record1, whole.data() + entry1, sizeof record1);
+  const std::string damaged = (dir / "damaged.ftpk").string();
+  auto damage = [&](std::size_t at) {
+    std::vector<std::uint8_t> bytes = whole;
+    bytes[at] ^= 0x01;
+    write_file(damaged, bytes);
+  };
+  const std::string index_damaged =
+      damaged +
+      ": damaged index (checksum mismatch): its labels, targets, paths and record places cannot "
+      "be trusted; re-pack the shard";
+
+  // A flipped bit in a label (1 becomes 0), a target, a path or a record's size: the shard does
+  // not open.
+  for (const std::size_t at : {entry1 + 16, index + 16 + 3 * kShardRecordEntrySize + 4,
+                               whole.size() - kShardFooterSize - 2, entry1 + 8}) {
+    CAPTURE(at);
+    damage(at);
+    CHECK(error_of([&] { ShardReader reader(damaged); }) == index_damaged);
+  }
+  // A flipped bit in record 1's image: it opens, and the other records read, but record 1 is an
+  // error naming it.
+  damage(static_cast<std::size_t>(record1) + 100);
+  const ShardReader reader(damaged);
+  CHECK(reader.record(0).label == 0);
+  CHECK(reader.record(2).label == 2);
+  CHECK(error_of([&] { reader.record(1); }) ==
+        damaged + ": record 1 (" + entries[1].path +
+            ") is damaged (checksum mismatch); re-pack the shard");
+}
+
+TEST_CASE("Data.Shard.TruncatedWhileOpenIsAnErrorNotSigbus") {
+  // The shard is mapped: reading a page another process truncated away would raise SIGBUS.
+  TempDir dir;
+  const std::string path = (dir / "s.ftpk").string();
+  {
+    ShardWriter writer(path);
+    for (int i = 0; i < 3; ++i) writer.add(make_jpeg(64, 64, i), i, {}, "x.jpg");
+    writer.finish();
+  }
+  const ShardReader reader(path);
+  CHECK(reader.record(2).label == 2);
+  const auto size = fs::file_size(path);
+  fs::resize_file(path, 100);
+  CHECK(error_of([&] { reader.record(2); }) ==
+        path + ": truncated to 100 bytes while in use (" + std::to_string(size) +
+            " when opened); a shard must not change while read");
 }
 
 TEST_CASE("Data.Shard.UnfinishedWriterLeavesNoFile") {

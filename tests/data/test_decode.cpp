@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <string_view>
@@ -22,8 +24,10 @@
 #include "graph/pipeline.hpp"
 #include "stages/data/bad_sample_policy.hpp"
 #include "stages/data/image_folder_source.hpp"
+#include "stages/data/image_header.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/synthetic.hpp"
+#include "tests/data/declared_size.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/test_stages.hpp"
 
@@ -33,6 +37,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using flowtrain::testing::declaring;
 using flowtrain::testing::TempDir;
 
 using Bytes = std::vector<std::uint8_t>;
@@ -482,6 +487,76 @@ TEST_CASE("Data.Decode.MaxPixelsRefusesBeforeAllocating") {
   CHECK(decode(jpeg, image, {.max_pixels = 4096}).ok());
   CHECK(decode(jpeg, image, {.max_pixels = 4095}).error == "image 64x64 exceeds max_pixels 4095");
   CHECK(image.empty());
+}
+
+TEST_CASE("Data.Decode.MaxPixelsFromTheHeaderOfEveryFormat") {
+  // A 10 KB lossless WebP may declare 16000x16000 pixels: decoded, it took 1 GB before
+  // max_pixels refused it. Every format's size now comes from its header (image_header.hpp),
+  // and is refused before a decoder allocates anything: these files' data would fail to decode
+  // (it is that of 53x37 pixels), so only the header check can give the reason.
+  for (const char* format : {"PNG", "BMP", "TIFF", "WebP lossless", "WebP", "JPEG 2000", "PNM",
+                             "Sun raster", "HDR", "OpenEXR"}) {
+    CAPTURE(format);
+    const Bytes real = declaring(format, 0);
+    const std::string_view sniffed = sniff_format(real);
+    CHECK(std::string_view(format).starts_with(sniffed));
+    const std::optional<ImageSize> size = read_image_size(sniffed, real);
+    REQUIRE(size.has_value());
+    CHECK(size->width == 53);
+    CHECK(size->height == 37);
+    CHECK(decode_error(real, {.max_pixels = 53 * 37 - 1}) == "image 53x37 exceeds max_pixels 1960");
+
+    const Bytes huge = declaring(format, 16000);
+    CHECK(huge.size() < 64 * 1024);
+    Image image;
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(decode(huge, image).error == "image 16000x16000 exceeds max_pixels 100000000");
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    CHECK(image.pixels.capacity() == 0);
+    CHECK(ms < 100);
+  }
+  // And the real ones still decode (OpenEXR left out: OpenCV 4.6 reads it only where its build
+  // and the environment, OPENCV_IO_ENABLE_OPENEXR, allow).
+  Image image;
+  for (const char* format :
+       {"TIFF", "WebP lossless", "WebP", "JPEG 2000", "PNM", "Sun raster", "HDR"}) {
+    CAPTURE(format);
+    REQUIRE(decode(declaring(format, 0), image).ok());
+    CHECK(image.width == 53);
+    CHECK(image.height == 37);
+  }
+  // A header that declares no size is refused before OpenCV sees it.
+  Bytes tiff = declaring("TIFF", 0);
+  tiff[4] = tiff[5] = tiff[6] = tiff[7] = 0xFF;  // the first directory's offset, out of the file
+  CHECK(decode_error(tiff) == "cannot decode TIFF data (no image size in its header)");
+  Bytes webp = declaring("WebP", 0);
+  webp[15] = 'Y';  // "VP8Y": no chunk we know
+  CHECK(decode_error(webp) == "cannot decode WebP data (no image size in its header)");
+}
+
+TEST_CASE("Data.Decode.OpenCvPrintsNothingOfItsOwnForABrokenFile") {
+  // OpenCV 4.6's imdecode writes its decoder's exception to std::cerr ("imdecode_(''): can't
+  // read data: ... Unexpected end of input stream"); the reason is ours to report, once.
+  Bytes cut = declaring("PNM", 0);
+  cut.resize(cut.size() / 2);
+  const TempDir dir("opencv-quiet");
+  const std::string captured = dir.str("stderr.txt");
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  REQUIRE(saved >= 0);
+  std::FILE* file = std::fopen(captured.c_str(), "w");
+  REQUIRE(file != nullptr);
+  ::dup2(::fileno(file), 2);
+  const std::string error = decode_error(cut);
+  std::cerr << "after" << std::endl;  // std::cerr itself still writes
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(file);
+  CHECK(error == "cannot decode PNM data (corrupt or unsupported)");
+  const Bytes text = read_bytes(captured);
+  CHECK(std::string(text.begin(), text.end()) == "after\n");
 }
 
 TEST_CASE("Data.Decode.BadDataDoesNotPoisonTheThreadsDecoder") {

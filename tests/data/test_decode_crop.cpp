@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <opencv2/core.hpp>
@@ -23,6 +24,7 @@
 #include "stages/data/jpeg_crop.hpp"
 #include "stages/data/jpeg_decode.hpp"
 #include "stages/data/synthetic.hpp"
+#include "tests/data/declared_size.hpp"
 #include "tests/stage_result.hpp"
 #include "tests/temp_dir.hpp"
 #include "tests/test_stages.hpp"
@@ -506,14 +508,23 @@ TEST_CASE("Data.DecodeCrop.BadFilesDroppedWithTheWholeDecodersReason" * doctest:
   synthetic.classes = 2;
   synthetic.broken_fraction = 0.1;  // each of the 6 broken kinds once
   const GeneratedDataset set = generate_jpeg_dataset(synthetic);
+  // And a lossless WebP of a few KB that declares 16000x16000 pixels: refused from its header.
+  const std::string huge = dir.str("class_00/declares-16000.webp");
+  {
+    const Bytes webp = testing::declaring("WebP lossless", 16000);
+    std::ofstream(huge, std::ios::binary)
+        .write(reinterpret_cast<const char*>(webp.data()),
+               static_cast<std::streamsize>(webp.size()));
+  }
   const RunReport report =
-      run_yaml("  - {type: image_folder, params: {root: '" + dir.str() + "', shuffle: false}}\n",
+      run_yaml("  - {type: image_folder, params: {root: '" + dir.str() +
+                   "', shuffle: false, extensions: 'jpg,webp'}}\n",
                "  - {type: decode_crop, concurrency: 2, params: {size: 32, batch_size: 8, "
                "max_bad_fraction: 0.5, max_pixels: 10000000}}\n"
                "  - {type: assemble_batch, params: {batch_size: 8}}\n")
           .report;
   const StageReport& crop = report.stages[1];
-  CHECK(crop.dropped == set.broken_count());
+  CHECK(crop.dropped == set.broken_count() + 1);
   std::string listed;
   for (const auto& drop : crop.drops) listed += drop.reason + "\n";
   for (const GeneratedFile& file : set.files) {
@@ -524,7 +535,9 @@ TEST_CASE("Data.DecodeCrop.BadFilesDroppedWithTheWholeDecodersReason" * doctest:
   CHECK(listed.find("truncated JPEG data") != std::string::npos);
   CHECK(listed.find("corrupt JPEG data") != std::string::npos);
   CHECK(listed.find("exceeds max_pixels") != std::string::npos);
-  CHECK(report.stages[2].items_out == 8);  // 60 samples: 8 batches whatever was dropped
+  CHECK(listed.find(huge + ": image 16000x16000 exceeds max_pixels 10000000\n") !=
+        std::string::npos);
+  CHECK(report.stages[2].items_out == 8);  // 61 samples: 8 batches whatever was dropped
 }
 
 TEST_CASE("Data.DecodeCrop.BatchesBitIdenticalForConcurrency1And3" * doctest::timeout(120)) {
