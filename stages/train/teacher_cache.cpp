@@ -155,15 +155,20 @@ StageDoc TeacherCacheStage::describe() {
       option_specs<Options>()};
 }
 
+std::uint64_t TeacherCacheStage::teacher() const {
+  std::call_once(teacher_once_,
+                 [&] { teacher_ = teacher_fingerprint(o_.model, wants_bf16(o_.autocast)); });
+  return teacher_;
+}
+
 TeacherOutputCache& TeacherCacheStage::cache_for(const data::Batch& batch) {
   if (cache_) return *cache_;
   const bool bf16 = wants_bf16(o_.autocast);
-  teacher_ = teacher_fingerprint(o_.model, bf16);
   const std::uint64_t recipe = batch.views.empty() ? 0 : batch.views.front().recipe;
   TeacherOutputCache::Options options;
   options.path = o_.path;
-  options.fingerprint = {teacher_, recipe,
-                         "teacher " + o_.model + " (" + hex(teacher_) + (bf16 ? ", bf16" : "") +
+  options.fingerprint = {teacher(), recipe,
+                         "teacher " + o_.model + " (" + hex(teacher()) + (bf16 ? ", bf16" : "") +
                              "), data recipe " + hex(recipe)};
   options.top_k = static_cast<std::uint32_t>(o_.top_k);
   options.dtype =
@@ -203,7 +208,7 @@ std::optional<Routed<data::Batch>> TeacherCacheStage::process(data::Batch&& batc
     return Routed<data::Batch>{0, std::move(batch)};
   }
   batch.teacher_pending =
-      std::make_shared<CachePending>(cache_, std::move(keys), std::move(compute), teacher_);
+      std::make_shared<CachePending>(cache_, std::move(keys), std::move(compute), teacher());
   return Routed<data::Batch>{1, std::move(batch)};
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/batch.hpp"
@@ -359,13 +360,13 @@ TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::
   CHECK(results_of(replaced, "cache")["misses"] == 16);
   CHECK_FALSE(torch::equal(other.batches[0].teacher_logits, first.batches[0].teacher_logits));
 
-  // teacher_infer running another model than the one the cache names is refused too.
+  // teacher_infer running another model than the one the cache names is refused too, before
+  // the run (TeacherInferOfAnotherModelIsRefusedBeforeTheRun).
   options.path = dir / "crossed.ftc";
   SeenBatches crossed;
   CHECK_THROWS_WITH_AS(run_cached(crossed, options, dir / "teacher.pt", 2),
-                       doctest::Contains("teacher_infer runs another teacher than the "
-                                         "teacher_cache before it names"),
-                       StageError);
+                       doctest::Contains("stage 'teacher': runs the teacher "), Error);
+  CHECK_FALSE(std::filesystem::exists(dir / "crossed.ftc"));
 }
 
 // A teacher in partition nodes fills the cache with the whole teacher's outputs, bit for bit,
@@ -469,4 +470,39 @@ TEST_CASE("Train.TeacherCache.ADamagedRecordCostsItsOwnEntriesOnly" * doctest::t
     TeacherOutputCache reopened(cache_options(path));
     CHECK(all_are(reopened.lookup(keys_of(0, 16)), Lookup::kHit));
   }
+}
+
+// teacher_infer behind a teacher_cache keyed by another teacher: refused when the graph is
+// wired, before any batch (a warm cache would never ask teacher_infer; a half-warm one would
+// mix two teachers' outputs).
+TEST_CASE("Train.TeacherCache.TeacherInferOfAnotherModelIsRefusedBeforeTheRun" *
+          doctest::timeout(120)) {
+  TempDir dir("cache");
+  write_teacher(dir / "a.pt", 1);
+  write_teacher(dir / "b.pt", 2);
+  const auto config = [&](const std::string& infer_params) {
+    return parse_pipeline_config(
+        "threads: 2\ncores: 2\nstages:\n" + data_stages("train", 1, true) +
+            "  - {type: teacher_cache, params: {path: " + dir / "views.ftc" +
+            ", model: " + dir / "a.pt" +
+            "}}\n"
+            "  - {type: teacher_infer, inputs: teacher_cache.miss, params: {intraop_threads: 1, " +
+            infer_params +
+            "}}\n"
+            "  - {type: merge, inputs: [teacher_cache.hit, teacher_infer]}\n"
+            "  - {type: discard}\n",
+        "kd.yaml");
+  };
+  const PipelineConfig other = config("model: " + dir / "b.pt");
+  const std::string both = "stage 'teacher_infer': runs the teacher " + dir / "b.pt" +
+                           ", but the teacher_cache it takes batches from keys its entries by " +
+                           dir / "a.pt" + ": give both the same model and autocast";
+  CHECK_THROWS_WITH_AS(build_pipeline(other)->run(other.run), doctest::Contains(both.c_str()),
+                       Error);
+  CHECK_FALSE(std::filesystem::exists(dir / "views.ftc"));  // nothing ran
+  const PipelineConfig bf16 = config("model: " + dir / "a.pt" + ", autocast: bf16");
+  const std::string autocast = "runs the teacher " + dir / "a.pt" + " (autocast bf16), but";
+  CHECK_THROWS_WITH_AS(build_pipeline(bf16)->check(), doctest::Contains(autocast.c_str()), Error);
+  const PipelineConfig same = config("model: " + dir / "a.pt");
+  CHECK_NOTHROW(build_pipeline(same)->check());
 }
