@@ -529,6 +529,12 @@ std::vector<std::vector<InputLink>> Pipeline::resolve_inputs() const {
     if (std::string problem = add_problem(earlier, decl, links[i]); !problem.empty()) {
       throw Error(problem);
     }
+    for (const InputLink& link : links[i]) {
+      if (std::string problem = nodes_[i].stage->input_problem(*nodes_[link.stage].stage);
+          !problem.empty()) {
+        throw Error("stage '" + nodes_[i].name + "': " + problem);
+      }
+    }
     earlier.push_back(std::move(decl));
   }
   if (std::string problem = graph_problem(earlier); !problem.empty()) throw Error(problem);

@@ -290,8 +290,8 @@ class Pipeline {
     return connect(Output<Out>(from), to);
   }
 
-  /// Throws Error naming the first stage whose edges cannot work (add_problem) or the graph's
-  /// problem (graph_problem). run() checks so first.
+  /// Throws Error naming the first stage whose edges cannot work (add_problem, or the stage's
+  /// own Stage::input_problem) or the graph's problem (graph_problem). run() checks so first.
   void check() const;
 
   /// The stages as added, for graph_text and checks.

@@ -161,6 +161,12 @@ class Stage {
     return std::nullopt;
   }
 
+  /// A one-line problem with this stage taking items from `input` (a stage it takes them from
+  /// directly), else an empty string: a check between two built stages that the graph cannot
+  /// make, since it knows no concrete stage (a teacher_infer behind a teacher_cache that names
+  /// another teacher). Pipeline::check and run refuse the graph with it, before any item.
+  virtual std::string input_problem(const Stage& /*input*/) const { return {}; }
+
   /// The source position this stage asks the run to start from: the count of source items a
   /// restored checkpoint had consumed. The pipeline seeks its source there before the run.
   virtual std::optional<std::uint64_t> resume_position() const { return std::nullopt; }

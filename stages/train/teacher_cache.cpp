@@ -43,17 +43,18 @@ ViewDigest view_digest(const std::string& path, const data::ViewKey& view) {
 void fill_from_cache(data::Batch& batch,
                      TeacherOutputCache& cache,
                      const std::vector<ViewDigest>& keys) {
-  std::vector<const std::uint8_t*> entries;
-  entries.reserve(keys.size());
-  for (const ViewDigest& key : keys) entries.push_back(cache.entry(key));
+  std::vector<std::uint8_t> entries;  // every row's stored outputs, one after another
+  for (const ViewDigest& key : keys) cache.entry(key, entries);
   const EntryFormat format = *cache.format();
+  const std::size_t entry_bytes = format.payload_bytes();
   const auto rows = static_cast<std::int64_t>(keys.size());
   torch::Tensor logits = torch::empty({rows, format.classes});
   torch::Tensor regression;
   if (format.regression > 0) regression = torch::empty({rows, format.regression});
   for (std::int64_t r = 0; r < rows; ++r) {
     decode_outputs(
-        format, entries[r], logits.data_ptr<float>() + r * format.classes,
+        format, entries.data() + static_cast<std::size_t>(r) * entry_bytes,
+        logits.data_ptr<float>() + r * format.classes,
         format.regression > 0 ? regression.data_ptr<float>() + r * format.regression : nullptr);
   }
   batch.teacher_logits = std::move(logits);
@@ -154,15 +155,20 @@ StageDoc TeacherCacheStage::describe() {
       option_specs<Options>()};
 }
 
+std::uint64_t TeacherCacheStage::teacher() const {
+  std::call_once(teacher_once_,
+                 [&] { teacher_ = teacher_fingerprint(o_.model, wants_bf16(o_.autocast)); });
+  return teacher_;
+}
+
 TeacherOutputCache& TeacherCacheStage::cache_for(const data::Batch& batch) {
   if (cache_) return *cache_;
   const bool bf16 = wants_bf16(o_.autocast);
-  teacher_ = teacher_fingerprint(o_.model, bf16);
   const std::uint64_t recipe = batch.views.empty() ? 0 : batch.views.front().recipe;
   TeacherOutputCache::Options options;
   options.path = o_.path;
-  options.fingerprint = {teacher_, recipe,
-                         "teacher " + o_.model + " (" + hex(teacher_) + (bf16 ? ", bf16" : "") +
+  options.fingerprint = {teacher(), recipe,
+                         "teacher " + o_.model + " (" + hex(teacher()) + (bf16 ? ", bf16" : "") +
                              "), data recipe " + hex(recipe)};
   options.top_k = static_cast<std::uint32_t>(o_.top_k);
   options.dtype =
@@ -202,7 +208,7 @@ std::optional<Routed<data::Batch>> TeacherCacheStage::process(data::Batch&& batc
     return Routed<data::Batch>{0, std::move(batch)};
   }
   batch.teacher_pending =
-      std::make_shared<CachePending>(cache_, std::move(keys), std::move(compute), teacher_);
+      std::make_shared<CachePending>(cache_, std::move(keys), std::move(compute), teacher());
   return Routed<data::Batch>{1, std::move(batch)};
 }
 
@@ -227,6 +233,7 @@ std::vector<StageResult> TeacherCacheStage::results() const {
   out.push_back({"saved_s", hits * s.seconds_per_entry});
   if (s.replaced) out.push_back({"replaced", 1});  // it was filled for another teacher or data
   if (s.dropped_bytes > 0) out.push_back({"torn_bytes_cut", static_cast<double>(s.dropped_bytes)});
+  if (s.damaged_bytes > 0) out.push_back({"damaged_bytes", static_cast<double>(s.damaged_bytes)});
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ class TeacherCacheStage final : public Router<data::Batch, data::Batch> {
   }
   StageShape shape() const override { return static_shape(); }
   bool requires_order() const override { return true; }
+  const Options& options() const { return o_; }
+  /// The teacher its entries are keyed by (teacher_fingerprint of `model` and `autocast`),
+  /// computed once.
+  std::uint64_t teacher() const;
 
   /// hits and misses (views), hit_rate %, entries in the file, disk_mb, bytes_per_view and
   /// saved_s: the teacher time the hits saved, at the forward time per view the file records.
@@ -91,7 +96,8 @@ class TeacherCacheStage final : public Router<data::Batch, data::Batch> {
 
   Options o_;
   std::shared_ptr<TeacherOutputCache> cache_;  // opened by the first batch, which has the recipe
-  std::uint64_t teacher_ = 0;
+  mutable std::once_flag teacher_once_;
+  mutable std::uint64_t teacher_ = 0;
   bool read_only_ = false;  // built for a rehearsal: the file is never changed
   std::atomic<std::uint64_t> hits_{0}, misses_{0};
 };

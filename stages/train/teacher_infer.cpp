@@ -189,12 +189,8 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
       out = forward(input, seconds, batch.teacher_activation);
     }
     if (!last()) return std::move(batch);
-    std::call_once(fingerprint_once_, [&] {
-      fingerprint_ =
-          teacher_fingerprint(model_path_, precision_ == InferenceModel::Precision::kBFloat16);
-    });
     std::shared_ptr<data::TeacherOutputsPending> done = std::move(batch.teacher_pending);
-    done->complete(batch, out.logits, out.regression, seconds, fingerprint_);
+    done->complete(batch, out.logits, out.regression, seconds, fingerprint());
     return std::move(batch);
   }
   ModelOutput out = forward(input, seconds, batch.teacher_activation);
@@ -203,6 +199,27 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
     batch.teacher_regression = std::move(out.regression);
   }
   return std::move(batch);
+}
+
+std::uint64_t TeacherInferStage::fingerprint() const {
+  std::call_once(fingerprint_once_, [&] {
+    fingerprint_ =
+        teacher_fingerprint(model_path_, precision_ == InferenceModel::Precision::kBFloat16);
+  });
+  return fingerprint_;
+}
+
+std::string TeacherInferStage::input_problem(const Stage& input) const {
+  const auto* cache = dynamic_cast<const TeacherCacheStage*>(&input);
+  if (cache == nullptr || cache->teacher() == fingerprint()) return {};
+  const auto named = [](const std::string& model, bool bf16) {
+    return model + (bf16 ? " (autocast bf16)" : "");
+  };
+  return "runs the teacher " +
+         named(model_path_, precision_ == InferenceModel::Precision::kBFloat16) +
+         ", but the teacher_cache it takes batches from keys its entries by " +
+         named(cache->options().model, wants_bf16(cache->options().autocast)) +
+         ": give both the same model and autocast";
 }
 
 std::vector<StageResult> TeacherInferStage::results() const {

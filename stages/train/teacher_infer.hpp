@@ -81,6 +81,10 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
+  /// Behind a teacher_cache, the teacher must be the one the cache keys its entries by (the
+  /// same model content and autocast): else one line naming both models, before the run, since
+  /// a warm cache would never ask this stage and a half-warm one would mix two teachers.
+  std::string input_problem(const Stage& input) const override;
   /// images (the teacher ran on), forward_ms (per batch), and gflops: the forward's matrix-product
   /// FLOPs (ModelConfig::forward_flops) per second of forward, per invocation (its
   /// intraop_threads); gflops is left out for a TorchScript teacher, whose shape is unknown. A
@@ -98,12 +102,14 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
   /// partition goes to `activation`.
   ModelOutput forward(const at::Tensor& input, double& seconds, at::Tensor& activation);
   bool last() const { return end_ == model_->blocks(); }
+  /// teacher_fingerprint of this stage's model and precision, computed once.
+  std::uint64_t fingerprint() const;
 
   std::unique_ptr<InferenceModel> model_;
   std::string model_path_;
   InferenceModel::Precision precision_;
-  std::once_flag fingerprint_once_;
-  std::uint64_t fingerprint_ = 0;  // teacher_fingerprint, made when a teacher_cache first asks
+  mutable std::once_flag fingerprint_once_;
+  mutable std::uint64_t fingerprint_ = 0;  // made when a teacher_cache first asks
   int intraop_threads_;
   bool skip_ = false;  // a pipeline rank before the last: its batches need no teacher outputs
   int partitions_ = 1;

@@ -3,7 +3,6 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -101,6 +100,19 @@ void write_all(int fd,
   }
 }
 
+// Reads `bytes` at `offset` of `fd` into `out`; false if the file ends before them.
+bool read_at(int fd, std::uint64_t offset, std::uint8_t* out, std::size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, out, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    out += n;
+    bytes -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::uint64_t hash_file(const std::string& path) {
@@ -184,7 +196,6 @@ void decode_outputs(const EntryFormat& format,
 TeacherOutputCache::TeacherOutputCache(Options options) : o_(std::move(options)) { open_file(); }
 
 TeacherOutputCache::~TeacherOutputCache() {
-  if (map_ != nullptr) ::munmap(const_cast<std::uint8_t*>(map_), map_bytes_);
   if (fd_ >= 0) {
     ::fdatasync(fd_);
     ::close(fd_);
@@ -268,11 +279,7 @@ void TeacherOutputCache::open_file() {
     return start_afresh(true);
   }
   format_ = format;
-  map_bytes_ = size;
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd_, 0);
-  if (map == MAP_FAILED) throw Error(o_.path + ": cannot map the teacher cache: " + errno_text());
-  map_ = static_cast<const std::uint8_t*>(map);
-  load_records(sizeof header + header.text_bytes);
+  load_records(sizeof header + header.text_bytes, size);
   if (end_ < size) {
     stats_.dropped_bytes = size - end_;
     if (!o_.read_only && ::ftruncate(fd_, static_cast<off_t>(end_)) != 0) {
@@ -281,27 +288,72 @@ void TeacherOutputCache::open_file() {
   }
 }
 
-void TeacherOutputCache::load_records(std::uint64_t from) {
-  const std::size_t entry_bytes = kDigestBytes + format_->payload_bytes();
+void TeacherOutputCache::load_records(std::uint64_t from, std::uint64_t size) {
+  const std::size_t payload = format_->payload_bytes();
+  const std::size_t entry_bytes = kDigestBytes + payload;
+  std::vector<std::uint8_t> record;
   end_ = from;
-  while (end_ + sizeof(RecordHeader) <= map_bytes_) {
-    RecordHeader record;
-    std::memcpy(&record, map_ + end_, sizeof record);
-    if (record.magic != kRecordMagic) break;
-    const std::uint64_t body = sizeof record + record.entries * entry_bytes;
-    if (end_ + body + 8 > map_bytes_) break;  // torn: the write did not finish
-    std::uint64_t checksum;
-    std::memcpy(&checksum, map_ + end_ + body, 8);
-    if (hash_bytes({map_ + end_, body}) != checksum) break;
-    for (std::uint32_t i = 0; i < record.entries; ++i) {
-      const std::uint8_t* at = map_ + end_ + sizeof record + i * entry_bytes;
-      ViewDigest key;
-      std::memcpy(&key, at, kDigestBytes);
-      index_.emplace(key, at + kDigestBytes);
+  std::uint64_t at = from;
+  while (at < size) {
+    if (!read_record(at, size, record)) {
+      // Torn or damaged: the next whole record after it, if any, and its successors still
+      // count, so a flipped byte costs its own record only. None: this is the torn tail.
+      const std::optional<std::uint64_t> next = find_record(at + 1, size, record);
+      if (!next) break;
+      stats_.damaged_bytes += *next - at;
+      at = *next;
     }
-    recorded_forward_s_ += double{record.forward_s_per_entry} * record.entries;
-    end_ += body + 8;
+    RecordHeader header;
+    std::memcpy(&header, record.data(), sizeof header);
+    for (std::uint32_t i = 0; i < header.entries; ++i) {
+      const std::size_t entry_at = sizeof header + i * entry_bytes;
+      ViewDigest key;
+      std::memcpy(&key, record.data() + entry_at, kDigestBytes);
+      const std::span<const std::uint8_t> outputs(record.data() + entry_at + kDigestBytes, payload);
+      index_.emplace(key, Stored{nullptr, at + entry_at + kDigestBytes, hash_bytes(outputs)});
+    }
+    recorded_forward_s_ += double{header.forward_s_per_entry} * header.entries;
+    at += record.size();
+    end_ = at;
   }
+}
+
+bool TeacherOutputCache::read_record(std::uint64_t at,
+                                     std::uint64_t size,
+                                     std::vector<std::uint8_t>& record) const {
+  RecordHeader header;
+  if (at + sizeof header + 8 > size ||
+      !read_at(fd_, at, reinterpret_cast<std::uint8_t*>(&header), sizeof header) ||
+      header.magic != kRecordMagic) {
+    return false;
+  }
+  const std::uint64_t body =
+      sizeof header + std::uint64_t{header.entries} * (kDigestBytes + format_->payload_bytes());
+  if (at + body + 8 > size) return false;  // torn (the write did not finish), or a bad count
+  record.resize(body + 8);
+  if (!read_at(fd_, at, record.data(), record.size())) return false;
+  std::uint64_t checksum;
+  std::memcpy(&checksum, record.data() + body, 8);
+  return hash_bytes({record.data(), body}) == checksum;
+}
+
+std::optional<std::uint64_t> TeacherOutputCache::find_record(
+    std::uint64_t from, std::uint64_t size, std::vector<std::uint8_t>& record) const {
+  // A scan for the record magic, each hit confirmed by its record's checksum (a false match
+  // would need a 64-bit hash collision).
+  std::vector<std::uint8_t> chunk(std::size_t{1} << 16);
+  for (std::uint64_t at = from; at + sizeof(RecordHeader) + 8 <= size;) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), size - at));
+    if (!read_at(fd_, at, chunk.data(), n)) return std::nullopt;
+    for (std::size_t i = 0; i + sizeof kRecordMagic <= n; ++i) {
+      if (std::memcmp(chunk.data() + i, &kRecordMagic, sizeof kRecordMagic) == 0 &&
+          read_record(at + i, size, record)) {
+        return at + i;
+      }
+    }
+    at += n - (sizeof kRecordMagic - 1);  // a magic across the chunk's end is in the next
+  }
+  return std::nullopt;
 }
 
 void TeacherOutputCache::write_header(const EntryFormat& format) {
@@ -388,7 +440,8 @@ void TeacherOutputCache::store(std::span<const ViewDigest> keys,
   }
   end_ += record.size();
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    index_.emplace(keys[i], record.data() + sizeof header + i * entry_bytes + kDigestBytes);
+    index_.emplace(keys[i],
+                   Stored{record.data() + sizeof header + i * entry_bytes + kDigestBytes, 0, 0});
     pending_.erase(keys[i]);
   }
   recorded_forward_s_ += forward_s;
@@ -403,12 +456,29 @@ void TeacherOutputCache::abandon(std::span<const ViewDigest> keys) {
   stored_.notify_all();
 }
 
-const std::uint8_t* TeacherOutputCache::entry(const ViewDigest& key) {
+void TeacherOutputCache::entry(const ViewDigest& key, std::vector<std::uint8_t>& out) {
   std::unique_lock lock(mutex_);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.wait_timeout_s);
   while (true) {
-    if (auto it = index_.find(key); it != index_.end()) return it->second;
+    if (auto it = index_.find(key); it != index_.end()) {
+      const Stored stored = it->second;
+      const std::size_t bytes = format_->payload_bytes();
+      lock.unlock();  // a read of the file needs no lock: its records are never rewritten
+      const std::size_t at = out.size();
+      out.resize(at + bytes);
+      if (stored.memory != nullptr) {
+        std::memcpy(out.data() + at, stored.memory, bytes);
+      } else if (!read_at(fd_, stored.offset, out.data() + at, bytes) ||
+                 hash_bytes({out.data() + at, bytes}) != stored.check) {
+        throw Error(o_.path +
+                    ": the teacher cache was cut short or rewritten by another process "
+                    "while this run used it (the entry at byte " +
+                    std::to_string(stored.offset) +
+                    " is gone or differs); rerun to recompute what it lost");
+      }
+      return;
+    }
     const auto pending = pending_.find(key);
     if (pending == pending_.end()) {
       throw Error(o_.path + ": a view was asked for that is neither stored nor being computed");

@@ -68,8 +68,12 @@ void decode_outputs(const EntryFormat& format,
 /// Entries are appended in records, one per teacher batch: a record header, its entries (view
 /// digest + outputs) and one checksum over all of it. A record is written by one write(2) and
 /// counts only once whole and verified, so a run killed while writing loses at most that
-/// record, never leaves a wrong entry, and the next open cuts the torn tail off. Existing
-/// records are memory-mapped; new ones are kept in memory as they are written.
+/// record, never leaves a wrong entry, and the next open cuts the torn tail off. A damaged
+/// record costs itself only: the next open skips it to the next whole record (found by its
+/// magic and checksum). Entries of existing records are read with pread(2) when asked for and
+/// checked against a hash kept in memory, so a file another process cuts short or rewrites
+/// during the run is an Error naming it, never a crash nor a wrong entry; new ones are kept in
+/// memory as they are written.
 ///
 /// Lookups decide in sequence order and never by timing: a view is a hit if stored, "wait" if
 /// an earlier lookup of this run is computing it (entry() then waits for its store), else the
@@ -97,7 +101,8 @@ class TeacherOutputCache {
     std::uint64_t entries = 0;
     std::uint64_t file_bytes = 0;
     std::uint64_t dropped_bytes = 0;  // a torn or damaged tail cut off at open
-    bool replaced = false;  // a mismatched file was started afresh
+    std::uint64_t damaged_bytes = 0;  // damaged records before the tail, skipped at open
+    bool replaced = false;            // a mismatched file was started afresh
     double seconds_per_entry = 0;     // the teacher's forward time per view, as recorded
   };
   enum class Lookup { kHit, kCompute, kWait };
@@ -124,9 +129,11 @@ class TeacherOutputCache {
   /// Gives up views lookup() returned kCompute for (their batch failed): a wait for them
   /// then throws instead of hanging.
   void abandon(std::span<const ViewDigest> keys);
-  /// The stored outputs of `key` (payload_bytes of format()), waiting while another batch
-  /// computes them; throws Error if it never arrives (abandoned, or wait_timeout_s).
-  const std::uint8_t* entry(const ViewDigest& key);
+  /// Appends the stored outputs of `key` (payload_bytes of format()) to `out`, waiting while
+  /// another batch computes them; throws Error if they never arrive (abandoned, or
+  /// wait_timeout_s), or if the file no longer holds them (another process cut it short or
+  /// rewrote it during the run).
+  void entry(const ViewDigest& key, std::vector<std::uint8_t>& out);
   /// The entry format, once known (from the file, or the first store).
   std::optional<EntryFormat> format() const;
   Stats stats() const;
@@ -136,21 +143,30 @@ class TeacherOutputCache {
   struct DigestHash {
     std::size_t operator()(const ViewDigest& d) const { return static_cast<std::size_t>(d.lo); }
   };
+  // Where an entry's outputs are: in a record this run wrote (`memory`), else at `offset` in
+  // the file, whose bytes must hash to `check` (as they did when the file was opened).
+  struct Stored {
+    const std::uint8_t* memory = nullptr;
+    std::uint64_t offset = 0;
+    std::uint64_t check = 0;
+  };
   void open_file();
-  void load_records(std::uint64_t from);
+  void load_records(std::uint64_t from, std::uint64_t size);
+  bool read_record(std::uint64_t at, std::uint64_t size, std::vector<std::uint8_t>& record) const;
+  std::optional<std::uint64_t> find_record(std::uint64_t from,
+                                           std::uint64_t size,
+                                           std::vector<std::uint8_t>& record) const;
   void write_header(const EntryFormat& format);
 
   Options o_;
   std::unique_ptr<FolderLock> lock_;
   int fd_ = -1;
-  const std::uint8_t* map_ = nullptr;  // the records found at open, mapped read-only
-  std::size_t map_bytes_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable stored_;
   std::optional<EntryFormat> format_;
   std::uint64_t end_ = 0;  // file offset of the next record
-  std::unordered_map<ViewDigest, const std::uint8_t*, DigestHash> index_;
+  std::unordered_map<ViewDigest, Stored, DigestHash> index_;
   std::unordered_map<ViewDigest, bool, DigestHash> pending_;  // true: abandoned
   std::deque<std::vector<std::uint8_t>> written_;             // records written by this run
   Stats stats_;

@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +11,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/data/batch.hpp"
@@ -111,6 +114,58 @@ RunReport run_cached(
 }
 
 float half(float v) { return static_cast<float>(c10::Half(v)); }
+
+// A cache file of TeacherOutputCache itself, without a graph: 20 logits per view.
+TeacherOutputCache::Options cache_options(const std::string& path) {
+  TeacherOutputCache::Options options;
+  options.path = path;
+  options.fingerprint = {1, 2, "teacher t.pt (1), data recipe 2"};
+  return options;
+}
+
+ViewDigest key_of(int view) {
+  return {0x5eed0000ULL + static_cast<std::uint64_t>(view), 7919ULL * (view + 1)};
+}
+
+std::vector<ViewDigest> keys_of(int first, int count) {
+  std::vector<ViewDigest> keys;
+  for (int v = first; v < first + count; ++v) keys.push_back(key_of(v));
+  return keys;
+}
+
+bool all_are(const std::vector<TeacherOutputCache::Lookup>& found,
+             TeacherOutputCache::Lookup what) {
+  return std::all_of(found.begin(), found.end(), [&](auto f) { return f == what; });
+}
+
+float logit_of(int view, int c) { return 0.01f * static_cast<float>(view * 20 + c) - 1.f; }
+
+// Stores `records` records of 4 views each (record k holds views 4k .. 4k + 3), as a run does.
+void write_records(const std::string& path, int records) {
+  TeacherOutputCache cache(cache_options(path));
+  for (int k = 0; k < records; ++k) {
+    const std::vector<ViewDigest> keys = keys_of(4 * k, 4);
+    REQUIRE(all_are(cache.lookup(keys), TeacherOutputCache::Lookup::kCompute));
+    std::vector<float> logits;
+    for (int v = 4 * k; v < 4 * k + 4; ++v) {
+      for (int c = 0; c < 20; ++c) logits.push_back(logit_of(v, c));
+    }
+    cache.store(keys, logits.data(), 20, nullptr, 0, 0.01);
+  }
+}
+
+// Each record of write_records: 16 bytes of header, 4 x (16 + 40) of entries, 8 of checksum,
+// after the file's header (64 bytes and the fingerprint's text).
+constexpr std::size_t kRecordBytes = 16 + 4 * (16 + 40) + 8;
+std::size_t first_record_at() { return 64 + cache_options("").fingerprint.text.size(); }
+
+void flip_byte(const std::string& path, std::size_t at) {
+  std::fstream file(path, std::ios::binary | std::ios::in | std::ios::out);
+  file.seekg(static_cast<std::streamoff>(at));
+  const char byte = static_cast<char>(file.get() ^ 0x40);
+  file.seekp(static_cast<std::streamoff>(at));
+  file.put(byte);
+}
 
 }  // namespace
 
@@ -305,13 +360,13 @@ TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::
   CHECK(results_of(replaced, "cache")["misses"] == 16);
   CHECK_FALSE(torch::equal(other.batches[0].teacher_logits, first.batches[0].teacher_logits));
 
-  // teacher_infer running another model than the one the cache names is refused too.
+  // teacher_infer running another model than the one the cache names is refused too, before
+  // the run (TeacherInferOfAnotherModelIsRefusedBeforeTheRun).
   options.path = dir / "crossed.ftc";
   SeenBatches crossed;
   CHECK_THROWS_WITH_AS(run_cached(crossed, options, dir / "teacher.pt", 2),
-                       doctest::Contains("teacher_infer runs another teacher than the "
-                                         "teacher_cache before it names"),
-                       StageError);
+                       doctest::Contains("stage 'teacher': runs the teacher "), Error);
+  CHECK_FALSE(std::filesystem::exists(dir / "crossed.ftc"));
 }
 
 // A teacher in partition nodes fills the cache with the whole teacher's outputs, bit for bit,
@@ -335,4 +390,119 @@ TEST_CASE("Train.TeacherCache.APartitionedTeacherFillsItAsTheWholeOneDoes" *
     CHECK(torch::equal(batch.teacher_regression, whole.batches[n].teacher_regression));
     CHECK_FALSE(batch.teacher_activation.defined());
   }
+}
+
+// Another process (a truncate, a copy over the file) cuts the file short while a run reads
+// it: the run fails with one line naming the file, never SIGBUS; the next run recomputes.
+TEST_CASE("Train.TeacherCache.AFileCutShortDuringTheRunIsOneLine" * doctest::timeout(60)) {
+  TempDir dir("cache");
+  const std::string path = dir / "views.ftc";
+  write_records(path, 3);
+  const std::vector<ViewDigest> keys = keys_of(0, 12);
+  {
+    TeacherOutputCache cache(cache_options(path));
+    REQUIRE(all_are(cache.lookup(keys), TeacherOutputCache::Lookup::kHit));
+    std::vector<std::uint8_t> out;
+    cache.entry(key_of(5), out);
+    std::vector<float> logits(20);
+    decode_outputs(*cache.format(), out.data(), logits.data(), nullptr);
+    CHECK(logits[3] == half(logit_of(5, 3)));
+
+    const std::string changed =
+        path + ": the teacher cache was cut short or rewritten by another process";
+    // Rewritten in place (here: zeros of the same length): the entries read back wrong.
+    const auto size = std::filesystem::file_size(path);
+    REQUIRE(::truncate(path.c_str(), 0) == 0);
+    REQUIRE(::truncate(path.c_str(), static_cast<off_t>(size)) == 0);
+    CHECK_THROWS_WITH_AS(cache.entry(key_of(11), out), doctest::Contains(changed.c_str()), Error);
+    // Cut short: the entries are past its end.
+    REQUIRE(::truncate(path.c_str(), 0) == 0);
+    for (const int view : {0, 5, 11}) {
+      CAPTURE(view);
+      CHECK_THROWS_WITH_AS(cache.entry(key_of(view), out), doctest::Contains(changed.c_str()),
+                           Error);
+    }
+  }
+  TeacherOutputCache again(cache_options(path));
+  CHECK(all_are(again.lookup(keys), TeacherOutputCache::Lookup::kCompute));
+}
+
+// A flipped byte costs the record it is in, not the intact records after it; whatever was
+// damaged (outputs or the record's count of entries), the next record is found again.
+TEST_CASE("Train.TeacherCache.ADamagedRecordCostsItsOwnEntriesOnly" * doctest::timeout(60)) {
+  TempDir dir("cache");
+  const std::string path = dir / "views.ftc";
+  using Lookup = TeacherOutputCache::Lookup;
+  struct Damage {
+    const char* what;
+    int record;
+    std::size_t offset;  // in the record
+  };
+  for (const Damage damage : {Damage{"the outputs of record 0's first view", 0, 16 + 16 + 3},
+                              Damage{"record 1's count of entries", 1, 4}}) {
+    CAPTURE(damage.what);
+    std::filesystem::remove(path);
+    write_records(path, 4);
+    flip_byte(path, first_record_at() + damage.record * kRecordBytes + damage.offset);
+    {
+      TeacherOutputCache cache(cache_options(path));
+      const std::vector<Lookup> found = cache.lookup(keys_of(0, 16));
+      for (int v = 0; v < 16; ++v) {
+        CAPTURE(v);
+        CHECK(found[v] == (v / 4 == damage.record ? Lookup::kCompute : Lookup::kHit));
+      }
+      CHECK(cache.stats().damaged_bytes == kRecordBytes);
+      CHECK(cache.stats().dropped_bytes == 0);
+      CHECK(cache.stats().entries == 12);
+      const int intact = damage.record == 0 ? 15 : 0;
+      std::vector<std::uint8_t> out;
+      cache.entry(key_of(intact), out);
+      std::vector<float> logits(20);
+      decode_outputs(*cache.format(), out.data(), logits.data(), nullptr);
+      for (int c = 0; c < 20; ++c) CHECK(logits[c] == half(logit_of(intact, c)));
+      // The damaged record's views are computed again and appended.
+      std::vector<float> again;
+      for (int v = 4 * damage.record; v < 4 * damage.record + 4; ++v) {
+        for (int c = 0; c < 20; ++c) again.push_back(logit_of(v, c));
+      }
+      cache.store(keys_of(4 * damage.record, 4), again.data(), 20, nullptr, 0, 0.01);
+    }
+    TeacherOutputCache reopened(cache_options(path));
+    CHECK(all_are(reopened.lookup(keys_of(0, 16)), Lookup::kHit));
+  }
+}
+
+// teacher_infer behind a teacher_cache keyed by another teacher: refused when the graph is
+// wired, before any batch (a warm cache would never ask teacher_infer; a half-warm one would
+// mix two teachers' outputs).
+TEST_CASE("Train.TeacherCache.TeacherInferOfAnotherModelIsRefusedBeforeTheRun" *
+          doctest::timeout(120)) {
+  TempDir dir("cache");
+  write_teacher(dir / "a.pt", 1);
+  write_teacher(dir / "b.pt", 2);
+  const auto config = [&](const std::string& infer_params) {
+    return parse_pipeline_config(
+        "threads: 2\ncores: 2\nstages:\n" + data_stages("train", 1, true) +
+            "  - {type: teacher_cache, params: {path: " + dir / "views.ftc" +
+            ", model: " + dir / "a.pt" +
+            "}}\n"
+            "  - {type: teacher_infer, inputs: teacher_cache.miss, params: {intraop_threads: 1, " +
+            infer_params +
+            "}}\n"
+            "  - {type: merge, inputs: [teacher_cache.hit, teacher_infer]}\n"
+            "  - {type: discard}\n",
+        "kd.yaml");
+  };
+  const PipelineConfig other = config("model: " + dir / "b.pt");
+  const std::string both = "stage 'teacher_infer': runs the teacher " + dir / "b.pt" +
+                           ", but the teacher_cache it takes batches from keys its entries by " +
+                           dir / "a.pt" + ": give both the same model and autocast";
+  CHECK_THROWS_WITH_AS(build_pipeline(other)->run(other.run), doctest::Contains(both.c_str()),
+                       Error);
+  CHECK_FALSE(std::filesystem::exists(dir / "views.ftc"));  // nothing ran
+  const PipelineConfig bf16 = config("model: " + dir / "a.pt" + ", autocast: bf16");
+  const std::string autocast = "runs the teacher " + dir / "a.pt" + " (autocast bf16), but";
+  CHECK_THROWS_WITH_AS(build_pipeline(bf16)->check(), doctest::Contains(autocast.c_str()), Error);
+  const PipelineConfig same = config("model: " + dir / "a.pt");
+  CHECK_NOTHROW(build_pipeline(same)->check());
 }
