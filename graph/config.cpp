@@ -806,13 +806,14 @@ std::string read_config_file(const std::string& path) {
     throw Error("cannot read config '" + path +
                 "': " + (fs::exists(path) ? "permission denied" : "no such file"));
   }
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kMaxConfigBytes) {
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxConfigBytes) {
     throw Error("cannot read config '" + path + "': it is larger than " +
                 std::to_string(kMaxConfigBytes >> 20) + " MiB, the most a config may be");
   }
+  std::string text(ec ? 0 : static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
   return text;
 }
 

@@ -303,14 +303,14 @@ TEST_CASE("Dist.Resume.TakesTheNewestStepEveryRankCompleted" * doctest::timeout(
     touch("step-00000006.pt");
     touch("step-00000006.pt.rank1");
     touch("step-00000008.pt.rank1");  // rank 0 never wrote step 8
-    CHECK(latest_checkpoint(dir.str(), 2) == dir.str("step-00000006.pt"));
-    CHECK(stale_step_checkpoints(dir.str(), 1, 2, 1).empty());  // step 6 is the last common one
+    CHECK(latest_checkpoint(dir.path(), 2) == (dir / "step-00000006.pt"));
+    CHECK(stale_step_checkpoints(dir.path(), 1, 2, 1).empty());  // step 6 is the last common one
     touch("step-00000008.pt");
-    CHECK(stale_step_checkpoints(dir.str(), 1, 2, 1) ==
-          std::vector<std::string>{dir.str("step-00000006.pt.rank1")});
-    CHECK(stale_step_checkpoints(dir.str(), 0, 2, 2).empty());
-    CHECK(stale_step_checkpoints(dir.str(), 0, 1, 1) ==
-          std::vector<std::string>{dir.str("step-00000006.pt")});  // one rank: as before
+    CHECK(stale_step_checkpoints(dir.path(), 1, 2, 1) ==
+          std::vector<std::string>{(dir / "step-00000006.pt.rank1")});
+    CHECK(stale_step_checkpoints(dir.path(), 0, 2, 2).empty());
+    CHECK(stale_step_checkpoints(dir.path(), 0, 1, 1) ==
+          std::vector<std::string>{(dir / "step-00000006.pt")});  // one rank: as before
   }
   const std::string config = write_config(dir);
   const std::vector<std::string> every_two = {"--nproc", "2",

@@ -606,9 +606,12 @@ bool same_weights(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
-// Autotune changes only what cannot change the results (graph threads, stage concurrency, the
-// teacher's intra-op threads), and its trials are the run's own steps: the tuned run's weights
-// equal, bit for bit, those of the config as written and of the config with the chosen settings.
+// Autotune changes only what cannot change the results on any CPU (graph threads, stage
+// concurrency, queues: each invocation's math stays on its own fixed intra-op threads), and its
+// trials are the run's own steps: the tuned run's weights equal, bit for bit, those of the
+// config as written and of the config with the chosen settings. It does not rely on any stage's
+// sums staying the same across intra-op threads: on AMD family 26 (OpenBLAS's Haswell kernels)
+// the teacher's products differ between 1 and 2 threads, which autotune used to tune mid-run.
 TEST_CASE("Train.Autotune.WeightsEqualTheUntunedRunsBitForBit" * doctest::timeout(300)) {
   TempDir runs;
   write_tiny_teacher(runs / "teacher.pt");
@@ -741,7 +744,8 @@ TEST_CASE("Config.Check.EveryPhaseIsCheckedBeforeTheFirstRuns" * doctest::timeou
       const std::string what = e.what();
       CHECK(what.find(message) != std::string::npos);
       CHECK(what.find("phase 'second'") != std::string::npos);
-      CHECK(what.rfind("two.yaml:", 0) == 0);
+      // Where: the override that set the refused value, else the entry's line.
+      CHECK((what.rfind("two.yaml:", 0) == 0 || what.rfind("override '" + override + "'", 0) == 0));
     }
   }
 }
@@ -754,7 +758,7 @@ TEST_CASE("Train.Resume.PastTheEndOfTheDataSaysSo" * doctest::timeout(120)) {
   const auto config = [&](int epochs) {
     return "threads: 2\nstages:\n" + data_stages("train", epochs, true) +
            "  - {type: train_step, params: {" + tiny_vit(32, 1, 2) +
-           ", alpha: 1, checkpoint_every: 15, resume: true, checkpoint_dir: " + dir.str("run") +
+           ", alpha: 1, checkpoint_every: 15, resume: true, checkpoint_dir: " + (dir / "run") +
            "}}\n";
   };
   const PipelineConfig longer = parse_pipeline_config(config(2), "longer.yaml");
