@@ -74,29 +74,24 @@ class Locator {
  public:
   explicit Locator(std::string origin) : origin_(std::move(origin)) {}
 
-  // An override of a value an earlier override set replaces it there: `epochs=1 epochs=0`
-  // quotes the second for a problem with 0.
+  // The handles stay: they keep the nodes they name alive (yaml-cpp frees a node whose last
+  // handle goes, and may reuse its memory for a node the config still holds).
   void add_override(const YAML::Node& node, std::string text) {
-    overrides_.erase(std::remove_if(overrides_.begin(), overrides_.end(),
-                                    [&](const auto& entry) { return entry.first.is(node); }),
-                     overrides_.end());
     overrides_.emplace_back(node, std::move(text));
   }
 
   bool is_override(const YAML::Node& node) const { return override_of(node) != nullptr; }
 
-  // The override that set `node`, if one did.
+  // The override that set `node` last, if one did (`epochs=1 epochs=0`: the second).
   const std::string* override_of(const YAML::Node& node) const {
-    for (const auto& entry : overrides_) {
-      if (entry.first.is(node)) return &entry.second;
+    for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it) {
+      if (it->first.is(node)) return &it->second;
     }
     return nullptr;
   }
 
   std::string at(const YAML::Node& node) const {
-    for (const auto& [n, text] : overrides_) {
-      if (n.is(node)) return "override '" + text + "'";
-    }
+    if (const std::string* text = override_of(node)) return "override '" + *text + "'";
     if (node.Mark().is_null()) return origin_;
     return origin_ + ":" + std::to_string(node.Mark().line + 1);
   }
@@ -107,10 +102,7 @@ class Locator {
 
   // For a problem with a map key: the override that set its value, else the key's own line.
   [[noreturn]] void fail_key(const YAML::const_iterator& it, const std::string& message) const {
-    for (const auto& [n, text] : overrides_) {
-      if (n.is(it->second)) fail(it->second, message);
-    }
-    fail(it->first, message);
+    fail(override_of(it->second) ? it->second : it->first, message);
   }
 
  private:

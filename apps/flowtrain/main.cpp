@@ -13,7 +13,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "distributed/launch.hpp"
 #include "distributed/run_phases.hpp"
@@ -29,6 +33,31 @@
 #include "stages/train/torchscript.hpp"
 
 namespace {
+
+// While in scope, this process's environment says it is rank 0 of `nproc`, as the ranks
+// --nproc starts will be told; then it says what it said before.
+class AsRankZero {
+ public:
+  explicit AsRankZero(int nproc) {
+    set("RANK", "0");
+    set("WORLD_SIZE", std::to_string(nproc));
+  }
+  ~AsRankZero() {
+    for (const auto& [name, value] : saved_) {
+      value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
+    }
+  }
+  AsRankZero(const AsRankZero&) = delete;
+  AsRankZero& operator=(const AsRankZero&) = delete;
+
+ private:
+  void set(const std::string& name, const std::string& value) {
+    const char* before = std::getenv(name.c_str());
+    saved_.emplace_back(name, before ? std::optional<std::string>(before) : std::nullopt);
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
 
 // Runs the config's phases in turn (distributed/run_phases.hpp: as a rank of a job when the
 // launcher's environment says so); 130 when a signal stopped it.
@@ -197,9 +226,14 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) flowtrain::dist::check_timeout(timeout_s);
     if (run_cmd->parsed() && nproc > 1) {
       // One line for a config error, or a config that does not fit N ranks, not one a rank.
-      flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides);
-      for (flowtrain::PipelineConfig& phase : config.phases) {
-        flowtrain::dist::plan_for_local_ranks(phase, static_cast<std::size_t>(nproc));
+      // Planned as rank 0 of the job will plan it: an entry's expansion may depend on being a
+      // rank (train_step's partitions are nodes of one process, or ranks of a job).
+      {
+        const AsRankZero as_rank_zero(nproc);
+        flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides);
+        for (flowtrain::PipelineConfig& phase : config.phases) {
+          flowtrain::dist::plan_for_local_ranks(phase, static_cast<std::size_t>(nproc));
+        }
       }
       return flowtrain::dist::relaunch_as_ranks(nproc, argc, argv);
     }

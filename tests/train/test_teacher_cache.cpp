@@ -490,7 +490,8 @@ TEST_CASE("Train.TeacherCache.TeacherInferOfAnotherModelIsRefusedBeforeTheRun" *
             infer_params +
             "}}\n"
             "  - {type: merge, inputs: [teacher_cache.hit, teacher_infer]}\n"
-            "  - {type: discard}\n",
+            "  - {type: student_step, params: {classes: 20, regression_outputs: 1, image_size: 32, "
+            "patch_size: 8, dim: 32, depth: 1, heads: 2}}\n",
         "kd.yaml");
   };
   const PipelineConfig other = config("model: " + dir / "b.pt");
