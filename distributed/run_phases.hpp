@@ -70,9 +70,9 @@ void check_timeout(double timeout_s);
 /// `auto` intra-op threads fill each rank's share) and throws Error if it needs more threads
 /// than a rank's share (check_thread_budget). `rank_cpus`: the CPUs the launcher grants each
 /// rank (JobPlacement::cpus_per_rank; 0: none said), which set the machine's `cores` where the
-/// config does not. run_phases does it for every phase before the
-/// first runs; a launcher does it before it starts the ranks, so that a config that cannot fit
-/// is one line rather than one from each rank.
+/// config does not. run_phases does it for every phase before the first runs; a launcher does
+/// it before it starts the ranks, so that a config that cannot fit is one line rather than one
+/// from each rank.
 ///   for (PipelineConfig& phase : config.phases) plan_for_local_ranks(phase, nproc);
 void plan_for_local_ranks(PipelineConfig& phase,
                           std::size_t local_ranks,

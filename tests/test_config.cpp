@@ -334,11 +334,11 @@ TEST_CASE("Config.Overrides.TheLastOverrideOfAKeyIsTheOneQuoted") {
   // A key given twice, then other keys: each keeps its own value (dropping the first
   // override's node handle once let yaml-cpp reuse its memory for a later value, and the
   // concurrency below read 0.3).
-  const PipelineConfig c = parse_pipeline_config(
-      kGood, "good.yaml",
-      {"threads=1", "stages.work.concurrency=1", "autotune.warmup_s=0.3", "autotune.trial_s=0.8",
-       "threads=2", "autotune=false"},
-      test_registry());
+  const PipelineConfig c =
+      parse_pipeline_config(kGood, "good.yaml",
+                            {"threads=1", "stages.work.concurrency=1", "autotune.warmup_s=0.3",
+                             "autotune.trial_s=0.8", "threads=2", "autotune=false"},
+                            test_registry());
   CHECK(c.run.threads == 2);
   CHECK(c.stages[1].options.concurrency == 1);
   CHECK_FALSE(c.run.autotune.enabled);

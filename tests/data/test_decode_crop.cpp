@@ -3,6 +3,7 @@
 // the old path (jpeg_decode -> augment -> collate) gives.
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
+#include <turbojpeg.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -12,7 +13,6 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
-#include <turbojpeg.h>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"

@@ -25,8 +25,9 @@ std::vector<torch::Tensor> averaged(torch::nn::Sequential& model,
                                     const torch::Tensor& input,
                                     std::vector<int> owners) {
   model->zero_grad();
-  dist::GradSync sync(*model, world, {.first_bucket_bytes = 4000, .bucket_bytes = 12000,
-                                      .owners = std::move(owners)});
+  dist::GradSync sync(
+      *model, world,
+      {.first_bucket_bytes = 4000, .bucket_bytes = 12000, .owners = std::move(owners)});
   model->forward(input).pow(2).sum().backward();
   sync.end_backward();
   for (std::size_t b = 0; b < sync.buckets().size(); ++b) sync.complete(b);
@@ -112,8 +113,8 @@ TEST_CASE("Dist.GradSync.ReduceToOwnersAgreesWithAllReduceWithinReductionOrder" 
           doctest::timeout(120)) {
   for (const int size : {2, 3}) {
     CAPTURE(size);
-    std::vector<Process> ranks = start_ranks("grad-sync-" + std::to_string(size), "grad_sync",
-                                             size, [](int) { return std::vector<std::string>{}; });
+    std::vector<Process> ranks = start_ranks("grad-sync-" + std::to_string(size), "grad_sync", size,
+                                             [](int) { return std::vector<std::string>{}; });
     for (int r = 0; r < size; ++r) {
       const Exit e = wait_for(ranks[r], 90);
       INFO(e.output);
@@ -124,8 +125,8 @@ TEST_CASE("Dist.GradSync.ReduceToOwnersAgreesWithAllReduceWithinReductionOrder" 
       REQUIRE(at != std::string::npos);
       long long owned = 0, equal = 0;
       double worst = 0;
-      REQUIRE(std::sscanf(e.output.c_str() + at + std::strlen(line),
-                          "%lld equal %lld worst %lf", &owned, &equal, &worst) == 3);
+      REQUIRE(std::sscanf(e.output.c_str() + at + std::strlen(line), "%lld equal %lld worst %lf",
+                          &owned, &equal, &worst) == 3);
       MESSAGE("rank " << r << " of " << size << ": " << equal << " of " << owned
                       << " elements equal, worst " << worst << " of the bound");
       CHECK(owned > 0);

@@ -82,15 +82,21 @@ TEST_CASE("Job.SlurmNodeList.FirstHost") {
 // step's tasks per node, and the CPUs Slurm grants each task where it says.
 TEST_CASE("Job.Placement.SlurmTasksOnThisNodeAndTheirCpus") {
   {
-    Env env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
-             {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_TASKS_PER_NODE", "4"}});
+    Env env({{"SLURM_PROCID", "1"},
+             {"SLURM_NTASKS", "2"},
+             {"SLURM_LOCALID", "1"},
+             {"SLURM_STEP_TASKS_PER_NODE", "2"},
+             {"SLURM_TASKS_PER_NODE", "4"}});
     const JobPlacement p = job_placement_from_env();
     CHECK(p.local_world_size == 2);  // the step's, not the job's
     CHECK(p.cpus_per_rank == 0);
   }
   {
-    Env env({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "7"}, {"SLURM_NODEID", "3"},
-             {"SLURM_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_CPUS_PER_TASK", "16"}});
+    Env env({{"SLURM_PROCID", "6"},
+             {"SLURM_NTASKS", "7"},
+             {"SLURM_NODEID", "3"},
+             {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+             {"SLURM_CPUS_PER_TASK", "16"}});
     const JobPlacement p = job_placement_from_env();
     CHECK(p.local_world_size == 1);
     CHECK(p.cpus_per_rank == 16);

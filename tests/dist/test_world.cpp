@@ -149,11 +149,8 @@ std::vector<Process> start_ranks(const std::string& test,
 
 int run_child(const std::string& mode) {
   const std::map<std::string, std::function<int()>> modes = {
-      {"collectives", child_collectives},
-      {"init_only", child_init_only},
-      {"killed", child_killed},
-      {"watched", child_watched},
-      {"grad_sync", child_grad_sync},
+      {"collectives", child_collectives}, {"init_only", child_init_only}, {"killed", child_killed},
+      {"watched", child_watched},         {"grad_sync", child_grad_sync},
   };
   const auto it = modes.find(mode);
   if (it == modes.end()) {

@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,8 +11,8 @@
 #include "distributed/grad_sync.hpp"
 #include "distributed/launch.hpp"
 #include "distributed/zero.hpp"
-#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/vit.hpp"
 #include "tests/train/cli_runs.hpp"
 #include "tests/train/training_fixture.hpp"
 
@@ -224,8 +224,9 @@ Launched launch(const std::string& how,
                 const std::string& config,
                 const std::string& dir,
                 const std::vector<std::string>& overrides) {
-  std::vector<std::string> args = {FLOWTRAIN_CLI, "run", config, "--timeout", "120",
-                                   "stages.student_step.params.checkpoint_dir=" + dir};
+  std::vector<std::string> args = {
+      FLOWTRAIN_CLI, "run", config,
+      "--timeout",   "120", "stages.student_step.params.checkpoint_dir=" + dir};
   args.insert(args.end(), overrides.begin(), overrides.end());
   const auto log = [&](int r) {
     return (fs::temp_directory_path() /
@@ -240,19 +241,20 @@ Launched launch(const std::string& how,
     out.ranks.push_back(wait_for(spawn(args, {}, log(0)), 300));
   } else if (how == "torchrun") {
     // torchrun as docs/distributed.md gives it (python3-torch's, torch 1.13's flag spellings).
-    args.insert(args.begin(), {"/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", "2",
-                               "--master_port", port, "--no_python", "-r", "1", "-t", "1",
-                               "--log_dir", dir + "-torchrun-logs"});
+    args.insert(args.begin(),
+                {"/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--master_port",
+                 port, "--no_python", "-r", "1", "-t", "1", "--log_dir", dir + "-torchrun-logs"});
     out.ranks.push_back(wait_for(spawn(args, {}, log(0)), 300));
   } else {  // what srun -n 2 sets in each task on one node (slurm-wlm 22.05, no binding)
     std::vector<Process> tasks;
     for (int r = 0; r < 2; ++r) {
-      tasks.push_back(spawn(args,
-                            {"SLURM_PROCID=" + std::to_string(r), "SLURM_LOCALID=" + std::to_string(r),
-                             "SLURM_NTASKS=2", "SLURM_NODEID=0", "SLURM_STEP_TASKS_PER_NODE=2",
-                             "SLURM_TASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost",
-                             "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port},
-                            log(r)));
+      tasks.push_back(
+          spawn(args,
+                {"SLURM_PROCID=" + std::to_string(r), "SLURM_LOCALID=" + std::to_string(r),
+                 "SLURM_NTASKS=2", "SLURM_NODEID=0", "SLURM_STEP_TASKS_PER_NODE=2",
+                 "SLURM_TASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost", "MASTER_ADDR=127.0.0.1",
+                 "MASTER_PORT=" + port},
+                log(r)));
     }
     for (const Process& t : tasks) out.ranks.push_back(wait_for(t, 300));
   }
@@ -313,10 +315,9 @@ TEST_CASE("Dist.Resume.TakesTheNewestStepEveryRankCompleted" * doctest::timeout(
           std::vector<std::string>{(dir / "step-00000006.pt")});  // one rank: as before
   }
   const std::string config = write_config(dir);
-  const std::vector<std::string> every_two = {"--nproc", "2",
-                                              "stages.student_step.params.checkpoint_every=2",
-                                              "stages.student_step.params.keep_checkpoints=3",
-                                              "stages.student_step.params.resume=true"};
+  const std::vector<std::string> every_two = {
+      "--nproc", "2", "stages.student_step.params.checkpoint_every=2",
+      "stages.student_step.params.keep_checkpoints=3", "stages.student_step.params.resume=true"};
   REQUIRE(run_cli(args(config, dir / "whole", 16, every_two)).code == 0);
   REQUIRE(run_cli(args(config, dir / "cut", 16, every_two)).code == 0);
   // As if stopped after rank 1 wrote step 10, before rank 0 did.

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "stages/data/splitmix.hpp"
-#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/vit.hpp"
 #include "tests/process.hpp"
 #include "tests/train/training_fixture.hpp"
 

@@ -16,10 +16,10 @@
 #include "graph/error.hpp"
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
-#include "stages/train/vit.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/optimizer.hpp"
 #include "stages/train/train_step.hpp"
+#include "stages/train/vit.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;
@@ -712,13 +712,13 @@ TEST_CASE("Train.Autotune.RehearsalsFixTheStepsThreadsAndWriteNothing" * doctest
 // second phase's model, augmentation or optimizer values are refused by `flowtrain check` and
 // before the first phase trains, naming the phase, the stage and the line.
 TEST_CASE("Config.Check.EveryPhaseIsCheckedBeforeTheFirstRuns" * doctest::timeout(60)) {
-  const std::string step = "{type: train_step, name: student, params: {" + tiny_vit(64, 1, 4) +
-                           ", lr: 0.003}}\n";
+  const std::string step =
+      "{type: train_step, name: student, params: {" + tiny_vit(64, 1, 4) + ", lr: 0.003}}\n";
   std::string stages;  // the data stages, as a phase's list
   std::istringstream lines(data_stages("train", 1, true));
   for (std::string line; std::getline(lines, line);) stages += "    " + line + "\n";
-  const std::string text = "phases:\n  - name: first\n    stages:\n" + stages + "      - " +
-                           step + "  - name: second\n    stages:\n" + stages + "      - " + step;
+  const std::string text = "phases:\n  - name: first\n    stages:\n" + stages + "      - " + step +
+                           "  - name: second\n    stages:\n" + stages + "      - " + step;
   CHECK_NOTHROW(parse_run_config(text, "two.yaml"));
   const std::string student = "phases.second.stages.student.params.";
   const std::string augment = "phases.second.stages.augment.params.";
