@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test fuzz bench bench-data bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -33,8 +33,15 @@ demo-png:
 graph-demo: build
 	$(BUILD)/apps/flowtrain/flowtrain run apps/flowtrain/configs/demo.yaml
 
-test: build
+test: build python-path
 	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
+
+# Debian's python3 imports this build's package (python/) from anywhere: a .pth file naming
+# $(BUILD)/python in its site folder (as root; else PYTHONPATH=$(BUILD)/python).
+PYTHON_SITE = $(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
+python-path: build
+	@if [ "$$(id -u)" -eq 0 ]; then mkdir -p $(PYTHON_SITE) && echo "$(abspath $(BUILD))/python" > $(PYTHON_SITE)/flowtrain-build.pth \
+	  && echo "python3 imports flowtrain from $(abspath $(BUILD))/python ($(PYTHON_SITE)/flowtrain-build.pth)"; fi
 
 # The fuzz targets of the readers of outside input (config, image decode, shards, the zip check
 # of LibTorch files, checkpoints, CSV manifests), FUZZ_SECONDS each from their seed corpus:

@@ -1377,23 +1377,30 @@ void Pipeline::prepare() {
     }
     throw Error(at + "cannot seek; use a dataset source or start without the checkpoint");
   }
+  expected_ = planned_items().value_or(0);
+}
+
+std::optional<std::uint64_t> Pipeline::planned_items() {
   // The count each stage passes on (from its first input; a mix: the sum of its inputs');
   // what reaches the last sink is what the progress line expects.
+  const std::vector<std::vector<InputLink>> links = resolve_inputs();
   std::vector<std::optional<std::uint64_t>> planned(nodes_.size());
+  std::optional<std::uint64_t> last;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     std::optional<std::uint64_t> in =
-        nodes_[i].inputs.empty() ? std::nullopt : planned[nodes_[i].inputs.front().stage];
+        links[i].empty() ? std::nullopt : planned[links[i].front().stage];
     if (nodes_[i].shape.kind == Kind::kMix) {
       std::uint64_t sum = 0;
-      for (const InputLink& link : nodes_[i].inputs) {
+      for (const InputLink& link : links[i]) {
         if (!planned[link.stage]) in = std::nullopt;
         sum += planned[link.stage].value_or(0);
       }
       if (in) in = sum;
     }
-    if (i + 1 == nodes_.size()) expected_ = in.value_or(0);
+    if (i + 1 == nodes_.size()) last = in;
     planned[i] = nodes_[i].stage->plan(in);
   }
+  return last;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -302,6 +303,12 @@ class Pipeline {
   /// (Stage::resume_position), tells each stage how many items to expect (Stage::plan), and
   /// checks the thread budget. A pipeline runs once, unless its run was paused.
   RunReport run(const RunOptions& options = {});
+
+  /// The items the last stage (a sink) will probably take, as Stage::plan passes the sources'
+  /// counts along the graph (from where a resume seeks them, once run() has started), without
+  /// running anything; std::nullopt where a stage cannot tell. What run()'s progress line
+  /// expects, and what a loader reports as its length.
+  std::optional<std::uint64_t> planned_items();
 
   /// Asks the sources to stop; items already produced are finished. Async-signal-safe, may be
   /// called from any thread or a signal handler, before or during run().

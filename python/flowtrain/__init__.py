@@ -1,0 +1,148 @@
+"""flowtrain from Python: its graph as a loader for a PyTorch loop, stages written in Python,
+and whole runs driven from a script or a notebook. See docs/python.md.
+
+    import flowtrain
+    loader = flowtrain.Loader("graph.yaml", output="collate")
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:          # a dict of tensors viewing flowtrain's batch buffers
+            train_step(batch["images"], batch["labels"])
+"""
+
+import atexit
+import json
+import weakref
+
+import torch  # noqa: F401  (first: the extension hands over torch tensors)
+
+from ._flowtrain import Error, _Loader, _add_stage, _run, _stages
+
+__all__ = ["Error", "Loader", "run", "stage", "stages"]
+
+_live_loaders = weakref.WeakSet()
+
+
+class Loader:
+    """Runs the stages of a YAML graph that `output` depends on, in background threads, and
+    yields `output`'s batches in order: a dict with `images` [B, C, H, W] float32, `labels` [B]
+    int64, `targets` [B, T] float32, `index` and `epoch` [B] int64, `paths`, and
+    `teacher_logits` / `teacher_regression` where a teacher stage made them.
+
+    Zero-copy: `images`, `labels` and `targets` view the buffers of the batch pool of the stage
+    that filled them (collate's `pool_size`); a buffer is reused only once Python has dropped
+    every tensor viewing it, so a batch you keep is never overwritten. Keeping more than
+    `pool_size` - `prefetch` batches at once stalls the graph until its `wait_timeout_s`; keep
+    `.clone()`s instead.
+
+    Each `for` over the loader is one epoch of its source over this rank's shard (under torchrun
+    or Slurm, each process reads its own, as DistributedSampler would); the next `for` is the
+    next epoch. A loop that breaks out leaves the loader after the last batch it yielded: the
+    next `for` goes on from there. `set_epoch(e)` starts epoch e from its first batch;
+    `state_dict()` / `load_state_dict()` resume at the exact next batch.
+
+    Args:
+        config: a flowtrain YAML config (one graph, or `phases:`).
+        overrides: "key.path=value" strings, as on flowtrain's command line.
+        output: the stage whose batches to yield; the stages after it are not run.
+        phase: the phase of a multi-phase config (default: the first that has `output`).
+        prefetch: batches made ready ahead of the loop.
+    """
+
+    def __init__(self, config, overrides=(), output="collate", phase="", prefetch=2):
+        self._loader = _Loader(str(config), list(overrides), output, phase, prefetch)
+        _live_loaders.add(self)
+
+    def __len__(self):
+        """Batches of one epoch on this rank (0 when a stage cannot tell ahead)."""
+        return self._loader.size()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._loader.next()
+
+    def set_epoch(self, epoch):
+        """The next `for` runs epoch `epoch` from its first batch (it picks the shuffle order
+        and augmentation draws, as DistributedSampler.set_epoch does)."""
+        self._loader.set_epoch(epoch)
+
+    def state_dict(self):
+        """Where the loader stands: the epoch, and the source position after the last batch it
+        yielded. load_state_dict() of it makes the next batch the one that would have come."""
+        epoch, position = self._loader.state()
+        return {"flowtrain_loader": 1, "epoch": epoch, "position": position}
+
+    def load_state_dict(self, state):
+        if state.get("flowtrain_loader") != 1:
+            raise Error("Loader.load_state_dict: not a flowtrain loader state "
+                        "(a dict from Loader.state_dict(), with 'flowtrain_loader': 1)")
+        self._loader.restore(int(state["epoch"]), int(state["position"]))
+
+    def report(self):
+        """The report of the last epoch that ran to its end, as a dict (the stages' busy,
+        starved and blocked time, the verdict), or None. The node named `python` is this
+        loader's end of the graph: busy there means the loop is slower than the graph."""
+        text = self._loader.report_json()
+        return None if text is None else json.loads(text)
+
+    def close(self):
+        """Stops the running epoch's graph and waits for it (dropping the loader does too)."""
+        self._loader.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        loader = getattr(self, "_loader", None)
+        if loader is not None:
+            loader.stop()
+
+
+@atexit.register
+def _stop_loaders():
+    for loader in list(_live_loaders):
+        loader.close()
+
+
+def stage(type, item="batch", doc=None):
+    """Registers a Python callable as a map stage named `type`, usable from YAML like any
+    built-in (`- {type: my_augment, concurrency: 2}`). It takes the item as a dict and returns
+    it (changed in place or new), or None to drop it:
+
+        @flowtrain.stage("brighten", item="sample")
+        def brighten(sample):   # sample["image"]: uint8 [H, W, C], changed in place
+            sample["image"].mul_(2)
+            return sample
+
+    item: "batch" (the dict a Loader yields; images, labels, targets may be replaced) or
+    "sample" (one decoded image: image, label, targets, index, epoch, path). It runs under the
+    GIL, `concurrency` calls at once; the report shows its busy/starved/blocked time like any
+    node's. Registering the same type again replaces the callable."""
+
+    def register(fn):
+        summary = doc or (fn.__doc__ or "").strip().split("\n")[0] or f"python: {fn.__name__}"
+        _add_stage(type, fn, item, summary)
+        return fn
+
+    return register
+
+
+def stages():
+    """The registered stage types: type, kind, item types, summary and params (name, type,
+    default, doc), as `flowtrain stages` lists them."""
+    return _stages()
+
+
+def run(config, overrides=(), phases=(), timeout_s=300.0):
+    """Runs a config's phases as `flowtrain run CONFIG OVERRIDES` does (printing its reports)
+    and returns the run's report as a dict: {"phases": [...], "stopped": ...}, the same JSON
+    `flowtrain run --report FILE` writes. Ctrl-C stops the running phase at the next item and
+    raises KeyboardInterrupt."""
+    report = json.loads(_run(str(config), list(overrides), list(phases), timeout_s))
+    if report.get("stopped") and "SIGINT" in report["stopped"]:
+        raise KeyboardInterrupt(report["stopped"])
+    return report

@@ -1,0 +1,271 @@
+#include "python/src/loader.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "graph/error.hpp"
+#include "graph/registry.hpp"
+#include "graph/stage.hpp"
+
+namespace flowtrain::python {
+
+namespace {
+
+// What the graph hands the Python loop: batches in order, at most `capacity` waiting.
+struct Handoff {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<data::Batch> ready;
+  std::size_t capacity = 2;
+  bool closed = false;  // the loop stopped: batches still coming are let go
+  bool ended = false;   // the run returned (or threw)
+};
+
+// The entry `name` of `stages` ("teacher.miss", a router's output, names the router).
+std::optional<std::size_t> entry_of(const std::vector<StageConfig>& stages, std::string name) {
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      if (stages[i].name == name) return i;
+    }
+    const std::size_t dot = name.rfind('.');
+    if (dot == std::string::npos) break;
+    name.resize(dot);
+  }
+  return std::nullopt;
+}
+
+std::string entry_names(const std::vector<StageConfig>& stages) {
+  std::string names;
+  for (const StageConfig& s : stages) names += (names.empty() ? "" : ", ") + s.name;
+  return names;
+}
+
+// The phase cut to `output` and the entries it depends on, every input named.
+PipelineConfig cut_to(const PipelineConfig& phase, std::size_t output) {
+  std::vector<std::vector<std::string>> inputs(phase.stages.size());
+  for (std::size_t i = 0; i < phase.stages.size(); ++i) {
+    const StageConfig& s = phase.stages[i];
+    const bool source = Registry::global().find(s.type)->shape.kind == StageShape::Kind::kSource;
+    inputs[i] = s.options.inputs;
+    if (inputs[i].empty() && !source && i > 0) inputs[i] = {phase.stages[i - 1].name};
+  }
+  std::vector<bool> needed(phase.stages.size(), false);
+  needed[output] = true;
+  for (std::size_t i = output + 1; i-- > 0;) {
+    if (!needed[i]) continue;
+    for (const std::string& in : inputs[i]) needed[*entry_of(phase.stages, in)] = true;
+  }
+  PipelineConfig cut = phase;
+  cut.stages.clear();
+  for (std::size_t i = 0; i <= output; ++i) {
+    if (!needed[i]) continue;
+    cut.stages.push_back(phase.stages[i]);
+    cut.stages.back().options.inputs = inputs[i];
+  }
+  return cut;
+}
+
+}  // namespace
+
+/// The loader's end of the graph: takes the output stage's batches in order and queues them for
+/// the loop, waiting while `prefetch` are queued (the report shows that wait as this node's busy
+/// time: the loop is then the bottleneck). Asks the source to start where the loader stands.
+class HandoffSink final : public SerialSink<data::Batch> {
+ public:
+  HandoffSink(std::shared_ptr<Handoff> handoff, std::uint64_t position)
+      : handoff_(std::move(handoff)), position_(position) {}
+  std::optional<std::uint64_t> resume_position() const override {
+    return position_ > 0 ? std::optional(position_) : std::nullopt;
+  }
+  Handoff& handoff() { return *handoff_; }
+
+ protected:
+  void consume(data::Batch&& batch, ItemContext&) override {
+    std::unique_lock lock(handoff_->mutex);
+    handoff_->changed.wait(lock, [&] {
+      return handoff_->closed || handoff_->ready.size() < handoff_->capacity;
+    });
+    if (handoff_->closed) return;
+    handoff_->ready.push_back(std::move(batch));
+    handoff_->changed.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Handoff> handoff_;
+  std::uint64_t position_;
+};
+
+Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
+  if (options_.prefetch < 1) throw Error("Loader: prefetch must be at least 1");
+  const RunConfig config = load_run_config(options_.config, options_.overrides);
+  const PipelineConfig* phase = nullptr;
+  std::optional<std::size_t> output;
+  for (const PipelineConfig& p : config.phases) {
+    if (!options_.phase.empty() && p.name != options_.phase) continue;
+    output = entry_of(p.stages, options_.output);
+    phase = &p;
+    if (output || !options_.phase.empty()) break;
+  }
+  const std::string where = options_.config + (phase && !phase->name.empty()
+                                                   ? " (phase " + phase->name + ")"
+                                                   : std::string());
+  if (!phase) {
+    std::string names;
+    for (const PipelineConfig& p : config.phases) names += (names.empty() ? "" : ", ") + p.name;
+    throw Error("Loader: " + options_.config + " has no phase '" + options_.phase +
+                "' (phases: " + names + ")");
+  }
+  if (!output || phase->stages[*output].name != options_.output) {
+    throw Error("Loader: " + where + " has no stage '" + options_.output +
+                "' to take batches from (stages: " + entry_names(phase->stages) + ")");
+  }
+  const StageInfo& info = *Registry::global().find(phase->stages[*output].type);
+  if (info.shape.output.id != typeid(data::Batch)) {
+    throw Error("Loader: stage '" + options_.output + "' (" + info.type + ") of " + where +
+                " emits " + info.shape.output.name() +
+                "; a Loader yields batches: name a stage that emits them (collate, "
+                "assemble_batch, stage_to_device, teacher_infer)");
+  }
+  phase_ = cut_to(*phase, *output);
+  std::size_t sources = 0;
+  for (std::size_t i = 0; i < phase_.stages.size(); ++i) {
+    const StageInfo& s = *Registry::global().find(phase_.stages[i].type);
+    if (s.shape.kind != StageShape::Kind::kSource) continue;
+    ++sources;
+    source_ = i;
+    if (s.find_param("epochs")) epochs_param_ = "epochs";
+  }
+  if (sources != 1) epochs_param_.clear();  // a mix: one stream
+  if (has_epochs()) {
+    // Positions of one epoch: the source alone, with one epoch, says how many it will give.
+    StageConfig source = phase_.stages[source_];
+    source.params.set(epochs_param_, std::int64_t{1});
+    try {
+      per_epoch_ = Registry::global().find(source.type)->make(source.params, {})->plan(std::nullopt).value_or(0);
+    } catch (const std::exception& e) {
+      throw Error(source.location + ": stage '" + source.name + "': " + e.what());
+    }
+  }
+}
+
+Loader::~Loader() { stop(); }
+
+std::unique_ptr<Pipeline> Loader::build(const LoaderState& from, HandoffSink** sink) {
+  PipelineConfig phase = phase_;
+  if (has_epochs()) {
+    phase.stages[source_].params.set(epochs_param_, static_cast<std::int64_t>(from.epoch) + 1);
+  }
+  std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
+  // The node whose batches leave: the output entry, or the last node it brings along.
+  std::string tap = options_.output;
+  for (const StageDecl& d : pipeline->decls()) {
+    if (d.name.rfind(options_.output + "/", 0) == 0 && d.shape.output.id == typeid(data::Batch)) {
+      tap = d.name;
+    }
+  }
+  auto handoff = std::make_shared<Handoff>();
+  handoff->capacity = options_.prefetch;
+  auto owned = std::make_unique<HandoffSink>(handoff, from.position);
+  *sink = owned.get();
+  pipeline->add("python", std::move(owned),
+                {.concurrency = kSerial, .queue_capacity = 1, .ordered = true, .inputs = {tap}});
+  return pipeline;
+}
+
+std::uint64_t Loader::size() {
+  if (!size_) {
+    HandoffSink* sink = nullptr;
+    size_ = build({}, &sink)->planned_items().value_or(0);
+  }
+  return *size_;
+}
+
+void Loader::start() {
+  if (running()) return;
+  error_ = nullptr;
+  stopping_ = false;
+  pipeline_ = build(state_, &sink_);
+  pipeline_->check();
+  thread_ = std::thread([this, run = phase_.run] {
+    Handoff& handoff = sink_->handoff();
+    try {
+      report_ = pipeline_->run(run);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    std::lock_guard lock(handoff.mutex);
+    handoff.ended = true;
+    handoff.changed.notify_all();
+  });
+}
+
+Loader::Next Loader::next(data::Batch& batch, double wait_s) {
+  if (!running()) return Next::kEnd;
+  Handoff& handoff = sink_->handoff();
+  {
+    std::unique_lock lock(handoff.mutex);
+    handoff.changed.wait_for(lock, std::chrono::duration<double>(wait_s),
+                             [&] { return !handoff.ready.empty() || handoff.ended; });
+    if (!handoff.ready.empty()) {
+      batch = std::move(handoff.ready.front());
+      handoff.ready.pop_front();
+      handoff.changed.notify_all();
+      state_.position = batch.end_position;
+      return Next::kBatch;
+    }
+    if (!handoff.ended) return Next::kWaiting;
+  }
+  thread_.join();
+  pipeline_.reset();
+  sink_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  if (has_epochs()) state_ = {state_.epoch + 1, epoch_start(state_.epoch + 1)};
+  return Next::kEnd;
+}
+
+void Loader::stop() {
+  if (!running()) return;
+  {
+    Handoff& handoff = sink_->handoff();
+    std::lock_guard lock(handoff.mutex);
+    handoff.closed = true;
+    handoff.ready.clear();  // their buffers go back to the pool
+    handoff.changed.notify_all();
+  }
+  pipeline_->request_stop();
+  thread_.join();
+  pipeline_.reset();
+  sink_ = nullptr;
+  error_ = nullptr;  // the loop left: what the stopped run says no longer matters
+}
+
+void Loader::restore(const LoaderState& state) {
+  if (has_epochs()) {
+    if (state.position < epoch_start(state.epoch) || state.position > epoch_start(state.epoch + 1)) {
+      throw Error("Loader.load_state_dict: position " + std::to_string(state.position) +
+                  " is not in epoch " + std::to_string(state.epoch) + " of this rank (positions " +
+                  std::to_string(epoch_start(state.epoch)) + " to " +
+                  std::to_string(epoch_start(state.epoch + 1)) +
+                  "): the state is from another dataset, rank count or config");
+    }
+  } else if (state.epoch != 0) {
+    throw Error("Loader.load_state_dict: epoch " + std::to_string(state.epoch) +
+                ", but the source of '" + options_.output + "' has no epochs");
+  }
+  stop();
+  state_ = state;
+}
+
+void Loader::set_epoch(std::uint32_t epoch) {
+  if (!has_epochs() && epoch != 0) {
+    throw Error("Loader.set_epoch(" + std::to_string(epoch) + "): the source of '" +
+                options_.output + "' has no epochs (a mix of sources, or a source without an "
+                "`epochs` param): the loader is one stream");
+  }
+  stop();
+  state_ = {epoch, epoch_start(epoch)};
+}
+
+}  // namespace flowtrain::python

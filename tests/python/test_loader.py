@@ -1,0 +1,168 @@
+"""flowtrain.Loader: zero-copy batches, kept batches, epochs, exact resume, ranks, shutdown."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+import flowtrain
+
+
+def epoch_of(loader):
+    return [(b["index"].clone(), b["images"].clone()) for b in loader]
+
+
+def test_batches_view_the_pool_and_reuse_its_buffers(graph):
+    loader = flowtrain.Loader(graph(pool=3), output="collate", prefetch=1)
+    pointers = set()
+    for batch in loader:
+        assert batch["images"].shape[1:] == (3, 32, 32) and batch["images"].dtype == torch.float32
+        assert batch["labels"].dtype == torch.int64 and batch["index"].shape == batch["labels"].shape
+        pointers.add(batch["images"].data_ptr())
+        del batch
+    # 5 batches through a pool of 3 buffers: no batch was copied into fresh memory.
+    assert 1 <= len(pointers) <= 3
+
+
+def test_a_kept_batch_is_never_overwritten(graph):
+    loader = flowtrain.Loader(graph(pool=3), output="collate", prefetch=1)
+    it = iter(loader)
+    kept = next(it)
+    copy = {k: kept[k].clone() for k in ("images", "labels", "index")}
+    later = [b["images"].data_ptr() for b in it]
+    assert len(later) == len(loader) - 1
+    assert kept["images"].data_ptr() not in later
+    for key, value in copy.items():
+        assert torch.equal(kept[key], value), key
+
+
+def test_len_epochs_and_set_epoch(graph):
+    loader = flowtrain.Loader(graph(batch=8), output="collate")
+    assert len(loader) == 5  # 36 photos in batches of 8, the last one partial
+    first = epoch_of(loader)
+    second = epoch_of(loader)  # the next `for` is the next epoch: another order
+    assert len(first) == len(second) == 5 and first[-1][0].numel() == 4
+    assert sorted(torch.cat([i for i, _ in first]).tolist()) == list(range(36))
+    assert not torch.equal(torch.cat([i for i, _ in first]), torch.cat([i for i, _ in second]))
+    loader.set_epoch(0)
+    again = epoch_of(loader)
+    for (i0, x0), (i1, x1) in zip(first, again):
+        assert torch.equal(i0, i1) and torch.equal(x0, x1)
+
+
+def test_state_dict_resumes_at_the_exact_next_batch(graph):
+    config = graph(batch=8)
+    loader = flowtrain.Loader(config, output="collate")
+    epoch_of(loader)  # epoch 0
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = loader.state_dict()
+    rest = [(b["index"].clone(), b["images"].clone()) for b in it] + epoch_of(loader)[:2]
+    assert state["epoch"] == 1
+
+    resumed = flowtrain.Loader(config, output="collate")
+    resumed.load_state_dict(state)
+    got = epoch_of(resumed) + epoch_of(resumed)[:2]
+    assert len(got) == len(rest) == 5
+    for (i0, x0), (i1, x1) in zip(rest, got):
+        assert torch.equal(i0, i1) and torch.equal(x0, x1)
+
+    with pytest.raises(flowtrain.Error, match="not in epoch 3"):
+        resumed.load_state_dict({"flowtrain_loader": 1, "epoch": 3, "position": 5})
+
+
+def test_a_break_leaves_the_loader_after_the_last_batch(graph):
+    loader = flowtrain.Loader(graph(batch=8), output="collate")
+    whole = [i for i, _ in epoch_of(loader)]
+    loader.set_epoch(0)
+    for n, batch in enumerate(loader):
+        if n == 1:
+            break
+    rest = [b["index"].clone() for b in loader]
+    assert len(rest) == 3 and all(torch.equal(a, b) for a, b in zip(whole[2:], rest))
+
+
+def test_each_rank_reads_its_own_shard(graph, monkeypatch):
+    config = graph(batch=8)
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = flowtrain.Loader(config, output="collate")
+        assert len(loader) == 3  # 18 photos a rank
+        seen.append(torch.cat([b["index"] for b in loader]).tolist())
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(36))
+
+
+def test_only_batches_leave_a_loader(graph):
+    with pytest.raises(flowtrain.Error, match="stage 'decode' .* emits .*Sample; a Loader yields batches"):
+        flowtrain.Loader(graph(), output="decode")
+    with pytest.raises(flowtrain.Error, match="has no stage 'colate'"):
+        flowtrain.Loader(graph(), output="colate")
+    with pytest.raises(flowtrain.Error, match=r"graph.yaml:\d+.*batch_size"):
+        flowtrain.Loader(graph(), overrides=["stages.collate.params.batch_size=0"])
+
+
+def live_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_a_loader_dropped_mid_epoch_stops_without_hang_or_leak(graph):
+    config = graph(batch=12, pool=3, size=160)  # 12 x 3 x 160 x 160 floats: 3.7 MB a buffer
+
+    def one():
+        loader = flowtrain.Loader(config, output="collate", prefetch=2)
+        batch = next(iter(loader))
+        assert batch["images"].shape[0] == 12
+        del loader, batch  # the graph is running, its queue and pool full
+        gc.collect()
+
+    one()
+    one()
+    threads, rss = live_threads(), rss_mb()
+    for _ in range(12):
+        one()
+    assert live_threads() <= threads
+    # A pool left behind each time would be 11 MB a loader.
+    assert rss_mb() - rss < 40, f"{rss_mb() - rss:.0f} MB more after 12 loaders"
+
+
+def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
+    config = graph(batch=4, extra_batch="  - {type: slow, concurrency: 1}\n")
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, threading, time
+        import flowtrain
+
+        @flowtrain.stage("slow")
+        def slow(batch):
+            time.sleep(0.2)
+            return batch
+
+        loader = flowtrain.Loader({config!r}, output="slow")
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        start = time.monotonic()
+        try:
+            for batch in loader:
+                pass
+            print("ran to the end")
+        except KeyboardInterrupt:
+            print(f"interrupted after {{time.monotonic() - start:.1f}} s at", loader.state_dict()["position"])
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "interrupted after" in out.stdout, out.stdout + out.stderr
+    assert float(out.stdout.split()[2]) < 5

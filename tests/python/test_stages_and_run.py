@@ -1,0 +1,94 @@
+"""Stages written in Python, in a YAML graph; flowtrain.run and flowtrain.stages."""
+
+import pytest
+import torch
+
+import flowtrain
+
+
+@flowtrain.stage("negate", item="batch")
+def negate(batch):
+    """Negates the images."""
+    batch["images"] = -batch["images"]
+    return batch
+
+
+@flowtrain.stage("invert", item="sample")
+def invert(sample):
+    sample["image"] = 255 - sample["image"]
+    return sample
+
+
+@flowtrain.stage("drop_class_1", item="sample")
+def drop_class_1(sample):
+    return None if sample["label"] == 1 else sample
+
+
+@flowtrain.stage("boom", item="batch")
+def boom(batch):
+    raise ValueError("bad pixel\nsecond line")
+
+
+def batches(config, output):
+    return [(b["index"].clone(), b["images"].clone()) for b in flowtrain.Loader(config, output=output)]
+
+
+def test_a_batch_stage_changes_what_the_loader_yields(graph):
+    plain = batches(graph(), "collate")
+    negated = batches(graph(extra_batch="  - {type: negate, concurrency: 2}\n", name="n.yaml"), "negate")
+    assert len(plain) == len(negated)
+    for (i0, x0), (i1, x1) in zip(plain, negated):
+        assert torch.equal(i0, i1) and torch.equal(-x0, x1)
+
+
+def test_a_sample_stage_sees_decoded_pixels(graph):
+    # Inverting before a flip-free resize is exactly 1 - x in [0, 1] before normalisation:
+    # compare through the normaliser's affine map instead of pixel-exact interpolation.
+    config = graph(extra_sample="  - {type: invert, concurrency: 2}\n", name="i.yaml")
+    loader = flowtrain.Loader(config, output="collate")
+    plain = flowtrain.Loader(graph(), output="collate")
+    for a, b in zip(plain, loader):
+        assert torch.equal(a["index"], b["index"])
+        mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+        std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+        pa, pb = a["images"] * std + mean, b["images"] * std + mean
+        assert torch.allclose(pa + pb, torch.ones_like(pa), atol=2.5 / 255)
+
+
+def test_a_dropped_sample_is_counted_in_the_report(graph):
+    config = graph(extra_sample="  - {type: drop_class_1}\n", name="d.yaml")
+    loader = flowtrain.Loader(config, output="collate")
+    labels = torch.cat([b["labels"] for b in loader])
+    assert labels.numel() == 24 and 1 not in labels.tolist()
+    stages = {s["name"]: s for s in loader.report()["stages"]}
+    assert stages["drop_class_1"]["dropped"] == 12
+    assert "python" in stages  # the loader's end of the graph is a node like any other
+
+
+def test_an_error_in_a_python_stage_reaches_the_caller_as_one_line(graph):
+    loader = flowtrain.Loader(graph(extra_batch="  - {type: boom}\n", name="b.yaml"), output="boom")
+    with pytest.raises(flowtrain.Error) as error:
+        list(loader)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "stage 'boom'" in message and "ValueError: bad pixel second line" in message
+    assert "test_stages_and_run.py:" in message
+
+
+def test_a_stage_keeps_its_item_type_and_builtin_names_are_taken():
+    with pytest.raises(flowtrain.Error, match="registered for batches"):
+        flowtrain.stage("negate", item="sample")(lambda s: s)
+    with pytest.raises(flowtrain.Error, match="already a stage of flowtrain"):
+        flowtrain.stage("collate")(lambda b: b)
+
+
+def test_run_returns_the_report_and_stages_lists_the_registry(graph):
+    config = graph(extra_batch="  - {type: negate}\n", name="r.yaml")
+    report = flowtrain.run(config, ["stages.files.params.epochs=2"])
+    assert report["stopped"] is None and len(report["phases"]) == 1
+    stages = {s["name"]: s for s in report["phases"][0]["stages"]}
+    assert stages["negate"]["items_in"] == 10 and stages["sink"]["items_in"] == 10
+    assert report["phases"][0]["verdict"]
+    by_type = {s["type"]: s for s in flowtrain.stages()}
+    assert by_type["negate"]["summary"] == "Negates the images."
+    assert "batch_size" in [p["name"] for p in by_type["collate"]["params"]]
