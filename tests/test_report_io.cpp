@@ -64,6 +64,54 @@ RunReport full_report() {
   return r;
 }
 
+// A report built by hand, every number fixed (no run), with each kind of value the writers
+// write: empty and full lists, a wait, autotune, inf and nan, strings that need quoting or
+// escaping.
+RunReport fixed_report() {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  RunReport r;
+  r.wall_s = 12.5;
+  r.threads = 2;
+  r.cores = 4;
+  r.peak_threads = 2;
+  r.stopped = true;
+  r.trace_path = "runs/1/trace.json";
+  r.key_prefix = "phases.distill.";
+  StageReport& source = r.stages.emplace_back();
+  source.name = "source";
+  source.kind = StageShape::Kind::kSource;
+  source.items_out = 3;
+  source.busy_fraction = kInf;
+  StageReport& filter = r.stages.emplace_back();
+  filter.name = "filter: odd";
+  filter.concurrency = 2;
+  filter.max_concurrency = kUnlimited;
+  filter.workers = 2;
+  filter.queue_capacity = 8;
+  filter.items_in = 3;
+  filter.items_out = 2;
+  filter.dropped = 1;
+  filter.drops = {{1, "odd \"one\" in C:\\data\nline 2\x01"}};
+  filter.busy_s = 0.1 + 0.2;
+  filter.busy_fraction = std::numeric_limits<double>::quiet_NaN();
+  filter.starved_fraction = 1.0 / 3;
+  filter.peak_active = 2;
+  filter.waiting = {0.125, "a free \"buffer\"", "pool_size", 3, false, true};
+  filter.queue_mean = 1.5;
+  filter.queue_max = 4;
+  filter.queue_series = {{0, 1}, {0.5, 4}};
+  filter.results = {{"loss", -kInf}, {"top1", 1e-300}, {"steps", 6}};
+  r.cpu = {0.25, {0, 0.25}, {{0.5, 1}, {0, 0.125}}, {0.75, 0.0625}, 1.5, 42};
+  r.autotune =
+      AutotuneReport{{{"start", "2 graph threads; filter x2", 412.5, true, false},
+                      {"'filter' concurrency 2 -> 3", "3 graph threads", 398.25, false, true}},
+                     {"phases.distill.threads=3"},
+                     2.5,
+                     1234,
+                     0.5};
+  return r;
+}
+
 void check_same(const RunReport& a, const RunReport& b) {
   CHECK(a.wall_s == b.wall_s);
   CHECK(a.threads == b.threads);
@@ -250,4 +298,123 @@ TEST_CASE("ReportIo.Drops.EveryDroppedItemListedInTheFile" * doctest::timeout(60
   CHECK_THROWS_WITH_AS(run(10, (dir / "no/such/drops.csv").string()),
                        doctest::Contains("cannot write the list of dropped items"), Error);
   fs::remove_all(dir);
+}
+
+// The YAML text, byte for byte: report_from_yaml, the files of earlier runs and foodtag's HTML
+// report read it, and report_to_json shares the walk over the fields that writes it.
+TEST_CASE("ReportIo.Yaml.TextUnchanged") {
+  CHECK(report_to_yaml(fixed_report()) == R"(flowtrain_report: 1
+wall_s: 12.5
+threads: 2
+cores: 4
+peak_threads: 2
+stopped: true
+trace_path: runs/1/trace.json
+drops_path: ""
+key_prefix: phases.distill.
+stages:
+  - name: source
+    kind: source
+    concurrency: 1
+    max_concurrency: 0
+    workers: 1
+    queue_capacity: 0
+    threads_per_invocation: 1
+    items_in: 0
+    items_out: 3
+    dropped: 0
+    drops: []
+    busy_s: 0
+    busy_fraction: .inf
+    starved_fraction: 0
+    blocked_fraction: 0
+    peak_active: 0
+    queue_mean: 0
+    queue_max: 0
+    queue_series:
+      time_s: []
+      occupancy: []
+    results: []
+  - name: "filter: odd"
+    kind: map
+    concurrency: 2
+    max_concurrency: 0
+    workers: 2
+    queue_capacity: 8
+    threads_per_invocation: 1
+    items_in: 3
+    items_out: 2
+    dropped: 1
+    drops:
+      - {seq: 1, reason: "odd \"one\" in C:\\data\nline 2\x01"}
+    busy_s: 0.30000000000000004
+    busy_fraction: .nan
+    starved_fraction: 0.3333333333333333
+    blocked_fraction: 0
+    peak_active: 2
+    waiting: {seconds: 0.125, what: a free "buffer", param: pool_size, value: 3, held_after: false, entry_param: true}
+    queue_mean: 1.5
+    queue_max: 4
+    queue_series:
+      time_s: [0, 0.5]
+      occupancy: [1, 4]
+    results:
+      - {name: loss, value: -.inf}
+      - {name: top1, value: 1e-300}
+      - {name: steps, value: 6}
+cpu:
+  interval_s: 0.25
+  process_cpu_s: 1.5
+  page_faults: 42
+  core_mean: [0.75, 0.0625]
+  times_s: [0, 0.25]
+  cores:
+    - [0.5, 1]
+    - [0, 0.125]
+autotune:
+  tuning_s: 2.5
+  tuning_items: 1234
+  rehearsal_s: 0.5
+  overrides: [phases.distill.threads=3]
+  trials:
+    - change: start
+      layout: 2 graph threads; filter x2
+      items_per_s: 412.5
+      kept: true
+      rehearsal: false
+    - change: "'filter' concurrency 2 -> 3"
+      layout: 3 graph threads
+      items_per_s: 398.25
+      kept: false
+      rehearsal: true
+)");
+  const std::string empty = R"(flowtrain_report: 1
+wall_s: 0
+threads: 0
+cores: 0
+peak_threads: 0
+stopped: false
+trace_path: ""
+drops_path: ""
+key_prefix: ""
+stages: []
+cpu:
+  interval_s: 0
+  process_cpu_s: 0
+  page_faults: 0
+  core_mean: []
+  times_s: []
+  cores: []
+)";
+  CHECK(report_to_yaml(RunReport{}) == empty);
+  RunReport tuned_nothing;
+  tuned_nothing.autotune.emplace();
+  CHECK(report_to_yaml(tuned_nothing) == empty + R"(autotune:
+  tuning_s: 0
+  tuning_items: 0
+  rehearsal_s: 0
+  overrides: []
+  trials:
+    []
+)");
 }
