@@ -4,13 +4,17 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
+#include "graph/json_writer.hpp"
 
 namespace flowtrain {
 
@@ -20,7 +24,7 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kMarker = "flowtrain_report";
 
 // The shortest text that reads back as the same double (YAML's spelling for inf and nan).
-std::string number(double v) {
+std::string yaml_number(double v) {
   if (std::isnan(v)) return ".nan";
   if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
   char buf[32];
@@ -28,80 +32,211 @@ std::string number(double v) {
   return std::string(buf, r.ptr);
 }
 
-void emit_numbers(YAML::Emitter& out, const std::vector<double>& values) {
-  out << YAML::Flow << YAML::BeginSeq;
-  for (const double v : values) out << number(v);
-  out << YAML::EndSeq;
+// How a list or map is laid out in YAML: on lines of its own (block) or as [a, b] and {k: v}
+// (flow). JSON has one layout.
+enum class Layout { kBlock, kFlow };
+
+// An empty list as "[]" on its key's line.
+Layout flow_if_empty(bool empty) { return empty ? Layout::kFlow : Layout::kBlock; }
+
+// The two backends of write_fields, the one walk over a report's fields.
+class YamlOut {
+ public:
+  explicit YamlOut(YAML::Emitter& out) : out_(out) {}
+  void begin_map(Layout layout = Layout::kBlock) { style(layout) << YAML::BeginMap; }
+  void end_map() { out_ << YAML::EndMap; }
+  void begin_list(Layout layout = Layout::kBlock) { style(layout) << YAML::BeginSeq; }
+  void end_list() { out_ << YAML::EndSeq; }
+  void key(const char* name) { out_ << YAML::Key << name << YAML::Value; }
+  void text(const std::string& value) { out_ << value; }
+  void number(double value) { out_ << yaml_number(value); }
+  void count(std::uint64_t value) { out_ << value; }
+  void flag(bool value) { out_ << value; }
+
+ private:
+  YAML::Emitter& style(Layout layout) {
+    return layout == Layout::kFlow ? out_ << YAML::Flow : out_;
+  }
+  YAML::Emitter& out_;
+};
+
+class JsonOut {
+ public:
+  explicit JsonOut(JsonWriter& out) : out_(out) {}
+  void begin_map(Layout = Layout::kBlock) { out_.begin_object(); }
+  void end_map() { out_.end_object(); }
+  void begin_list(Layout = Layout::kBlock) { out_.begin_array(); }
+  void end_list() { out_.end_array(); }
+  void key(const char* name) { out_.key(name); }
+  void text(const std::string& value) { out_.string(value); }
+  void number(double value) { out_.number(value); }
+  void count(std::uint64_t value) { out_.integer(value); }
+  void flag(bool value) { out_.boolean(value); }
+
+ private:
+  JsonWriter& out_;
+};
+
+// `name: value`, the value written as its type asks.
+template <class Out, class T>
+void field(Out& out, const char* name, const T& value) {
+  out.key(name);
+  if constexpr (std::is_same_v<T, bool>) {
+    out.flag(value);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    out.number(value);
+  } else if constexpr (std::is_integral_v<T>) {
+    out.count(value);
+  } else {
+    out.text(value);
+  }
+}
+
+template <class Out>
+void numbers(Out& out, const std::vector<double>& values) {
+  out.begin_list(Layout::kFlow);
+  for (const double v : values) out.number(v);
+  out.end_list();
 }
 
 using Kind = StageShape::Kind;
 const Kind kKinds[] = {Kind::kSource, Kind::kMap,   Kind::kFlatMap, Kind::kSink,
                        Kind::kJoin,   Kind::kRoute, Kind::kMerge,   Kind::kMix};
 
-void emit_results(YAML::Emitter& out, const std::vector<StageResult>& results) {
-  if (results.empty()) out << YAML::Flow;  // "[]" on the key's line
-  out << YAML::BeginSeq;
-  for (const StageResult& r : results) {
-    out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << r.name << YAML::Key
-        << "value" << YAML::Value << number(r.value) << YAML::EndMap;
-  }
-  out << YAML::EndSeq;
-}
-
-void emit_stage(YAML::Emitter& out, const StageReport& s) {
-  auto key = [&](const char* name) -> YAML::Emitter& {
-    return out << YAML::Key << name << YAML::Value;
-  };
-  out << YAML::BeginMap;
-  key("name") << s.name;
-  key("kind") << to_string(s.kind);
-  key("concurrency") << s.concurrency;
-  key("max_concurrency") << s.max_concurrency;
-  key("workers") << s.workers;
-  key("queue_capacity") << s.queue_capacity;
-  key("threads_per_invocation") << s.threads_per_invocation;
-  key("items_in") << s.items_in;
-  key("items_out") << s.items_out;
-  key("dropped") << s.dropped;
-  key("drops");
-  if (s.drops.empty()) out << YAML::Flow;
-  out << YAML::BeginSeq;
+template <class Out>
+void write_stage(Out& out, const StageReport& s) {
+  out.begin_map();
+  field(out, "name", s.name);
+  field(out, "kind", to_string(s.kind));
+  field(out, "concurrency", s.concurrency);
+  field(out, "max_concurrency", s.max_concurrency);
+  field(out, "workers", s.workers);
+  field(out, "queue_capacity", s.queue_capacity);
+  field(out, "threads_per_invocation", s.threads_per_invocation);
+  field(out, "items_in", s.items_in);
+  field(out, "items_out", s.items_out);
+  field(out, "dropped", s.dropped);
+  out.key("drops");
+  out.begin_list(flow_if_empty(s.drops.empty()));
   for (const DropRecord& d : s.drops) {
-    out << YAML::Flow << YAML::BeginMap << YAML::Key << "seq" << YAML::Value << d.seq << YAML::Key
-        << "reason" << YAML::Value << d.reason << YAML::EndMap;
+    out.begin_map(Layout::kFlow);
+    field(out, "seq", d.seq);
+    field(out, "reason", d.reason);
+    out.end_map();
   }
-  out << YAML::EndSeq;
-  key("busy_s") << number(s.busy_s);
-  key("busy_fraction") << number(s.busy_fraction);
-  key("starved_fraction") << number(s.starved_fraction);
-  key("blocked_fraction") << number(s.blocked_fraction);
-  key("peak_active") << s.peak_active;
+  out.end_list();
+  field(out, "busy_s", s.busy_s);
+  field(out, "busy_fraction", s.busy_fraction);
+  field(out, "starved_fraction", s.starved_fraction);
+  field(out, "blocked_fraction", s.blocked_fraction);
+  field(out, "peak_active", s.peak_active);
   if (s.waiting.seconds > 0) {
-    key("waiting") << YAML::Flow << YAML::BeginMap;
-    key("seconds") << number(s.waiting.seconds);
-    key("what") << s.waiting.what;
-    key("param") << s.waiting.param;
-    key("value") << number(s.waiting.value);
-    key("held_after") << s.waiting.held_after;
-    key("entry_param") << s.waiting.entry_param;
-    out << YAML::EndMap;
+    out.key("waiting");
+    out.begin_map(Layout::kFlow);
+    field(out, "seconds", s.waiting.seconds);
+    field(out, "what", s.waiting.what);
+    field(out, "param", s.waiting.param);
+    field(out, "value", s.waiting.value);
+    field(out, "held_after", s.waiting.held_after);
+    field(out, "entry_param", s.waiting.entry_param);
+    out.end_map();
   }
-  key("queue_mean") << number(s.queue_mean);
-  key("queue_max") << number(s.queue_max);
+  field(out, "queue_mean", s.queue_mean);
+  field(out, "queue_max", s.queue_max);
   std::vector<double> times, occupancy;
   for (const QueueSample& q : s.queue_series) {
     times.push_back(q.time_s);
     occupancy.push_back(q.occupancy);
   }
-  key("queue_series") << YAML::BeginMap;
-  key("time_s");
-  emit_numbers(out, times);
-  key("occupancy");
-  emit_numbers(out, occupancy);
-  out << YAML::EndMap;
-  key("results");
-  emit_results(out, s.results);
-  out << YAML::EndMap;
+  out.key("queue_series");
+  out.begin_map();
+  out.key("time_s");
+  numbers(out, times);
+  out.key("occupancy");
+  numbers(out, occupancy);
+  out.end_map();
+  out.key("results");
+  out.begin_list(flow_if_empty(s.results.empty()));
+  for (const StageResult& r : s.results) {
+    out.begin_map(Layout::kFlow);
+    field(out, "name", r.name);
+    field(out, "value", r.value);
+    out.end_map();
+  }
+  out.end_list();
+  out.end_map();
+}
+
+// The fields of a report after the format marker, in a map the caller has begun: the one list
+// of them, for YAML and JSON.
+template <class Out>
+void write_fields(Out& out, const RunReport& r) {
+  field(out, "wall_s", r.wall_s);
+  field(out, "threads", r.threads);
+  field(out, "cores", r.cores);
+  field(out, "peak_threads", r.peak_threads);
+  field(out, "stopped", r.stopped);
+  field(out, "trace_path", r.trace_path);
+  field(out, "drops_path", r.drops_path);
+  field(out, "key_prefix", r.key_prefix);
+  out.key("stages");
+  out.begin_list(flow_if_empty(r.stages.empty()));
+  for (const StageReport& s : r.stages) write_stage(out, s);
+  out.end_list();
+  out.key("cpu");
+  out.begin_map();
+  field(out, "interval_s", r.cpu.interval_s);
+  field(out, "process_cpu_s", r.cpu.process_cpu_s);
+  field(out, "page_faults", r.cpu.page_faults);
+  out.key("core_mean");
+  numbers(out, r.cpu.core_mean);
+  out.key("times_s");
+  numbers(out, r.cpu.times_s);
+  out.key("cores");
+  out.begin_list(flow_if_empty(r.cpu.cores.empty()));
+  for (const std::vector<double>& core : r.cpu.cores) numbers(out, core);
+  out.end_list();
+  out.end_map();
+  if (r.autotune) {
+    const AutotuneReport& a = *r.autotune;
+    out.key("autotune");
+    out.begin_map();
+    field(out, "tuning_s", a.tuning_s);
+    field(out, "tuning_items", a.tuning_items);
+    field(out, "rehearsal_s", a.rehearsal_s);
+    out.key("overrides");
+    out.begin_list(Layout::kFlow);
+    for (const std::string& o : a.overrides) out.text(o);
+    out.end_list();
+    out.key("trials");
+    out.begin_list();
+    for (const AutotuneTrial& t : a.trials) {
+      out.begin_map();
+      field(out, "change", t.change);
+      field(out, "layout", t.layout);
+      field(out, "items_per_s", t.items_per_s);
+      field(out, "kept", t.kept);
+      field(out, "rehearsal", t.rehearsal);
+      out.end_map();
+    }
+    out.end_list();
+    out.end_map();
+  }
+}
+
+// What JSON adds to the fields: the verdict, which a YAML reader gets from RunReport::verdict().
+void write_json_fields(JsonOut& out, const RunReport& r) {
+  write_fields(out, r);
+  field(out, "verdict", r.verdict());
+}
+
+// The phase a report is of, from its key_prefix ("phases.distill." -> "distill", as
+// load_run_config sets it); empty for a single pipeline.
+std::string phase_of(const RunReport& r) {
+  const std::string& key = r.key_prefix;
+  const std::size_t start = std::strlen("phases.");
+  if (key.rfind("phases.", 0) != 0 || key.size() <= start + 1 || key.back() != '.') return "";
+  return key.substr(start, key.size() - start - 1);
 }
 
 // Reads fields of a parsed report, failing with the origin, line and field name.
@@ -298,61 +433,53 @@ CpuReport read_cpu(const Reader& in, const YAML::Node& map) {
 }  // namespace
 
 std::string report_to_yaml(const RunReport& r) {
-  YAML::Emitter out;
-  auto key = [&](const char* name) -> YAML::Emitter& {
-    return out << YAML::Key << name << YAML::Value;
-  };
-  out << YAML::BeginMap;
-  key(kMarker) << kFormatVersion;
-  key("wall_s") << number(r.wall_s);
-  key("threads") << r.threads;
-  key("cores") << r.cores;
-  key("peak_threads") << r.peak_threads;
-  key("stopped") << r.stopped;
-  key("trace_path") << r.trace_path;
-  key("drops_path") << r.drops_path;
-  key("key_prefix") << r.key_prefix;
-  key("stages");
-  if (r.stages.empty()) out << YAML::Flow;
-  out << YAML::BeginSeq;
-  for (const StageReport& s : r.stages) emit_stage(out, s);
-  out << YAML::EndSeq;
-  key("cpu") << YAML::BeginMap;
-  key("interval_s") << number(r.cpu.interval_s);
-  key("process_cpu_s") << number(r.cpu.process_cpu_s);
-  key("page_faults") << r.cpu.page_faults;
-  key("core_mean");
-  emit_numbers(out, r.cpu.core_mean);
-  key("times_s");
-  emit_numbers(out, r.cpu.times_s);
-  key("cores");
-  if (r.cpu.cores.empty()) out << YAML::Flow;
-  out << YAML::BeginSeq;
-  for (const std::vector<double>& core : r.cpu.cores) emit_numbers(out, core);
-  out << YAML::EndSeq;
-  out << YAML::EndMap;
-  if (r.autotune) {
-    const AutotuneReport& a = *r.autotune;
-    key("autotune") << YAML::BeginMap;
-    key("tuning_s") << number(a.tuning_s);
-    key("tuning_items") << a.tuning_items;
-    key("rehearsal_s") << number(a.rehearsal_s);
-    key("overrides") << YAML::Flow << a.overrides;
-    key("trials") << YAML::BeginSeq;
-    for (const AutotuneTrial& t : a.trials) {
-      out << YAML::BeginMap;
-      key("change") << t.change;
-      key("layout") << t.layout;
-      key("items_per_s") << number(t.items_per_s);
-      key("kept") << t.kept;
-      key("rehearsal") << t.rehearsal;
-      out << YAML::EndMap;
-    }
-    out << YAML::EndSeq << YAML::EndMap;
+  YAML::Emitter emitter;
+  YamlOut out(emitter);
+  out.begin_map();
+  field(out, kMarker, kFormatVersion);
+  write_fields(out, r);
+  out.end_map();
+  if (!emitter.good()) {
+    throw Error("cannot write the run report as YAML: " + emitter.GetLastError());
   }
-  out << YAML::EndMap;
-  if (!out.good()) throw Error("cannot write the run report as YAML: " + out.GetLastError());
-  return std::string(out.c_str()) + "\n";
+  return std::string(emitter.c_str()) + "\n";
+}
+
+std::string report_to_json(const RunReport& r) {
+  JsonWriter json;
+  JsonOut out(json);
+  out.begin_map();
+  field(out, kMarker, kFormatVersion);
+  write_json_fields(out, r);
+  out.end_map();
+  return json.text() + "\n";
+}
+
+std::string run_report_json(const std::vector<RunReport>& phases, const RunReportInfo& info) {
+  JsonWriter json;
+  json.begin_object().key(kMarker).integer(kFormatVersion).key("config").string(info.config);
+  json.key("overrides").begin_array();
+  for (const std::string& o : info.overrides) json.string(o);
+  json.end_array().key("stopped");
+  if (info.stopped.empty()) {
+    json.null();
+  } else {
+    json.string(info.stopped);
+  }
+  json.key("phases").begin_array();
+  JsonOut out(json);
+  for (const RunReport& r : phases) {
+    json.begin_object().key("phase");
+    if (const std::string phase = phase_of(r); phase.empty()) {
+      json.null();
+    } else {
+      json.string(phase);
+    }
+    write_json_fields(out, r);
+    json.end_object();
+  }
+  json.end_array().end_object();
+  return json.text() + "\n";
 }
 
 RunReport report_from_yaml(const std::string& text, const std::string& origin) {
