@@ -159,18 +159,23 @@ std::unique_ptr<Pipeline> Loader::build(const LoaderState& from, HandoffSink** s
   }
   std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
   // The node whose batches leave: the output entry, or the last node it brings along.
-  std::string tap = options_.output;
+  std::string tap;
+  std::size_t tap_concurrency = kSerial;
   for (const StageDecl& d : pipeline->decls()) {
-    if (d.name.rfind(options_.output + "/", 0) == 0 && d.shape.output.id == typeid(data::Batch)) {
+    if ((d.name == options_.output || d.name.rfind(options_.output + "/", 0) == 0) &&
+        d.shape.output.id == typeid(data::Batch)) {
       tap = d.name;
+      tap_concurrency = d.options.concurrency;
     }
   }
   auto handoff = std::make_shared<Handoff>();
   handoff->capacity = options_.prefetch;
   auto owned = std::make_unique<HandoffSink>(handoff, from.position);
   *sink = owned.get();
+  // Its input queue: a slot for each worker of the output stage (an unlimited one: 8).
+  const std::size_t queue = tap_concurrency == kUnlimited ? 8 : tap_concurrency;
   pipeline->add("python", std::move(owned),
-                {.concurrency = kSerial, .queue_capacity = 1, .ordered = true, .inputs = {tap}});
+                {.concurrency = kSerial, .queue_capacity = queue, .ordered = true, .inputs = {tap}});
   return pipeline;
 }
 

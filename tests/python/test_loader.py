@@ -107,7 +107,7 @@ def test_only_batches_leave_a_loader(graph):
         flowtrain.Loader(graph(), output="decode")
     with pytest.raises(flowtrain.Error, match="has no stage 'colate'"):
         flowtrain.Loader(graph(), output="colate")
-    with pytest.raises(flowtrain.Error, match=r"graph.yaml:\d+.*batch_size"):
+    with pytest.raises(flowtrain.Error, match=r"override 'stages.collate.params.batch_size=0': .*must be >= 1"):
         flowtrain.Loader(graph(), overrides=["stages.collate.params.batch_size=0"])
 
 
@@ -135,7 +135,8 @@ def test_a_loader_dropped_mid_epoch_stops_without_hang_or_leak(graph):
     threads, rss = live_threads(), rss_mb()
     for _ in range(12):
         one()
-    assert live_threads() <= threads
+    # A thread left behind per loader would be 12 more; TBB may keep its 2 workers about.
+    assert live_threads() - threads <= 2
     # A pool left behind each time would be 11 MB a loader.
     assert rss_mb() - rss < 40, f"{rss_mb() - rss:.0f} MB more after 12 loaders"
 
