@@ -7,8 +7,8 @@ on the same 2 cores:
 
   A  `flowtrain run bench/configs/python_loader.yaml`: the images its `views` stage emitted over
      the `wall` its report prints (the graph's run, without the process's start-up);
-  B  flowtrain.Loader over the same config (output="collate") in a loop that only touches each
-     batch (its size and one pixel);
+  B  flowtrain.Loader over the same config (output="collate"), one `for` per epoch (the Loader
+     runs one epoch per `for`), in a loop that only touches each batch (its size and one pixel);
   C  torch.utils.data.DataLoader over the same manifest (PIL, torchvision transforms) in the same
      loop, for each --workers count (persistent workers, no pinned memory);
   D  at 112 px: torchvision's resnet18 trained (forward, backward, SGD step) on the batches of
@@ -112,11 +112,12 @@ def run_cli(args, keys, expected):
     return checked("flowtrain run", images, expected) / wall
 
 
-def flowtrain_batches(keys, verdicts, arm):
-    """(images, labels) from flowtrain.Loader over the config; its verdict to verdicts[arm]."""
+def flowtrain_batches(keys, epochs, verdicts, arm):
+    """(images, labels) from flowtrain.Loader, one `for` per epoch; its last verdict to verdicts."""
     loader = flowtrain.Loader(str(CONFIG), overrides=keys, output=OUTPUT)
-    for batch in loader:
-        yield batch["images"], batch["labels"]
+    for _ in range(epochs):
+        for batch in loader:
+            yield batch["images"], batch["labels"]
     verdicts[arm] = loader.report().get("verdict")
 
 
@@ -170,7 +171,7 @@ def data_arms(args, size, cli_ok, verdicts):
         if cli_ok:
             rates["A"].append(run_cli(args, keys, expected))
         if flowtrain:
-            batches = flowtrain_batches(keys, verdicts, f"B {size} px")
+            batches = flowtrain_batches(keys, args.epochs, verdicts, f"B {size} px")
             rates["B"].append(touch("flowtrain.Loader", batches, expected))
         for w in args.workers:
             batches = dataloader_batches(dataset, w, args.epochs)
@@ -198,7 +199,7 @@ def real_loop(args, workers, verdicts):
     rates = {"flowtrain": [], "dataloader": []}
     for _ in range(args.reps):
         if flowtrain:
-            batches = flowtrain_batches(keys, verdicts, "D")
+            batches = flowtrain_batches(keys, args.loop_epochs, verdicts, "D")
             rates["flowtrain"].append(train(model, optimizer, batches))
         batches = dataloader_batches(dataset, workers, args.loop_epochs)
         rates["dataloader"].append(train(model, optimizer, batches))
