@@ -7,7 +7,7 @@ on the same 2 cores:
 
   A  `flowtrain run bench/configs/python_loader.yaml`: the images its `views` stage emitted over
      the `wall` its report prints (the graph's run, without the process's start-up);
-  B  flowtrain.Loader over the same config (output="collate"), one `for` per epoch (the Loader
+  B  flowtrain.Loader over the same config (output="batches"), one `for` per epoch (the Loader
      runs one epoch per `for`), in a loop that only touches each batch (its size and one pixel);
   C  torch.utils.data.DataLoader over the same manifest (PIL, torchvision transforms) in the same
      loop, for each --workers count (persistent workers, no pinned memory);
@@ -54,7 +54,7 @@ except ImportError as error:
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "bench" / "configs" / "python_loader.yaml"
-OUTPUT = "collate"  # the config's stage that emits the batches
+OUTPUT = "batches"  # the config's stage that emits the batches
 BATCH = 64
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # --workers 3 on 2 cores is asked for on purpose.
