@@ -75,9 +75,8 @@ def main():
         save()
         print(f"stopped at step {step}; {last} resumes at the next batch")
         return 130
-    verdict = loader.report()
-    if verdict:
-        print("flowtrain:", verdict["verdict"])
+    loader.close()
+    print("flowtrain:", loader.report()["verdict"])
     return 0
 
 

@@ -143,20 +143,24 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
     StageConfig source = phase_.stages[source_];
     source.params.set(epochs_param_, std::int64_t{1});
     try {
-      per_epoch_ = Registry::global().find(source.type)->make(source.params, {})->plan(std::nullopt).value_or(0);
+      per_epoch_ = Registry::global()
+                       .find(source.type)
+                       ->make(source.params, {})
+                       ->plan(std::nullopt)
+                       .value_or(0);
     } catch (const std::exception& e) {
       throw Error(source.location + ": stage '" + source.name + "': " + e.what());
     }
+    if (per_epoch_ == 0) epochs_param_.clear();  // nothing on this rank: an empty stream
   }
 }
 
 Loader::~Loader() { stop(); }
 
-std::unique_ptr<Pipeline> Loader::build(const LoaderState& from, HandoffSink** sink) {
+std::unique_ptr<Pipeline> Loader::build(std::uint32_t epochs, std::uint64_t from,
+                                        HandoffSink** sink) {
   PipelineConfig phase = phase_;
-  if (has_epochs()) {
-    phase.stages[source_].params.set(epochs_param_, static_cast<std::int64_t>(from.epoch) + 1);
-  }
+  if (has_epochs()) phase.stages[source_].params.set(epochs_param_, std::int64_t{epochs});
   std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
   // The node whose batches leave: the output entry, or the last node it brings along.
   std::string tap;
@@ -170,7 +174,7 @@ std::unique_ptr<Pipeline> Loader::build(const LoaderState& from, HandoffSink** s
   }
   auto handoff = std::make_shared<Handoff>();
   handoff->capacity = options_.prefetch;
-  auto owned = std::make_unique<HandoffSink>(handoff, from.position);
+  auto owned = std::make_unique<HandoffSink>(handoff, from);
   *sink = owned.get();
   // Its input queue: a slot for each worker of the output stage (an unlimited one: 8).
   const std::size_t queue = tap_concurrency == kUnlimited ? 8 : tap_concurrency;
@@ -182,16 +186,15 @@ std::unique_ptr<Pipeline> Loader::build(const LoaderState& from, HandoffSink** s
 std::uint64_t Loader::size() {
   if (!size_) {
     HandoffSink* sink = nullptr;
-    size_ = build({}, &sink)->planned_items().value_or(0);
+    size_ = build(1, 0, &sink)->planned_items().value_or(0);
   }
   return *size_;
 }
 
 void Loader::start() {
-  if (running()) return;
-  error_ = nullptr;
-  stopping_ = false;
-  pipeline_ = build(state_, &sink_);
+  // As many epochs as a loop could take: the loop decides (2^30).
+  constexpr std::uint32_t kStreamEpochs = 1u << 30;
+  pipeline_ = build(kStreamEpochs, state_.position, &sink_);
   pipeline_->check();
   thread_ = std::thread([this, run = phase_.run] {
     Handoff& handoff = sink_->handoff();
@@ -206,14 +209,30 @@ void Loader::start() {
   });
 }
 
+std::exception_ptr Loader::join() {
+  thread_.join();
+  pipeline_.reset();
+  sink_ = nullptr;
+  return std::exchange(error_, nullptr);
+}
+
 Loader::Next Loader::next(data::Batch& batch, double wait_s) {
-  if (!running()) return Next::kEnd;
+  if (has_epochs() && state_.position == epoch_start(state_.epoch + 1)) {
+    state_.epoch += 1;  // the last batch ended with the epoch's last sample
+    return Next::kEnd;
+  }
+  if (!running()) start();
   Handoff& handoff = sink_->handoff();
   {
     std::unique_lock lock(handoff.mutex);
     handoff.changed.wait_for(lock, std::chrono::duration<double>(wait_s),
                              [&] { return !handoff.ready.empty() || handoff.ended; });
     if (!handoff.ready.empty()) {
+      if (has_epochs() && epoch_of(handoff.ready.front()) > state_.epoch) {
+        // The epoch is over; this batch waits for the next one's loop.
+        state_.epoch += 1;
+        return Next::kEnd;
+      }
       batch = std::move(handoff.ready.front());
       handoff.ready.pop_front();
       handoff.changed.notify_all();
@@ -222,11 +241,11 @@ Loader::Next Loader::next(data::Batch& batch, double wait_s) {
     }
     if (!handoff.ended) return Next::kWaiting;
   }
-  thread_.join();
-  pipeline_.reset();
-  sink_ = nullptr;
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  if (has_epochs()) state_ = {state_.epoch + 1, epoch_start(state_.epoch + 1)};
+  if (const std::exception_ptr error = join()) std::rethrow_exception(error);
+  if (has_epochs()) {
+    throw Error("Loader: the source of '" + options_.output + "' ran out of epochs");
+  }
+  state_ = {};  // a stream: the next loop runs it again
   return Next::kEnd;
 }
 
@@ -240,24 +259,18 @@ void Loader::stop() {
     handoff.changed.notify_all();
   }
   pipeline_->request_stop();
-  thread_.join();
-  pipeline_.reset();
-  sink_ = nullptr;
-  error_ = nullptr;  // the loop left: what the stopped run says no longer matters
+  join();  // the loop left: what the stopped run says no longer matters
 }
 
 void Loader::restore(const LoaderState& state) {
-  if (has_epochs()) {
-    if (state.position < epoch_start(state.epoch) || state.position > epoch_start(state.epoch + 1)) {
-      throw Error("Loader.load_state_dict: position " + std::to_string(state.position) +
-                  " is not in epoch " + std::to_string(state.epoch) + " of this rank (positions " +
-                  std::to_string(epoch_start(state.epoch)) + " to " +
-                  std::to_string(epoch_start(state.epoch + 1)) +
-                  "): the state is from another dataset, rank count or config");
-    }
-  } else if (state.epoch != 0) {
-    throw Error("Loader.load_state_dict: epoch " + std::to_string(state.epoch) +
-                ", but the source of '" + options_.output + "' has no epochs");
+  // The loader stands in `epoch` between its first sample and its end; its last batch may
+  // have begun in the epoch before.
+  const std::uint64_t at = state.position == 0 ? 0 : (state.position - 1) / per_epoch_;
+  if (has_epochs() ? at != state.epoch && at + 1 != state.epoch : state.epoch != 0) {
+    throw Error("Loader.load_state_dict: position " + std::to_string(state.position) +
+                " is not in epoch " + std::to_string(state.epoch) + " of this rank (" +
+                std::to_string(per_epoch_) +
+                " positions an epoch): the state is from another dataset, rank count or config");
   }
   stop();
   state_ = state;
@@ -269,6 +282,7 @@ void Loader::set_epoch(std::uint32_t epoch) {
                 options_.output + "' has no epochs (a mix of sources, or a source without an "
                 "`epochs` param): the loader is one stream");
   }
+  if (epoch == state_.epoch) return;  // the loader is in that epoch already
   stop();
   state_ = {epoch, epoch_start(epoch)};
 }

@@ -37,16 +37,18 @@ struct LoaderState {
 
 class HandoffSink;
 
-/// Runs the stages of `options.output`'s phase that it depends on, one epoch per run:
+/// Runs the stages of `options.output`'s phase that it depends on, in one graph for as many
+/// epochs as the loop takes, and hands over their batches in order:
 ///
 ///   Loader loader({.config = "graph.yaml", .output = "collate"});
-///   loader.start();
 ///   for (data::Batch batch; loader.next(batch, 0.1) != Loader::Next::kEnd;) { ... }
 ///
-/// An epoch is one pass of its dataset source over this rank's shard (the source's `epochs` is
-/// the loop's to decide): epoch e runs the source with e + 1 epochs from position e * P, so its
-/// order and augmentation are those of epoch e of a `flowtrain run`. A graph whose source has
-/// no epochs (or a mix of sources) is one stream, iterated once.
+/// The batches are those of `flowtrain run` over the same config: one stream over the epochs
+/// of its dataset source on this rank's shard (the source's `epochs` is the loop's to decide),
+/// where a batch that begins in one epoch and ends in the next belongs to the next. Epoch e of
+/// the loader ends before its first batch that ends past e * P + P (P: the source's positions of
+/// one epoch); the graph works on ahead. A graph whose source has no epochs (or a mix of
+/// sources) is one stream, iterated once.
 class Loader {
  public:
   explicit Loader(LoaderOptions options);
@@ -59,31 +61,37 @@ class Loader {
   /// Batches per epoch are known only for a source that has epochs.
   bool has_epochs() const { return !epochs_param_.empty(); }
 
-  /// Starts (or, after a stop mid-epoch, goes on with) the epoch at the current state; a run
-  /// in progress is kept. Throws Error if the graph cannot be built.
-  void start();
   enum class Next { kBatch, kEnd, kWaiting };
-  /// The next batch, in order, waiting up to `wait_s`; kEnd once the epoch's run ended (the
-  /// state moves to the next epoch), kWaiting if none came in time. Rethrows the run's error.
+  /// The next batch of the epoch, waiting up to `wait_s`; kWaiting if none came in time, kEnd
+  /// once the epoch is over (the state moves on to the next one). Starts the graph where the
+  /// state stands if it is not running (throws Error if it cannot be built); rethrows the
+  /// run's error.
   Next next(data::Batch& batch, double wait_s);
-  /// Stops the running epoch and waits for its graph to end; the state stays after the last
-  /// batch yielded, so start() goes on from the next one.
+  /// Stops the graph and waits for it to end; the state stays after the last batch yielded.
   void stop();
   bool running() const { return thread_.joinable(); }
 
   LoaderState state() const { return state_; }
   /// Throws Error if `state` is not a position of `state.epoch` on this rank.
   void restore(const LoaderState& state);
-  /// Epoch `epoch` from its first batch (stops a running one).
+  /// The next batches are epoch `epoch`'s from its first sample: the graph restarts there. For
+  /// the epoch the loader is in, nothing changes (calling it every epoch costs nothing, and a
+  /// restored loader keeps its place).
   void set_epoch(std::uint32_t epoch);
 
-  /// The report of the last epoch's run (nullopt before one ended).
+  /// The report of the graph's last run, once it ended (stop(), or the end of a stream).
   const std::optional<RunReport>& last_report() const { return report_; }
   const LoaderOptions& options() const { return options_; }
 
  private:
-  std::unique_ptr<Pipeline> build(const LoaderState& from, HandoffSink** sink);
+  std::unique_ptr<Pipeline> build(std::uint32_t epochs, std::uint64_t from, HandoffSink** sink);
+  void start();
+  // Joins the run's thread; keeps its report, or returns its error.
+  std::exception_ptr join();
   std::uint64_t epoch_start(std::uint32_t epoch) const { return epoch * per_epoch_; }
+  std::uint32_t epoch_of(const data::Batch& batch) const {
+    return static_cast<std::uint32_t>((batch.end_position - 1) / per_epoch_);
+  }
 
   LoaderOptions options_;
   PipelineConfig phase_;        // the stages `output` depends on
@@ -98,7 +106,6 @@ class Loader {
   HandoffSink* sink_ = nullptr;  // owned by pipeline_
   std::thread thread_;
   std::exception_ptr error_;     // of the run in thread_
-  bool stopping_ = false;
 };
 
 }  // namespace flowtrain::python

@@ -44,15 +44,17 @@ at::Tensor long_tensor(const std::vector<data::ViewKey>& views, bool epoch) {
   return out;
 }
 
-// The batch as a dict. Its pooled tensors (images, labels, targets) are views that hold the
-// batch, and so its lease: the buffer is reused only once Python dropped them all.
+// The batch as a dict. Its images are a view that holds the batch, and so its lease: the
+// buffer is reused only once Python dropped it. Labels and targets are copies (a few hundred
+// bytes), so that a loop keeping them (`torch.cat([b["labels"] for b in loader])`) holds no
+// buffer.
 py::dict to_dict(data::Batch batch) {
   auto held = std::make_shared<const data::Batch>(std::move(batch));
   const data::Batch& b = *held;
   py::dict d;
   d["images"] = view_owned(b.images, held);
-  d["labels"] = view_owned(b.labels, held);
-  d["targets"] = view_owned(b.targets, held);
+  d["labels"] = b.labels.clone();
+  d["targets"] = b.targets.clone();
   d["index"] = long_tensor(b.views, false);
   d["epoch"] = long_tensor(b.views, true);
   py::list paths;
@@ -291,10 +293,6 @@ std::string run(const std::string& config_path, const std::vector<std::string>& 
 // Waits for the next batch without the GIL, a slice at a time, so that Ctrl-C is seen: Python's
 // handler raises KeyboardInterrupt here, and the loader stops its graph before it propagates.
 py::object next_batch(Loader& loader) {
-  if (!loader.running()) {
-    py::gil_scoped_release release;
-    loader.start();
-  }
   for (;;) {
     data::Batch batch;
     Loader::Next next;

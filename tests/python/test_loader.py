@@ -31,29 +31,42 @@ def test_batches_view_the_pool_and_reuse_its_buffers(graph):
 
 
 def test_a_kept_batch_is_never_overwritten(graph):
-    loader = flowtrain.Loader(graph(pool=3), output="collate", prefetch=1)
+    loader = flowtrain.Loader(graph(batch=6, pool=3), output="collate", prefetch=1)
     it = iter(loader)
     kept = next(it)
     copy = {k: kept[k].clone() for k in ("images", "labels", "index")}
     later = [b["images"].data_ptr() for b in it]
-    assert len(later) == len(loader) - 1
+    assert len(later) == len(loader) - 1 == 5
     assert kept["images"].data_ptr() not in later
     for key, value in copy.items():
         assert torch.equal(kept[key], value), key
 
 
-def test_len_epochs_and_set_epoch(graph):
+def test_epochs_are_the_stream_of_flowtrain_run(graph):
     loader = flowtrain.Loader(graph(batch=8), output="collate")
-    assert len(loader) == 5  # 36 photos in batches of 8, the last one partial
+    assert len(loader) == 5  # ceil(36 / 8)
     first = epoch_of(loader)
-    second = epoch_of(loader)  # the next `for` is the next epoch: another order
-    assert len(first) == len(second) == 5 and first[-1][0].numel() == 4
-    assert sorted(torch.cat([i for i, _ in first]).tolist()) == list(range(36))
-    assert not torch.equal(torch.cat([i for i, _ in first]), torch.cat([i for i, _ in second]))
-    loader.set_epoch(0)
+    second = epoch_of(loader)  # the next `for` is the next epoch
+    # One stream, as `flowtrain run` batches it: the batch of samples 32-39 ends in epoch 1.
+    assert [len(i) for i, _ in first] == [8] * 4 and [len(i) for i, _ in second] == [8] * 5
+    indices = torch.cat([i for i, _ in first + second])
+    assert sorted(indices[:36].tolist()) == sorted(indices[36:].tolist()) == list(range(36))
+    assert indices[:36].tolist() != indices[36:].tolist()  # epoch 1 has its own order
+    loader.set_epoch(1)  # the epoch it is in: nothing changes
+    assert len(epoch_of(loader)) == 4
+    loader.set_epoch(0)  # another epoch: from its first sample
     again = epoch_of(loader)
     for (i0, x0), (i1, x1) in zip(first, again):
         assert torch.equal(i0, i1) and torch.equal(x0, x1)
+
+
+def test_a_shard_the_batch_divides_gives_whole_epochs(graph):
+    loader = flowtrain.Loader(graph(batch=6), output="collate")
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        got = epoch_of(loader)
+        assert len(got) == len(loader) == 6
+        assert sorted(torch.cat([i for i, _ in got]).tolist()) == list(range(36))
 
 
 def test_state_dict_resumes_at_the_exact_next_batch(graph):
@@ -79,18 +92,18 @@ def test_state_dict_resumes_at_the_exact_next_batch(graph):
 
 
 def test_a_break_leaves_the_loader_after_the_last_batch(graph):
-    loader = flowtrain.Loader(graph(batch=8), output="collate")
+    loader = flowtrain.Loader(graph(batch=6), output="collate")
     whole = [i for i, _ in epoch_of(loader)]
     loader.set_epoch(0)
     for n, batch in enumerate(loader):
         if n == 1:
             break
     rest = [b["index"].clone() for b in loader]
-    assert len(rest) == 3 and all(torch.equal(a, b) for a, b in zip(whole[2:], rest))
+    assert len(rest) == 4 and all(torch.equal(a, b) for a, b in zip(whole[2:], rest))
 
 
 def test_each_rank_reads_its_own_shard(graph, monkeypatch):
-    config = graph(batch=8)
+    config = graph(batch=6)
     seen = []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
