@@ -28,16 +28,16 @@ class Loader:
     int64, `targets` [B, T] float32, `index` and `epoch` [B] int64, `paths`, and
     `teacher_logits` / `teacher_regression` where a teacher stage made them.
 
-    Zero-copy: `images`, `labels` and `targets` view the buffers of the batch pool of the stage
-    that filled them (collate's `pool_size`); a buffer is reused only once Python has dropped
-    every tensor viewing it, so a batch you keep is never overwritten. Keeping more than
-    `pool_size` - `prefetch` batches at once stalls the graph until its `wait_timeout_s`; keep
-    `.clone()`s instead.
+    Zero-copy: `images` views the buffer of the batch pool of the stage that filled it
+    (collate's or decode_crop's `pool_size`); the buffer is reused only once Python has dropped
+    every tensor viewing it, so a batch you keep is never overwritten. Keeping more images than
+    the pool holds stalls the graph until its `wait_timeout_s`; keep `.clone()`s instead.
 
-    Each `for` over the loader is one epoch of its source over this rank's shard (under torchrun
-    or Slurm, each process reads its own, as DistributedSampler would); the next `for` is the
-    next epoch. A loop that breaks out leaves the loader after the last batch it yielded: the
-    next `for` goes on from there. `set_epoch(e)` starts epoch e from its first batch;
+    One graph runs across epochs, and its batches are those of `flowtrain run` over the same
+    config: each `for` is the next epoch of its source over this rank's shard (under torchrun or
+    Slurm, each process reads its own, as DistributedSampler would), the batches that end in it.
+    A loop that breaks out leaves the loader after the last batch it yielded: the next `for`
+    goes on from there. `set_epoch(e)` for another epoch restarts at e's first sample;
     `state_dict()` / `load_state_dict()` resume at the exact next batch.
 
     Args:
@@ -53,7 +53,7 @@ class Loader:
         _live_loaders.add(self)
 
     def __len__(self):
-        """Batches of one epoch on this rank (0 when a stage cannot tell ahead)."""
+        """Batches of one epoch on this rank, rounded up (0 when a stage cannot tell ahead)."""
         return self._loader.size()
 
     def __iter__(self):
@@ -63,8 +63,9 @@ class Loader:
         return self._loader.next()
 
     def set_epoch(self, epoch):
-        """The next `for` runs epoch `epoch` from its first batch (it picks the shuffle order
-        and augmentation draws, as DistributedSampler.set_epoch does)."""
+        """The next `for` runs epoch `epoch` from its first sample (its shuffle order and
+        augmentation draws, as DistributedSampler.set_epoch picks them); for the epoch the
+        loader is in, nothing changes."""
         self._loader.set_epoch(epoch)
 
     def state_dict(self):
@@ -80,7 +81,7 @@ class Loader:
         self._loader.restore(int(state["epoch"]), int(state["position"]))
 
     def report(self):
-        """The report of the last epoch that ran to its end, as a dict (the stages' busy,
+        """The report of the graph's run once it ended (close()), as a dict (the stages' busy,
         starved and blocked time, the verdict), or None. The node named `python` is this
         loader's end of the graph: busy there means the loop is slower than the graph."""
         text = self._loader.report_json()

@@ -258,7 +258,8 @@ void Loader::stop() {
     handoff.ready.clear();  // their buffers go back to the pool
     handoff.changed.notify_all();
   }
-  pipeline_->request_stop();
+  // The work in flight is for batches nobody will take: thrown away, not finished.
+  pipeline_->request_pause_discarding();
   join();  // the loop left: what the stopped run says no longer matters
 }
 
