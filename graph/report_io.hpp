@@ -16,12 +16,12 @@ namespace flowtrain {
 ///   std::string text = report_to_yaml(report);
 std::string report_to_yaml(const RunReport& report);
 
-/// The report as one JSON object on one line: the same fields as report_to_yaml (the marker
-/// `"flowtrain_report": 1` first, `waiting` only for a stage that waited, `autotune` only for a
-/// tuned run), plus `"verdict"`: RunReport::verdict(), which the YAML leaves to its reader to
-/// compute. JSON has no inf or nan: such a number is written as null. Numbers are the shortest
-/// text that reads back as the same double; strings are UTF-8 (a byte that is not is written as
-/// U+FFFD).
+/// The report as one JSON object on one line (and a newline): the same fields as
+/// report_to_yaml (the marker `"flowtrain_report": 1` first, `waiting` only for a stage that
+/// waited, `autotune` only for a tuned run), plus `"verdict"`: RunReport::verdict(), which the
+/// YAML leaves to its reader to compute. JSON has no inf or nan: such a number is written as
+/// null. Numbers are the shortest text that reads back as the same double; strings are UTF-8 (a
+/// byte that is not is written as U+FFFD).
 ///   {"flowtrain_report":1,"wall_s":2.31,...,"stages":[{"name":"decode",...,"results":[]},...],
 ///    "cpu":{...},"verdict":"'decode' is the bottleneck ..."}
 ///   std::string text = report_to_json(report);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "graph/atomic_file.hpp"
+#include "graph/json_writer.hpp"
 
 namespace flowtrain::detail {
 
@@ -17,25 +18,6 @@ void TraceRecorder::span(std::uint32_t stage,
                             std::chrono::duration_cast<nanoseconds>(begin - start_).count(),
                             std::chrono::duration_cast<nanoseconds>(end - start_).count()});
 }
-
-namespace {
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-}  // namespace
 
 void TraceRecorder::write(const std::string& path, const RunReport& report) const {
   std::ostringstream out;

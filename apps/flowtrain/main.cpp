@@ -2,8 +2,10 @@
 //
 //   flowtrain run CONFIG [key.path=value ...]    run a config's pipeline (or its phases in
 //                [--nproc N] [--timeout S]       turn), print each one's stage report; as one
-//                                                rank of a data-parallel job when the launcher's
-//                                                environment says so, or start N local ranks
+//                [--report FILE.json]            rank of a data-parallel job when the launcher's
+//                                                environment says so, or start N local ranks;
+//                                                --report: rank 0 writes the reports of the
+//                                                phases that ran (a stopped one's too) as JSON
 //   flowtrain check CONFIG [key.path=value ...]  validate only: print the graph of each phase and
 //                                                exit 0, or one line naming the problem
 //   flowtrain export CHECKPOINT --out FILE.pt    write a trained model as TorchScript (for
@@ -26,6 +28,7 @@
 #include "graph/config.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
+#include "graph/report_io.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/synthetic.hpp"
@@ -59,13 +62,33 @@ class AsRankZero {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
+// Refuses a --report path that cannot be written (its folder missing, a folder in its place)
+// before anything runs rather than once the run is over.
+void check_report_path(const std::string& path) {
+  try {
+    flowtrain::check_can_write_atomically(path);
+  } catch (const flowtrain::Error& e) {
+    throw flowtrain::Error(std::string("--report: ") + e.what());
+  }
+}
+
 // Runs the config's phases in turn (distributed/run_phases.hpp: as a rank of a job when the
-// launcher's environment says so); 130 when a signal stopped it.
-int run(const std::string& path, const std::vector<std::string>& overrides, double timeout_s) {
+// launcher's environment says so); 130 when a signal stopped it. With a `report_path`, rank 0
+// writes the reports of the phases that ran there as JSON, a stopped run's too.
+int run(const std::string& path,
+        const std::vector<std::string>& overrides,
+        double timeout_s,
+        const std::string& report_path) {
   // A config error is this rank's alone: say it before joining the job.
   flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
   const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
       config, {.config_path = path, .overrides = overrides, .timeout_s = timeout_s});
+  if (!report_path.empty() && outcome.leader) {
+    flowtrain::write_file_atomically(
+        report_path, flowtrain::run_report_json(outcome.reports,
+                                                {path, overrides, outcome.stopped.value_or("")}));
+    std::cout << "report: " << report_path << std::endl;
+  }
   if (!outcome.stopped) return 0;
   std::cerr << "flowtrain: stopped by " << *outcome.stopped << "\n";
   return 130;
@@ -171,6 +194,9 @@ int main(int argc, char** argv) {
       ->add_option("--timeout", timeout_s,
                    "Seconds to wait for the other ranks (rendezvous, collectives, barriers)")
       ->capture_default_str();  // checked below, with the other run checks: one line
+  std::string report_path;
+  run_cmd->add_option("--report", report_path,
+                      "Write the reports of the phases that ran as one JSON document (rank 0)");
 
   CLI::App* check_cmd =
       app.add_subcommand("check", "Validate a pipeline config without running it");
@@ -224,6 +250,7 @@ int main(int argc, char** argv) {
   flowtrain::dist::exit_with_launcher();
   try {
     if (run_cmd->parsed()) flowtrain::dist::check_timeout(timeout_s);
+    if (run_cmd->parsed() && !report_path.empty()) check_report_path(report_path);
     if (run_cmd->parsed() && nproc > 1) {
       // One line for a config error, or a config that does not fit N ranks, not one a rank.
       // Planned as rank 0 of the job will plan it: an entry's expansion may depend on being a
@@ -238,7 +265,7 @@ int main(int argc, char** argv) {
       return flowtrain::dist::relaunch_as_ranks(nproc, argc, argv);
     }
     if (run_cmd->parsed()) {
-      const int code = run(config_path, overrides, timeout_s);
+      const int code = run(config_path, overrides, timeout_s, report_path);
       // Stopped early: the peers' state is unknown.
       if (flowtrain::dist::World::current()) flowtrain::dist::leave_now(code);
       return code;
