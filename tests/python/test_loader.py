@@ -180,3 +180,27 @@ def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "interrupted after" in out.stdout, out.stdout + out.stderr
     assert float(out.stdout.split()[2]) < 5
+
+
+def test_ctrl_c_stops_flowtrain_run_at_the_next_item(graph, tmp_path):
+    config = graph(batch=4, extra_batch="  - {type: slow}\n")
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, threading, time
+        import flowtrain
+
+        @flowtrain.stage("slow")
+        def slow(batch):
+            time.sleep(0.2)
+            return batch
+
+        threading.Timer(0.8, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            flowtrain.run({config!r}, ["stages.files.params.epochs=50"])
+            print("ran to the end")
+        except KeyboardInterrupt as stop:
+            print("interrupted:", stop)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "interrupted: SIGINT during" in out.stdout, out.stdout + out.stderr
