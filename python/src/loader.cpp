@@ -84,9 +84,8 @@ class HandoffSink final : public SerialSink<data::Batch> {
  protected:
   void consume(data::Batch&& batch, ItemContext&) override {
     std::unique_lock lock(handoff_->mutex);
-    handoff_->changed.wait(lock, [&] {
-      return handoff_->closed || handoff_->ready.size() < handoff_->capacity;
-    });
+    handoff_->changed.wait(
+        lock, [&] { return handoff_->closed || handoff_->ready.size() < handoff_->capacity; });
     if (handoff_->closed) return;
     handoff_->ready.push_back(std::move(batch));
     handoff_->changed.notify_all();
@@ -108,9 +107,9 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
     phase = &p;
     if (output || !options_.phase.empty()) break;
   }
-  const std::string where = options_.config + (phase && !phase->name.empty()
-                                                   ? " (phase " + phase->name + ")"
-                                                   : std::string());
+  const std::string where =
+      options_.config +
+      (phase && !phase->name.empty() ? " (phase " + phase->name + ")" : std::string());
   if (!phase) {
     std::string names;
     for (const PipelineConfig& p : config.phases) names += (names.empty() ? "" : ", ") + p.name;
@@ -135,13 +134,13 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
     if (s.shape.kind != StageShape::Kind::kSource) continue;
     ++sources;
     source_ = i;
-    if (s.find_param("epochs")) epochs_param_ = "epochs";
+    epochs_ = s.find_param("epochs") != nullptr;
   }
-  if (sources != 1) epochs_param_.clear();  // a mix: one stream
+  if (sources != 1) epochs_ = false;  // a mix: one stream
   if (has_epochs()) {
     // Positions of one epoch: the source alone, with one epoch, says how many it will give.
     StageConfig source = phase_.stages[source_];
-    source.params.set(epochs_param_, std::int64_t{1});
+    source.params.set("epochs", std::int64_t{1});
     try {
       per_epoch_ = Registry::global()
                        .find(source.type)
@@ -151,16 +150,17 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
     } catch (const std::exception& e) {
       throw Error(source.location + ": stage '" + source.name + "': " + e.what());
     }
-    if (per_epoch_ == 0) epochs_param_.clear();  // nothing on this rank: an empty stream
+    if (per_epoch_ == 0) epochs_ = false;  // nothing on this rank: an empty stream
   }
 }
 
 Loader::~Loader() { stop(); }
 
-std::unique_ptr<Pipeline> Loader::build(std::uint32_t epochs, std::uint64_t from,
+std::unique_ptr<Pipeline> Loader::build(std::uint32_t epochs,
+                                        std::uint64_t from,
                                         HandoffSink** sink) {
   PipelineConfig phase = phase_;
-  if (has_epochs()) phase.stages[source_].params.set(epochs_param_, std::int64_t{epochs});
+  if (has_epochs()) phase.stages[source_].params.set("epochs", std::int64_t{epochs});
   std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
   // The node whose batches leave: the output entry, or the last node it brings along.
   std::string tap;
@@ -178,8 +178,9 @@ std::unique_ptr<Pipeline> Loader::build(std::uint32_t epochs, std::uint64_t from
   *sink = owned.get();
   // Its input queue: a slot for each worker of the output stage (an unlimited one: 8).
   const std::size_t queue = tap_concurrency == kUnlimited ? 8 : tap_concurrency;
-  pipeline->add("python", std::move(owned),
-                {.concurrency = kSerial, .queue_capacity = queue, .ordered = true, .inputs = {tap}});
+  pipeline->add(
+      "python", std::move(owned),
+      {.concurrency = kSerial, .queue_capacity = queue, .ordered = true, .inputs = {tap}});
   return pipeline;
 }
 
@@ -280,7 +281,8 @@ void Loader::restore(const LoaderState& state) {
 void Loader::set_epoch(std::uint32_t epoch) {
   if (!has_epochs() && epoch != 0) {
     throw Error("Loader.set_epoch(" + std::to_string(epoch) + "): the source of '" +
-                options_.output + "' has no epochs (a mix of sources, or a source without an "
+                options_.output +
+                "' has no epochs (a mix of sources, or a source without an "
                 "`epochs` param): the loader is one stream");
   }
   if (epoch == state_.epoch) return;  // the loader is in that epoch already

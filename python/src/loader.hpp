@@ -41,7 +41,10 @@ class HandoffSink;
 /// epochs as the loop takes, and hands over their batches in order:
 ///
 ///   Loader loader({.config = "graph.yaml", .output = "collate"});
-///   for (data::Batch batch; loader.next(batch, 0.1) != Loader::Next::kEnd;) { ... }
+///   data::Batch batch;
+///   for (Loader::Next n; (n = loader.next(batch, 0.1)) != Loader::Next::kEnd;) {
+///     if (n == Loader::Next::kBatch) use(batch);  // else kWaiting: check for Ctrl-C
+///   }
 ///
 /// The batches are those of `flowtrain run` over the same config: one stream over the epochs
 /// of its dataset source on this rank's shard (the source's `epochs` is the loop's to decide),
@@ -58,8 +61,8 @@ class Loader {
 
   /// Batches of one whole epoch on this rank (Stage::plan); 0 when a stage cannot tell.
   std::uint64_t size();
-  /// Batches per epoch are known only for a source that has epochs.
-  bool has_epochs() const { return !epochs_param_.empty(); }
+  /// The graph has one dataset source, with epochs; else the loader is one stream.
+  bool has_epochs() const { return epochs_; }
 
   enum class Next { kBatch, kEnd, kWaiting };
   /// The next batch of the epoch, waiting up to `wait_s`; kWaiting if none came in time, kEnd
@@ -81,7 +84,6 @@ class Loader {
 
   /// The report of the graph's last run, once it ended (stop(), or the end of a stream).
   const std::optional<RunReport>& last_report() const { return report_; }
-  const LoaderOptions& options() const { return options_; }
 
  private:
   std::unique_ptr<Pipeline> build(std::uint32_t epochs, std::uint64_t from, HandoffSink** sink);
@@ -94,10 +96,10 @@ class Loader {
   }
 
   LoaderOptions options_;
-  PipelineConfig phase_;        // the stages `output` depends on
-  std::size_t source_ = 0;      // index of the source entry in phase_.stages
-  std::string epochs_param_;    // "epochs" if the source has one, else empty
-  std::uint64_t per_epoch_ = 0; // source positions of one epoch on this rank
+  PipelineConfig phase_;         // the stages `output` depends on
+  std::size_t source_ = 0;       // index of the source entry in phase_.stages
+  bool epochs_ = false;          // see has_epochs
+  std::uint64_t per_epoch_ = 0;  // source positions of one epoch on this rank
   std::optional<std::uint64_t> size_;
   LoaderState state_;
   std::optional<RunReport> report_;
@@ -105,7 +107,7 @@ class Loader {
   std::unique_ptr<Pipeline> pipeline_;
   HandoffSink* sink_ = nullptr;  // owned by pipeline_
   std::thread thread_;
-  std::exception_ptr error_;     // of the run in thread_
+  std::exception_ptr error_;  // of the run in thread_
 };
 
 }  // namespace flowtrain::python

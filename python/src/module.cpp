@@ -3,13 +3,11 @@
 // when Python lets go of the last tensor viewing it. The GIL is released whenever C++ waits or
 // works, and taken only to run Python (a stage written in it, a conversion).
 
+#include <ATen/Functions.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <ATen/Functions.h>
-
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -31,8 +29,8 @@ namespace {
 // A tensor of `t`'s data, shape and strides that keeps `owner` alive while it lives.
 at::Tensor view_owned(const at::Tensor& t, std::shared_ptr<const void> owner) {
   if (!t.defined()) return t;
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(),
-                       [owner = std::move(owner)](void*) {}, t.options());
+  return at::from_blob(
+      t.data_ptr(), t.sizes(), t.strides(), [owner = std::move(owner)](void*) {}, t.options());
 }
 
 at::Tensor long_tensor(const std::vector<data::ViewKey>& views, bool epoch) {
@@ -102,8 +100,8 @@ py::dict to_dict(const std::shared_ptr<data::Sample>& s) {
     d["image"] = py::none();
   } else {
     const at::Tensor pixels = at::from_blob(
-        s->image.pixels.data(), {s->image.height, s->image.width, s->image.channels},
-        [s](void*) {}, at::kByte);
+        s->image.pixels.data(), {s->image.height, s->image.width, s->image.channels}, [s](void*) {},
+        at::kByte);
     d["image"] = pixels;
   }
   d["label"] = s->label;
@@ -114,9 +112,12 @@ py::dict to_dict(const std::shared_ptr<data::Sample>& s) {
   return d;
 }
 
-void from_dict(const py::dict& d, const std::shared_ptr<data::Sample>& s, data::Sample& out,
+void from_dict(const py::dict& d,
+               const std::shared_ptr<data::Sample>& s,
+               data::Sample& out,
                const std::string& stage) {
-  out = std::move(*s);
+  // A copy: a tensor Python kept may still view the pixels of `s`, which it holds alive.
+  out = *s;
   if (d.contains("label")) out.label = d["label"].cast<std::int64_t>();
   if (d.contains("targets")) out.targets = d["targets"].cast<std::vector<float>>();
   if (!d.contains("image") || d["image"].is_none()) return;
@@ -127,9 +128,9 @@ void from_dict(const py::dict& d, const std::shared_ptr<data::Sample>& s, data::
     throw Error("python stage '" + stage + "' returned 'image' as " + got.str() +
                 ", expected uint8 [height, width, channels]");
   }
-  if (t.data_ptr() == static_cast<void*>(out.image.pixels.data()) &&
+  if (t.data_ptr() == static_cast<const void*>(s->image.pixels.data()) &&
       t.size(0) == out.image.height && t.size(1) == out.image.width && t.is_contiguous()) {
-    return;  // changed in place (or not at all): the pixels are already the sample's
+    return;  // changed in place (or not at all): copied with the rest
   }
   const at::Tensor c = t.contiguous();
   out.image.height = static_cast<int>(c.size(0));
@@ -140,8 +141,8 @@ void from_dict(const py::dict& d, const std::shared_ptr<data::Sample>& s, data::
 
 // A Python exception as one line: "ValueError: bad crop (augment.py:12)".
 std::string one_line(const py::error_already_set& e) {
-  std::string line = std::string(py::str(e.type().attr("__name__"))) + ": " +
-                     std::string(py::str(e.value()));
+  std::string line =
+      std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value()));
   if (e.trace()) {
     py::handle tb = e.trace();
     while (!tb.attr("tb_next").is_none()) tb = tb.attr("tb_next");
@@ -211,18 +212,20 @@ class PythonStage final : public Map<T, T> {
 template <class T>
 void register_python_stage(const std::string& type, const std::string& summary) {
   StageShape shape = Map<T, T>::static_shape();
-  Registry::global().add(StageInfo{
-      type,
-      {.summary = summary},
-      shape,
-      [type](const Params&, const BuildContext&) -> std::unique_ptr<Stage> {
-        py::gil_scoped_acquire gil;
-        std::lock_guard lock(python_stages().mutex);
-        return std::make_unique<PythonStage<T>>(type, python_stages().callables.at(type));
-      }});
+  Registry::global().add(
+      StageInfo{type,
+                {.summary = summary},
+                shape,
+                [type](const Params&, const BuildContext&) -> std::unique_ptr<Stage> {
+                  py::gil_scoped_acquire gil;
+                  std::lock_guard lock(python_stages().mutex);
+                  return std::make_unique<PythonStage<T>>(type, python_stages().callables.at(type));
+                }});
 }
 
-void add_stage(const std::string& type, py::object fn, const std::string& item,
+void add_stage(const std::string& type,
+               py::object fn,
+               const std::string& item,
                const std::string& summary) {
   std::lock_guard lock(python_stages().mutex);
   auto& callables = python_stages().callables;
@@ -274,8 +277,10 @@ py::list stages() {
 
 // Runs a config's phases as `flowtrain run` does; the report as JSON text. A signal stops the
 // run at the next item, and the report says so.
-std::string run(const std::string& config_path, const std::vector<std::string>& overrides,
-                const std::vector<std::string>& phases, double timeout_s) {
+std::string run(const std::string& config_path,
+                const std::vector<std::string>& overrides,
+                const std::vector<std::string>& phases,
+                double timeout_s) {
   RunConfig config = load_run_config(config_path, overrides);
   dist::PhasesOutcome outcome;
   {
@@ -285,9 +290,9 @@ std::string run(const std::string& config_path, const std::vector<std::string>& 
                                         .timeout_s = timeout_s,
                                         .phases = phases});
   }
-  return run_report_json(outcome.reports, {.config = config_path,
-                                           .overrides = overrides,
-                                           .stopped = outcome.stopped.value_or("")});
+  return run_report_json(
+      outcome.reports,
+      {.config = config_path, .overrides = overrides, .stopped = outcome.stopped.value_or("")});
 }
 
 // Waits for the next batch without the GIL, a slice at a time, so that Ctrl-C is seen: Python's
@@ -326,18 +331,16 @@ PYBIND11_MODULE(_flowtrain, m) {
   py::class_<Loader>(m, "_Loader")
       .def(py::init([](const std::string& config, std::vector<std::string> overrides,
                        std::string output, std::string phase, std::size_t prefetch) {
-             return std::make_unique<Loader>(LoaderOptions{config, std::move(overrides),
-                                                           std::move(output), std::move(phase),
-                                                           prefetch});
+             return std::make_unique<Loader>(LoaderOptions{
+                 config, std::move(overrides), std::move(output), std::move(phase), prefetch});
            }),
            py::arg("config"), py::arg("overrides"), py::arg("output"), py::arg("phase"),
            py::arg("prefetch"))
       .def("size", &Loader::size, py::call_guard<py::gil_scoped_release>())
-      .def("has_epochs", &Loader::has_epochs)
       .def("next", &next_batch)
       .def("stop", &Loader::stop, py::call_guard<py::gil_scoped_release>())
-      .def("running", &Loader::running)
-      .def("state", [](const Loader& l) { return std::make_pair(l.state().epoch, l.state().position); })
+      .def("state",
+           [](const Loader& l) { return std::make_pair(l.state().epoch, l.state().position); })
       .def("restore",
            [](Loader& l, std::uint32_t epoch, std::uint64_t position) {
              py::gil_scoped_release release;
