@@ -174,8 +174,7 @@ def data_arms(args, size, cli_ok, verdicts):
             rates["A"].append(run_cli(args, keys, expected))
         if flowtrain:
             batches = flowtrain_batches(keys, args.epochs, verdicts, f"B {size} px")
-            # One stream over the epochs: the batch running past the last epoch is not its.
-            rates["B"].append(touch("flowtrain.Loader", batches, expected // BATCH * BATCH))
+            rates["B"].append(touch("flowtrain.Loader", batches, expected))
         for w in args.workers:
             batches = dataloader_batches(dataset, w, args.epochs)
             rates[f"C{w}"].append(touch("DataLoader", batches, expected))

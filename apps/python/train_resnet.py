@@ -36,7 +36,9 @@ def main():
     torch.set_num_threads(args.torch_threads)
     model = torchvision.models.resnet18(num_classes=20)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-5)
-    loader = flowtrain.Loader(args.config, args.overrides, output="assemble_batch")
+    # The source serves the loop's epochs, as it would serve `flowtrain run`'s.
+    loader = flowtrain.Loader(args.config, [f"stages.photos.params.epochs={args.epochs}",
+                                            *args.overrides], output="assemble_batch")
 
     os.makedirs(args.out, exist_ok=True)
     last = os.path.join(args.out, "last.pt")

@@ -2,7 +2,7 @@
 and whole runs driven from a script or a notebook. See docs/python.md.
 
     import flowtrain
-    loader = flowtrain.Loader("graph.yaml", output="collate")
+    loader = flowtrain.Loader("graph.yaml", ["stages.files.params.epochs=3"], output="collate")
     for epoch in range(3):
         loader.set_epoch(epoch)
         for batch in loader:          # a dict of tensors viewing flowtrain's batch buffers
@@ -35,7 +35,8 @@ class Loader:
 
     One graph runs across epochs, and its batches are those of `flowtrain run` over the same
     config: each `for` is the next epoch of its source over this rank's shard (under torchrun or
-    Slurm, each process reads its own, as DistributedSampler would), the batches that end in it.
+    Slurm, each process reads its own, as DistributedSampler would), the batches that end in it;
+    the source's `epochs` param is how many there are.
     A loop that breaks out leaves the loader after the last batch it yielded: the next `for`
     goes on from there. `set_epoch(e)` for another epoch restarts at e's first sample;
     `state_dict()` / `load_state_dict()` resume at the exact next batch.

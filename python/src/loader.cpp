@@ -136,6 +136,9 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
     source_ = i;
     epochs_ = s.find_param("epochs") != nullptr;
   }
+  if (epochs_) {
+    epochs_total_ = static_cast<std::uint32_t>(phase_.stages[source_].params.get_int("epochs"));
+  }
   if (sources != 1) epochs_ = false;  // a mix: one stream
   if (has_epochs()) {
     // Positions of one epoch: the source alone, with one epoch, says how many it will give.
@@ -193,9 +196,7 @@ std::uint64_t Loader::size() {
 }
 
 void Loader::start() {
-  // As many epochs as a loop could take: the loop decides (2^30).
-  constexpr std::uint32_t kStreamEpochs = 1u << 30;
-  pipeline_ = build(kStreamEpochs, state_.position, &sink_);
+  pipeline_ = build(epochs_total_, state_.position, &sink_);
   pipeline_->check();
   thread_ = std::thread([this, run = phase_.run] {
     Handoff& handoff = sink_->handoff();
@@ -218,9 +219,12 @@ std::exception_ptr Loader::join() {
 }
 
 Loader::Next Loader::next(data::Batch& batch, double wait_s) {
-  if (has_epochs() && state_.position == epoch_start(state_.epoch + 1)) {
-    state_.epoch += 1;  // the last batch ended with the epoch's last sample
-    return Next::kEnd;
+  if (has_epochs()) {
+    check_epoch(state_.epoch);
+    if (state_.position == epoch_start(state_.epoch + 1)) {
+      state_.epoch += 1;  // the last batch ended with the epoch's last sample
+      return Next::kEnd;
+    }
   }
   if (!running()) start();
   Handoff& handoff = sink_->handoff();
@@ -244,9 +248,10 @@ Loader::Next Loader::next(data::Batch& batch, double wait_s) {
   }
   if (const std::exception_ptr error = join()) std::rethrow_exception(error);
   if (has_epochs()) {
-    throw Error("Loader: the source of '" + options_.output + "' ran out of epochs");
+    state_.epoch += 1;  // the stream ended with its last epoch
+  } else {
+    state_ = {};  // a stream: the next loop runs it again
   }
-  state_ = {};  // a stream: the next loop runs it again
   return Next::kEnd;
 }
 
@@ -268,7 +273,9 @@ void Loader::restore(const LoaderState& state) {
   // The loader stands in `epoch` between its first sample and its end; its last batch may
   // have begun in the epoch before.
   const std::uint64_t at = state.position == 0 ? 0 : (state.position - 1) / per_epoch_;
-  if (has_epochs() ? at != state.epoch && at + 1 != state.epoch : state.epoch != 0) {
+  const bool in_epoch =
+      state.epoch <= epochs_total_ && (at == state.epoch || at + 1 == state.epoch);
+  if (has_epochs() ? !in_epoch : state.epoch != 0) {
     throw Error("Loader.load_state_dict: position " + std::to_string(state.position) +
                 " is not in epoch " + std::to_string(state.epoch) + " of this rank (" +
                 std::to_string(per_epoch_) +
@@ -276,6 +283,15 @@ void Loader::restore(const LoaderState& state) {
   }
   stop();
   state_ = state;
+}
+
+void Loader::check_epoch(std::uint32_t epoch) const {
+  if (epoch < epochs_total_) return;
+  const StageConfig& source = phase_.stages[source_];
+  throw Error("Loader: epoch " + std::to_string(epoch) + " is past the " +
+              std::to_string(epochs_total_) + " epoch(s) of source '" + source.name + "' (" +
+              source.location + "): raise its epochs (stages." + source.name +
+              ".params.epochs=N) for a longer loop");
 }
 
 void Loader::set_epoch(std::uint32_t epoch) {
@@ -286,6 +302,7 @@ void Loader::set_epoch(std::uint32_t epoch) {
                 "`epochs` param): the loader is one stream");
   }
   if (epoch == state_.epoch) return;  // the loader is in that epoch already
+  if (has_epochs()) check_epoch(epoch);
   stop();
   state_ = {epoch, epoch_start(epoch)};
 }

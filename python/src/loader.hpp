@@ -47,11 +47,11 @@ class HandoffSink;
 ///   }
 ///
 /// The batches are those of `flowtrain run` over the same config: one stream over the epochs
-/// of its dataset source on this rank's shard (the source's `epochs` is the loop's to decide),
-/// where a batch that begins in one epoch and ends in the next belongs to the next. Epoch e of
-/// the loader ends before its first batch that ends past e * P + P (P: the source's positions of
-/// one epoch); the graph works on ahead. A graph whose source has no epochs (or a mix of
-/// sources) is one stream, iterated once.
+/// of its dataset source on this rank's shard, where a batch that begins in one epoch and ends
+/// in the next belongs to the next. Epoch e of the loader ends before its first batch that ends
+/// past e * P + P (P: the source's positions of one epoch); the graph works on ahead. Its last
+/// epoch ends with the stream. A graph whose source has no epochs (or a mix of sources) is one
+/// stream, iterated whole each time.
 class Loader {
  public:
   explicit Loader(LoaderOptions options);
@@ -90,16 +90,19 @@ class Loader {
   void start();
   // Joins the run's thread; keeps its report, or returns its error.
   std::exception_ptr join();
+  // Throws Error if the source has no epoch `epoch`.
+  void check_epoch(std::uint32_t epoch) const;
   std::uint64_t epoch_start(std::uint32_t epoch) const { return epoch * per_epoch_; }
   std::uint32_t epoch_of(const data::Batch& batch) const {
     return static_cast<std::uint32_t>((batch.end_position - 1) / per_epoch_);
   }
 
   LoaderOptions options_;
-  PipelineConfig phase_;         // the stages `output` depends on
-  std::size_t source_ = 0;       // index of the source entry in phase_.stages
-  bool epochs_ = false;          // see has_epochs
-  std::uint64_t per_epoch_ = 0;  // source positions of one epoch on this rank
+  PipelineConfig phase_;            // the stages `output` depends on
+  std::size_t source_ = 0;          // index of the source entry in phase_.stages
+  bool epochs_ = false;             // see has_epochs
+  std::uint32_t epochs_total_ = 1;  // the source's epochs
+  std::uint64_t per_epoch_ = 0;     // source positions of one epoch on this rank
   std::optional<std::uint64_t> size_;
   LoaderState state_;
   std::optional<RunReport> report_;

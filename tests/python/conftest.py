@@ -10,7 +10,7 @@ import pytest
 GRAPH = """\
 threads: 2
 stages:
-  - {{type: image_folder, name: files, params: {{root: {root}, seed: 3, shuffle: true}}}}
+  - {{type: image_folder, name: files, params: {{root: {root}, seed: 3, epochs: {epochs}}}}}
   - {{type: jpeg_decode, name: decode, concurrency: 2}}
 {extra_sample}  - {{type: augment, concurrency: 2, params: {{size: {size}, scale: [0.5, 1.0]}}}}
   - {{type: collate, params: {{batch_size: {batch}, pool_size: {pool}}}}}
@@ -30,11 +30,12 @@ def images(tmp_path_factory):
 
 @pytest.fixture
 def graph(images, tmp_path):
-    """graph(batch=8, pool=3, size=32, extra_sample="", extra_batch="") -> path of a config."""
+    """graph(batch=8, pool=3, size=32, epochs=4, extra_sample="", extra_batch="") -> a config."""
 
-    def write(batch=8, pool=3, size=32, extra_sample="", extra_batch="", name="graph.yaml"):
+    def write(batch=8, pool=3, size=32, epochs=4, extra_sample="", extra_batch="",
+              name="graph.yaml"):
         path = tmp_path / name
-        path.write_text(GRAPH.format(root=images, batch=batch, pool=pool, size=size,
+        path.write_text(GRAPH.format(root=images, batch=batch, pool=pool, size=size, epochs=epochs,
                                      extra_sample=extra_sample, extra_batch=extra_batch))
         return str(path)
 

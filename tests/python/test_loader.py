@@ -60,6 +60,17 @@ def test_epochs_are_the_stream_of_flowtrain_run(graph):
         assert torch.equal(i0, i1) and torch.equal(x0, x1)
 
 
+def test_the_last_epoch_ends_with_the_stream_and_there_is_no_epoch_after_it(graph):
+    loader = flowtrain.Loader(graph(batch=8, epochs=2), output="collate")
+    got = epoch_of(loader) + epoch_of(loader)
+    assert [len(i) for i, _ in got] == [8] * 9  # all 72 samples, as `flowtrain run` has them
+    with pytest.raises(flowtrain.Error, match=r"epoch 2 is past the 2 epoch\(s\) of source 'files' "
+                                              r"\(.*graph.yaml:\d+\): raise its epochs"):
+        next(iter(loader))
+    with pytest.raises(flowtrain.Error, match="epoch 5 is past"):
+        loader.set_epoch(5)
+
+
 def test_a_shard_the_batch_divides_gives_whole_epochs(graph):
     loader = flowtrain.Loader(graph(batch=6), output="collate")
     for epoch in range(2):
