@@ -5,7 +5,10 @@
 #include <map>
 #include <utility>
 
+#include "distributed/job.hpp"
+#include "distributed/run_phases.hpp"
 #include "graph/error.hpp"
+#include "graph/freed_memory.hpp"
 #include "graph/registry.hpp"
 #include "graph/stage.hpp"
 
@@ -98,6 +101,7 @@ class HandoffSink final : public SerialSink<data::Batch> {
 
 Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
   if (options_.prefetch < 1) throw Error("Loader: prefetch must be at least 1");
+  keep_freed_memory();  // as flowtrain run does: buffers reused, not faulted in again each time
   const RunConfig config = load_run_config(options_.config, options_.overrides);
   const PipelineConfig* phase = nullptr;
   std::optional<std::size_t> output;
@@ -128,6 +132,10 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
                 "assemble_batch, stage_to_device, teacher_infer)");
   }
   phase_ = cut_to(*phase, *output);
+  // Under torchrun or Slurm, the ranks on this machine share its cores, as in flowtrain run.
+  const JobPlacement placement = job_placement_from_env();
+  dist::plan_for_local_ranks(phase_, static_cast<std::size_t>(placement.local_world_size),
+                             static_cast<std::size_t>(placement.cpus_per_rank));
   std::size_t sources = 0;
   for (std::size_t i = 0; i < phase_.stages.size(); ++i) {
     const StageInfo& s = *Registry::global().find(phase_.stages[i].type);
