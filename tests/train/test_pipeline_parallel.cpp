@@ -283,11 +283,11 @@ TEST_CASE("Train.PipelineParallel.MeasuredSplitsGiveTheSmallestLargestStage") {
 }
 
 TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * doctest::timeout(120)) {
-  // 20,000 classes on a narrow ViT: the heads cost far more than a block, so the measured
+  // 80,000 classes on a narrow ViT: the heads cost far more than a block, so the measured
   // balance gives the last partition one block where counting gives it two.
   TrainerOptions options;
   options.model = ModelConfig{.image_size = 16, .patch_size = 8, .dim = 32, .depth = 4,
-                              .heads = 2, .classes = 20000};
+                              .heads = 2, .classes = 80000};
   options.loss.alpha = 1;
   options.seed = 4;
   ViT vit(options.model);
@@ -301,7 +301,7 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
   // Through the Trainer: the split it measured is in its state, and a checkpoint keeps it.
   torch::manual_seed(11);
   data::Batch b;
-  b.labels = torch::randint(0, 20000, {8}, torch::kLong);
+  b.labels = torch::randint(0, 80000, {8}, torch::kLong);
   b.images = torch::randn({8, 3, 16, 16});
   b.end_position = 8;
   TrainerOptions piped = options;
