@@ -165,10 +165,11 @@ def test_a_loader_dropped_mid_epoch_stops_without_hang_or_leak(graph):
     assert rss_mb() - rss < 40, f"{rss_mb() - rss:.0f} MB more after 12 loaders"
 
 
-def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
-    config = graph(batch=4, extra_batch="  - {type: slow, concurrency: 1}\n")
-    script = tmp_path / "loop.py"
-    script.write_text(textwrap.dedent(f"""
+def interrupted(tmp_path, after_s, body):
+    """Runs `body` in a python3 of its own with a `slow` batch stage (0.2 s a batch) registered,
+    sends that process SIGINT after `after_s` seconds, and returns what it printed."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent("""
         import os, signal, threading, time
         import flowtrain
 
@@ -177,8 +178,17 @@ def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
             time.sleep(0.2)
             return batch
 
+        threading.Timer({after_s}, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    """).format(after_s=after_s) + textwrap.dedent(body))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
+    config = graph(batch=4, extra_batch="  - {type: slow, concurrency: 1}\n")
+    out = interrupted(tmp_path, 0.5, f"""
         loader = flowtrain.Loader({config!r}, output="slow")
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         start = time.monotonic()
         try:
             for batch in loader:
@@ -186,32 +196,18 @@ def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
             print("ran to the end")
         except KeyboardInterrupt:
             print(f"interrupted after {{time.monotonic() - start:.1f}} s at", loader.state_dict()["position"])
-    """))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    """)
     assert "interrupted after" in out.stdout, out.stdout + out.stderr
     assert float(out.stdout.split()[2]) < 5
 
 
 def test_ctrl_c_stops_flowtrain_run_at_the_next_item(graph, tmp_path):
     config = graph(batch=4, extra_batch="  - {type: slow}\n")
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, signal, threading, time
-        import flowtrain
-
-        @flowtrain.stage("slow")
-        def slow(batch):
-            time.sleep(0.2)
-            return batch
-
-        threading.Timer(0.8, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    out = interrupted(tmp_path, 0.8, f"""
         try:
             flowtrain.run({config!r}, ["stages.files.params.epochs=50"])
             print("ran to the end")
         except KeyboardInterrupt as stop:
             print("interrupted:", stop)
-    """))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    """)
     assert "interrupted: SIGINT during" in out.stdout, out.stdout + out.stderr
