@@ -1,5 +1,6 @@
 #include "apps/foodtag/commands.hpp"
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/compute.hpp"
 #include "stages/train/folder_lock.hpp"
+#include "stages/train/model.hpp"
 #include "stages/train/predictor.hpp"
 #include "stages/train/torchscript.hpp"
 
@@ -77,6 +79,20 @@ const std::vector<flowtrain::ConfigSection>& sections() {
            "distill's stage params to vary, `STAGE.PARAM=v1,v2,...` separated by `;`, or "
            "`seed=v1,v2,...` for every seed of phase distill (the photos' order, the views, the "
            "mixing, the student's initial weights): every combination is one student")}},
+      {"teacher",
+       "a teacher of your own, instead of training one",
+       {flowtrain::path_param(
+           "model",
+           "TorchScript teacher (torch.jit.script(m).save(f), or `flowtrain export`) that every "
+           "stage reading the teacher checkpoint takes instead: train-teacher trains none, "
+           "export measures it; \"\": train one (phase teacher)")}},
+      {"student",
+       "the student that distill (and hence baseline) trains",
+       {flowtrain::string_param(
+           "model", "",
+           "a model preset (vit_*, resnet*) or a TorchScript file for phase distill's student "
+           "train_step, as it is (the step's shape overrides and distillation token are "
+           "dropped); \"\": the one the phase names")}},
       {"report",
        "the inference-speed measurement of export, and the HTML report",
        {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1,
@@ -165,9 +181,53 @@ void check_prepared(const Context& ctx) {
 
 void check_model(const fs::path& path, const std::string& command) {
   if (!fs::exists(path)) {
-    throw Error("no model at " + path.string() + ": run `foodtag " + command +
-                "` first, or point the stage's model param at your own model");
+    throw Error("no model at " + path.string() + ": run `foodtag " + command + "` first, or " +
+                (command == "train-teacher"
+                     ? "set teacher.model=FILE to a TorchScript teacher of your own"
+                     : "point the stage's model param at your own model"));
   }
+}
+
+// teacher.model: the user's own TorchScript teacher, or "" when phase teacher trains one.
+std::string own_teacher(const std::map<std::string, Params>& sections) {
+  return sections.at("teacher").get_string("model");
+}
+
+// train-teacher with teacher.model set has nothing to train: says so in one line.
+bool nothing_to_train(const Context& ctx, const std::string& command) {
+  const std::string teacher = own_teacher(ctx.sections);
+  if (command != "train-teacher" || teacher.empty()) return false;
+  std::cout << "train-teacher: nothing to train (teacher.model is " << teacher << ")\n"
+            << std::flush;
+  return true;
+}
+
+// student.model as train_step's `model` takes it: "" (phase distill's own), a preset as
+// written, else a file, resolved as path params are (relative to the config's folder; given on
+// the command line, to the shell's) and required to exist.
+std::string student_model(const flowtrain::RunConfig& config,
+                          const std::string& config_path,
+                          const std::vector<std::string>& overrides) {
+  const std::string model = config.sections.at("student").get_string("model");
+  const std::vector<std::string>& presets = flowtrain::train::model_presets();
+  if (model.empty() || std::find(presets.begin(), presets.end(), model) != presets.end()) {
+    return model;
+  }
+  fs::path file = model;
+  if (file.is_relative()) {
+    const bool on_command_line =
+        std::any_of(overrides.begin(), overrides.end(),
+                    [](const std::string& o) { return o.rfind("student.model=", 0) == 0; });
+    file = on_command_line ? fs::absolute(file) : fs::path(config_path).parent_path() / file;
+  }
+  file = file.lexically_normal();
+  if (!fs::is_regular_file(file)) {
+    std::string names;
+    for (const std::string& p : presets) names += (names.empty() ? "" : ", ") + p;
+    throw Error("student.model: '" + model + "' is neither a model preset (" + names +
+                ") nor a file (no " + file.string() + ")");
+  }
+  return file.string();
 }
 
 std::uint64_t source_epochs(const flowtrain::PipelineConfig& phase) {
@@ -239,14 +299,34 @@ void derive_baseline(const flowtrain::PipelineConfig& distill, flowtrain::Pipeli
   }
 }
 
-// What foodtag derives so that one setting is never written twice: a teacher_cache keys its
+// What foodtag derives so that one setting is never written twice: the user's own teacher
+// (teacher.model) replaces the trained teacher's checkpoint wherever a stage reads it, and
+// student.model replaces distill's student model; a teacher_cache keys its
 // entries by the teacher its phase's teacher_infer runs (its model and autocast); the
 // precompute phase fills the cache for the views distill will show (its data, cache and teacher
 // params become distill's, but the batch layout: batch_size, pool_size, intraop_threads; its
 // source runs views_per_image epochs). Returns which of `phases` run: without fixed views
 // (views_per_image 0) there is nothing to precompute.
 std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
+                                       const std::string& config_path,
+                                       const std::vector<std::string>& overrides,
                                        std::vector<std::string> phases) {
+  // teacher.model: every stage that would read the checkpoint phase teacher writes takes the
+  // user's teacher instead (precompute's and distill's teacher_infer, teacher_eval's evaluate).
+  if (const std::string teacher = own_teacher(config.sections); !teacher.empty()) {
+    const fs::path checkpoint =
+        fs::path(config.sections.at("output").get_string("dir")) / "teacher" / "final.pt";
+    for (flowtrain::PipelineConfig& phase : config.phases) {
+      for (flowtrain::StageConfig& stage : phase.stages) {
+        const auto it = stage.params.values().find("model");
+        const std::string* path =
+            it == stage.params.values().end() ? nullptr : std::get_if<std::string>(&it->second);
+        if (path && fs::path(*path).lexically_normal() == checkpoint.lexically_normal()) {
+          stage.params.set("model", teacher);
+        }
+      }
+    }
+  }
   for (flowtrain::PipelineConfig& phase : config.phases) {
     flowtrain::StageConfig* cache = find_stage(phase, "teacher_cache");
     const flowtrain::StageConfig* teacher = find_stage(phase, "teacher_infer");
@@ -257,6 +337,20 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
   }
   flowtrain::PipelineConfig* pre = find_phase(config, "precompute");
   flowtrain::PipelineConfig* distill = find_phase(config, "distill");
+  // student.model: distill's student (and so baseline's, derived from it below).
+  if (const std::string student = student_model(config, config_path, overrides);
+      !student.empty() && distill) {
+    flowtrain::StageConfig* step = find_stage(*distill, "train_step");
+    if (!step) throw Error("student.model: phase distill has no train_step stage to take it");
+    // The named model as it is: distill's shape overrides and DeiT token were for its own ViT.
+    step->params.set("model", student);
+    for (const char* key : {"patch_size", "dim", "depth", "heads"}) {
+      step->params.set(key, std::int64_t{0});
+    }
+    step->params.set("stage_blocks", std::vector<double>{});
+    step->params.set("stem", std::string());
+    step->params.set("distillation_token", false);
+  }
   if (flowtrain::PipelineConfig* baseline = find_phase(config, "baseline"); baseline && distill) {
     derive_baseline(*distill, *baseline);
   }
@@ -302,7 +396,8 @@ PhasePlan check_phases(const Context& ctx,
   check_prepared(ctx);
   check_output_dir(ctx);
   PhasePlan plan{flowtrain::load_run_config(ctx.in.config_path, overrides, sections()), {}};
-  plan.phases = derive_phases(plan.config, command_phases().at(command));
+  plan.phases =
+      derive_phases(plan.config, ctx.in.config_path, overrides, command_phases().at(command));
   const flowtrain::RunConfig& config = plan.config;
   const std::vector<std::string>& names = plan.phases;
   // A model a phase takes from an earlier command that has not run yet: say which command writes
@@ -391,6 +486,7 @@ void validate_snapshots(const Context& ctx,
 // so). foodtag adds its own progress line (epochs), the step split after each report, the
 // report saved under profile/ for `foodtag report`, traces, and the validation of snapshots.
 void run_phases(const Context& ctx, const std::string& command) {
+  if (nothing_to_train(ctx, command)) return;
   PhasePlan plan = check_phases(ctx, command, ctx.in.overrides);
   flowtrain::RunConfig& config = plan.config;
   const Params& output = ctx.section("output");
@@ -476,6 +572,7 @@ void run_phases(const Context& ctx, const std::string& command) {
 
 // Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
 void launch_phases(const Context& ctx, const std::string& command) {
+  if (nothing_to_train(ctx, command)) return;
   check_phases(ctx, command, ctx.in.overrides);  // one line for a problem, not one per rank
   std::vector<std::string> args = {ctx.in.program, command,
                                    "-c",           ctx.in.config_path,
@@ -515,6 +612,13 @@ int prepare_command(const Context& ctx) {
   return 0;
 }
 
+// The number of parameters of a TorchScript module file.
+std::int64_t torchscript_parameter_count(const std::string& path) {
+  std::int64_t n = 0;
+  for (const torch::Tensor& p : torch::jit::load(path).parameters()) n += p.numel();
+  return n;
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values.empty() ? 0 : values[values.size() / 2];
@@ -524,7 +628,8 @@ double median(std::vector<double> values) {
 // (alternating, medians) and writes models.yaml for the report.
 int export_command(const Context& ctx) {
   check_output_dir(ctx);
-  check_model(ctx.teacher_checkpoint(), "train-teacher");
+  const std::string given_teacher = own_teacher(ctx.sections);
+  if (given_teacher.empty()) check_model(ctx.teacher_checkpoint(), "train-teacher");
   check_model(ctx.student_checkpoint(), "distill");
   struct Exported {
     std::string name;
@@ -536,6 +641,16 @@ int export_command(const Context& ctx) {
   std::vector<Exported> models;
   for (const auto& [name, checkpoint] : {std::pair{"teacher", ctx.teacher_checkpoint()},
                                          std::pair{"student", ctx.student_checkpoint()}}) {
+    if (std::string(name) == "teacher" && !given_teacher.empty()) {
+      // teacher.model is measured as it is: there is no checkpoint to export. Its input size
+      // is its own `image_size` attribute if it has one, else the student's (set below).
+      const flowtrain::train::ScriptedModel scripted(given_teacher);
+      models.push_back({name, given_teacher, torchscript_parameter_count(given_teacher),
+                        scripted.image_size().value_or(0)});
+      std::cout << "teacher: " << given_teacher << " (teacher.model, " << models.back().parameters
+                << " parameters, " << fs::file_size(given_teacher) / 1000 << " kB)\n";
+      continue;
+    }
     const flowtrain::train::Checkpoint c = flowtrain::train::read_checkpoint(checkpoint.string());
     flowtrain::train::ImageModel model = flowtrain::train::load_model(c);
     const fs::path out = ctx.out_dir / (std::string(name) + ".pt");
@@ -544,6 +659,7 @@ int export_command(const Context& ctx) {
     std::cout << "wrote " << out.string() << " (" << models.back().parameters << " parameters, "
               << fs::file_size(out) / 1000 << " kB)\n";
   }
+  if (models[0].image_size == 0) models[0].image_size = models[1].image_size;
   const Params& report = ctx.section("report");
   const auto batch = report.get_int("inference_batch");
   const auto reps = static_cast<int>(report.get_int("inference_reps"));
@@ -741,10 +857,14 @@ int report_command(const Context& ctx) {
   data.title = "foodtag run: " + ctx.out_dir.string();
   data.created = now_text();
   data.machine = machine_text();
-  read_curves("teacher", ctx.out_dir / "teacher", data);
+  // A teacher of the user's own (teacher.model) was not trained here: no curves, no profile,
+  // even where an earlier run left them in the folder.
+  const bool trained_teacher = own_teacher(ctx.sections).empty();
+  if (trained_teacher) read_curves("teacher", ctx.out_dir / "teacher", data);
   read_curves("student", ctx.out_dir / "student", data);
   for (const char* phase : {"teacher", "precompute", "distill", "baseline", "teacher_eval",
                             "student_eval", "baseline_eval"}) {
+    if (!trained_teacher && std::string(phase) == "teacher") continue;
     if (fs::exists(ctx.profile(phase))) {
       data.phases.push_back({phase, flowtrain::read_report_file(ctx.profile(phase).string())});
     }
@@ -995,9 +1115,11 @@ int predict_command(const Context& ctx) {
 
 }  // namespace
 
-void check_command(const std::string& command, const Invocation& in) {
+bool check_command(const std::string& command, const Invocation& in) {
   const Context ctx = load_context(in);
+  if (nothing_to_train(ctx, command)) return false;
   if (command_phases().count(command) != 0) check_phases(ctx, command, ctx.in.overrides);
+  return true;
 }
 
 std::string keys_text(bool markdown) {
@@ -1006,10 +1128,10 @@ std::string keys_text(bool markdown) {
   for (const flowtrain::ConfigSection& s : sections()) {
     out += s.key + ":  " + s.doc + "\n";
     for (const flowtrain::ParamSpec& p : s.params) {
-      char row[256];
-      std::snprintf(row, sizeof row, "    %-22s %-12s %-10s %s\n", p.name.c_str(),
-                    flowtrain::to_string(p.type), p.default_text().c_str(), p.doc.c_str());
-      out += row;
+      char row[128];  // the doc is appended whole: a long one used to be cut at 256 characters
+      std::snprintf(row, sizeof row, "    %-22s %-12s %-10s ", p.name.c_str(),
+                    flowtrain::to_string(p.type), p.default_text().c_str());
+      out += row + p.doc + "\n";
     }
   }
   return out;

@@ -26,10 +26,11 @@ struct Invocation {
 int run_command(const std::string& command, Invocation in);
 
 /// Checks what `command` needs (config, data, models, output folder) without running it: the
-/// launcher of --nproc calls it so that a mistake is said once, not once per rank.
-void check_command(const std::string& command, const Invocation& in);
+/// launcher of --nproc calls it so that a mistake is said once, not once per rank. Returns false,
+/// having said why in one line, when there is nothing to run (train-teacher with teacher.model).
+bool check_command(const std::string& command, const Invocation& in);
 
-/// The app's config sections (data, output, report) as text or a Markdown table.
+/// The app's config sections (data, output, sweep, teacher, student, report) as text or a Markdown table.
 std::string keys_text(bool markdown);
 
 }  // namespace foodtag

@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (in.nproc > 1 && command != "run") {
-      foodtag::check_command(command, in);  // one line for a bad config, not one per rank
+      // One line for a bad config (or for nothing to run), not one per rank.
+      if (!foodtag::check_command(command, in)) return 0;
       return flowtrain::dist::relaunch_as_ranks(in.nproc, argc, argv);
     }
     const int code = foodtag::run_command(command, in);
