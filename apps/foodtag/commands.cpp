@@ -188,9 +188,11 @@ void check_model(const fs::path& path, const std::string& command) {
   }
 }
 
-// teacher.model: the user's own TorchScript teacher, or "" when phase teacher trains one.
+// teacher.model: the user's own TorchScript teacher, absolute (a path given on the command line
+// is relative to the shell's folder), or "" when phase teacher trains one.
 std::string own_teacher(const std::map<std::string, Params>& sections) {
-  return sections.at("teacher").get_string("model");
+  const std::string model = sections.at("teacher").get_string("model");
+  return model.empty() ? model : fs::absolute(model).lexically_normal().string();
 }
 
 // train-teacher with teacher.model set has nothing to train: says so in one line.

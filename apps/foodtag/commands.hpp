@@ -30,7 +30,8 @@ int run_command(const std::string& command, Invocation in);
 /// having said why in one line, when there is nothing to run (train-teacher with teacher.model).
 bool check_command(const std::string& command, const Invocation& in);
 
-/// The app's config sections (data, output, sweep, teacher, student, report) as text or a Markdown table.
+/// The app's config sections (data, output, sweep, teacher, student, report) as text or a
+/// Markdown table.
 std::string keys_text(bool markdown);
 
 }  // namespace foodtag
