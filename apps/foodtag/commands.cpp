@@ -215,19 +215,20 @@ std::string student_model(const flowtrain::RunConfig& config,
   if (model.empty() || std::find(presets.begin(), presets.end(), model) != presets.end()) {
     return model;
   }
+  const bool on_command_line =
+      std::any_of(overrides.begin(), overrides.end(),
+                  [](const std::string& o) { return o.rfind("student.model=", 0) == 0; });
   fs::path file = model;
   if (file.is_relative()) {
-    const bool on_command_line =
-        std::any_of(overrides.begin(), overrides.end(),
-                    [](const std::string& o) { return o.rfind("student.model=", 0) == 0; });
     file = on_command_line ? fs::absolute(file) : fs::path(config_path).parent_path() / file;
   }
   file = file.lexically_normal();
   if (!fs::is_regular_file(file)) {
     std::string names;
     for (const std::string& p : presets) names += (names.empty() ? "" : ", ") + p;
-    throw Error("student.model: '" + model + "' is neither a model preset (" + names +
-                ") nor a file (no " + file.string() + ")");
+    throw Error((on_command_line ? "" : config_path + ": ") + "student.model: '" + model +
+                "' is neither a model preset (" + names + ") nor a file (no " + file.string() +
+                ")");
   }
   return file.string();
 }
