@@ -52,6 +52,11 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
+// " (one of: a, b)", or for a path " (one of: a, b, or a file)".
+std::string choices_text(const ParamSpec& p) {
+  return " (one of: " + join(p.choices) + (p.type == ParamType::kPath ? ", or a file" : "") + ")";
+}
+
 // " (did you mean 'quality'?)" when a candidate is close, else a list of what is allowed.
 std::string suggestion(const std::string& given, const std::vector<std::string>& candidates) {
   const std::string* best = nullptr;
@@ -205,7 +210,10 @@ ParamValue parse_param(const ParamSpec& spec,
       case ParamType::kOutputPath: {
         if (!node.IsScalar()) wrong();
         std::filesystem::path p = node.Scalar();
-        if (p.empty()) return std::string();
+        if (p.empty() || std::find(spec.choices.begin(), spec.choices.end(), p.string()) !=
+                             spec.choices.end()) {
+          return p.string();  // a choice (a preset's name), not a file
+        }
         // Relative to the config file's folder; a path given on the command line, to the shell's.
         if (p.is_relative() && !base_dir.empty() && !loc.is_override(node)) p = base_dir / p;
         return p.lexically_normal().string();
@@ -620,7 +628,9 @@ void write_resolved_paths(const YAML::Node& root,
         if (spec.name != key) continue;
         if (spec.type != ParamType::kPath && spec.type != ParamType::kOutputPath) break;
         const std::string value = values.get_string(key);
-        if (!value.empty()) it->second = absolute(value);
+        const bool chosen =
+            std::find(spec.choices.begin(), spec.choices.end(), value) != spec.choices.end();
+        if (!value.empty() && !chosen) it->second = absolute(value);
       }
     }
   };
@@ -914,7 +924,7 @@ std::string params_markdown(const std::vector<ParamSpec>& specs,
   std::string out = "| " + column + " | type | default | meaning |\n|---|---|---|---|\n";
   for (const ParamSpec& p : specs) {
     std::string doc = p.doc;
-    if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
+    if (!p.choices.empty()) doc += choices_text(p);
     if (p.max) {
       char most[32];
       std::snprintf(most, sizeof most, " (at most %.10g)", *p.max);  // 0.99, 4096
@@ -1172,7 +1182,7 @@ std::string stages_text(const Registry& registry) {
       char buf[128];
       std::snprintf(buf, sizeof buf, "    %-16s %-10s %-12s ", p.name.c_str(), to_string(p.type),
                     p.default_text().c_str());
-      out += buf + p.doc + (p.choices.empty() ? "" : " (one of: " + join(p.choices) + ")") + "\n";
+      out += buf + p.doc + (p.choices.empty() ? "" : choices_text(p)) + "\n";
     }
     out += "\n";
   }
