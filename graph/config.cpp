@@ -879,13 +879,15 @@ RunConfig validate(const YAML::Node& root,
 // are validated against the types they register, and writes each path absolute in the config
 // (its effective text then reads the same from any folder). A path is relative to the config
 // file's folder, as path params are; one given by an override, to the shell's.
-void load_plugins(const YAML::Node& root, const std::filesystem::path& base_dir, const Locator& loc) {
+void load_plugins(const YAML::Node& root,
+                  const std::filesystem::path& base_dir,
+                  const Locator& loc) {
   if (!root.IsMap()) return;  // validate() reports it
   const YAML::Node plugins = root["plugins"];
   if (!plugins) return;
   if (!plugins.IsSequence()) {
-    loc.fail(plugins, "'plugins' must be a list of shared library paths, got " +
-                          scalar_text(plugins));
+    loc.fail(plugins,
+             "'plugins' must be a list of shared library paths, got " + scalar_text(plugins));
   }
   // `plugins=[a.so]` on the command line: its items have the override's marks, not the file's.
   const bool list_overridden = loc.is_override(plugins);

@@ -1,10 +1,11 @@
 // custom_stage: assembling a pipeline in C++ with stages of your own, in two branches.
 //
 //              +--> [queue 16] --> is_prime (2 workers) -----+
-//   numbers ---+                                             +--> both --> [queue 16, in order] --> tally
-//   (built-in  +--> [queue 16] --> is_palindrome (1 worker) -+  (JoinFacts)                      (CountPrimes:
-//    sequence)     a Map class and a lambda: n -> Facts                                          counts, keeps
-//                                                                                                the last prime)
+//   numbers ---+                                             +--> both --> [queue 16] --> tally
+//   (built-in  +--> [queue 16] --> is_palindrome (1 worker) -+  (JoinFacts)
+//    sequence)     a Map class and a lambda: n -> Facts
+//
+// tally (CountPrimes) takes the items in sequence order, counts the primes and keeps the last.
 //
 // Run: build/apps/custom_stage/custom_stage [count]
 // The same stages, registered in prime_stages.cpp, also make a plugin, libprime_stages.so, that
@@ -34,12 +35,13 @@ int main(int argc, char** argv) {
 
     flowtrain::Pipeline pipeline;
     auto numbers = pipeline.add<flowtrain::stages::SequenceSource>("numbers", {.count = count});
-    auto is_prime = pipeline.add<IsPrimeStage>("is_prime", {},
-                                               {.concurrency = 2, .queue_capacity = 16});
-    auto is_palindrome = pipeline.add(
-        "is_palindrome",
-        [](std::uint64_t n) { return Facts{n, false, custom_stage::is_palindrome(n)}; },
-        {.queue_capacity = 16});
+    auto is_prime =
+        pipeline.add<IsPrimeStage>("is_prime", {}, {.concurrency = 2, .queue_capacity = 16});
+    auto is_palindrome = pipeline.add("is_palindrome",
+                                      [](std::uint64_t n) {
+                                        return Facts{n, false, custom_stage::is_palindrome(n)};
+                                      },
+                                      {.queue_capacity = 16});
     auto both = pipeline.add<JoinFactsStage>("both");
     // The pipeline owns its stages; this one's counts are read after the run.
     auto counter = std::make_unique<CountPrimesStage>();

@@ -35,9 +35,10 @@ std::optional<Facts> IsPalindromeStage::process(std::uint64_t&& n,
 }
 
 flowtrain::StageDoc JoinFactsStage::describe() {
-  return {"Joins two branches' Facts about one number: the first's prime, the second's "
-          "palindrome.",
-          {}};
+  return {
+      "Joins two branches' Facts about one number: the first's prime, the second's "
+      "palindrome.",
+      {}};
 }
 
 std::optional<Facts> JoinFactsStage::process(std::vector<Facts>&& parts,
