@@ -47,7 +47,11 @@ std::vector<std::string> load_plugin(const std::string& path) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (!fs::exists(status)) throw fail("no such file");
-  if (fs::is_directory(status)) throw fail("it is a folder, not a shared library");
+  // Before dlopen reads it: reading a FIFO or a terminal waits for a writer.
+  if (!fs::is_regular_file(status)) {
+    throw fail(std::string("it is ") + (fs::is_directory(status) ? "a folder" : "a special file") +
+               ", not a shared library");
+  }
   // An absolute path: dlopen searches the library path for a name without a slash.
   const std::string file = fs::absolute(path, ec).lexically_normal().string();
 
