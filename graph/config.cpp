@@ -11,13 +11,14 @@
 #include <sstream>
 
 #include "graph/error.hpp"
+#include "graph/plugin.hpp"
 
 namespace flowtrain {
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "autotune", "stages",
-                                           "phases"};
+const std::vector<std::string> kTopKeys = {"threads", "cores",  "metrics", "autotune",
+                                           "stages",  "phases", "plugins"};
 const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "autotune",
                                              "stages"};
 const std::vector<std::string> kAutotuneKeys = {"enabled",  "warmup_s", "trial_s",
@@ -495,7 +496,8 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     const StageInfo* info = registry.find(type);
     if (!info) {
       loc.fail(type_node, ctx + "unknown stage type '" + type + "'" + suggestion(type, type_names) +
-                              "; `flowtrain stages` lists them");
+                              "; `flowtrain stages` lists them (a plugin's, once `plugins:` "
+                              "or --plugin names its library)");
     }
     StageConfig stage;
     stage.type = type;
@@ -883,6 +885,44 @@ RunConfig validate(const YAML::Node& root,
   return config;
 }
 
+// Loads the shared libraries of the top-level `plugins:` list (load_plugin), so that the stages
+// are validated against the types they register, and writes each path absolute in the config
+// (its effective text then reads the same from any folder). A path is relative to the config
+// file's folder, as path params are; one given by an override, to the shell's.
+void load_plugins(const YAML::Node& root,
+                  const std::filesystem::path& base_dir,
+                  const Locator& loc) {
+  if (!root.IsMap()) return;  // validate() reports it
+  const YAML::Node plugins = root["plugins"];
+  if (!plugins) return;
+  if (!plugins.IsSequence()) {
+    loc.fail(plugins,
+             "'plugins' must be a list of shared library paths, got " + scalar_text(plugins));
+  }
+  // `plugins=[a.so]` on the command line: its items have the override's marks, not the file's.
+  const bool list_overridden = loc.is_override(plugins);
+  for (YAML::Node item : plugins) {
+    const YAML::Node& where = list_overridden ? plugins : item;
+    if (!item.IsScalar() || item.Scalar().empty()) {
+      loc.fail(where, "each entry of 'plugins' must be the path of a shared library, got " +
+                          scalar_text(item));
+    }
+    std::filesystem::path path = item.Scalar();
+    if (path.is_relative() && !base_dir.empty() && !list_overridden && !loc.is_override(item)) {
+      path = base_dir / path;
+    }
+    path = path.lexically_normal();
+    try {
+      load_plugin(path.string());
+    } catch (const Error& e) {
+      loc.fail(where, e.what());
+    }
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+    if (!ec) item = absolute.lexically_normal().string();
+  }
+}
+
 RunConfig parse(const std::string& text,
                 const std::string& origin,
                 const std::filesystem::path& base_dir,
@@ -898,6 +938,7 @@ RunConfig parse(const std::string& text,
   YAML::Node references;
   const YAML::Node root = load_root(text, origin, overrides, loc, &references);
   try {
+    load_plugins(root, base_dir, loc);
     RunConfig config = validate(root, origin, base_dir, loc, registry, sections);
     write_resolved_paths(root, config, registry, sections);
     config.effective_text = effective_text(root, references, origin, overrides);
