@@ -1,5 +1,6 @@
 #include "stages/train/scripted_student.hpp"
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -68,6 +69,12 @@ void ScriptedStudentImpl::train(bool on) {
 
 ModelOutput ScriptedStudentImpl::forward(const torch::Tensor& images) {
   check_images(images);
+  // The graph executor's optimisations off: with them the first calls of a process run the
+  // profiling plan and later ones an optimised one whose gradients are computed by other means
+  // (symbolic autodiff), so a resumed run, its first calls at step N, would not compute what an
+  // uninterrupted run computes at step N. Unoptimised, every call runs the ops in order with
+  // autograd recording them, as a model in eager PyTorch does. The setting is per thread.
+  torch::jit::GraphOptimizerEnabledGuard eager(false);
   ModelOutput out = impl_->scripted.forward_with_grad(images);
   const std::int64_t batch = images.size(0);
   const std::string& path = config_.script;
