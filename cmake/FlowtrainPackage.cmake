@@ -1,5 +1,6 @@
 # Installs the libraries, headers and CLI, and exports flowtrain::graph, ::stages, ::data, ::train
-# and ::dist so that find_package(flowtrain) works in a user's own project.
+# and ::dist so that find_package(flowtrain) works in a user's own project, with
+# flowtrain_add_plugin(NAME sources...) for a plugin of stages (cmake/FlowtrainPlugin.cmake).
 include(CMakePackageConfigHelpers)
 install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train flowtrain_dist
   flowtrain_opencv
@@ -20,4 +21,5 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfigVers
   COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/flowtrainConfigVersion.cmake
+  ${CMAKE_CURRENT_LIST_DIR}/FlowtrainPlugin.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)

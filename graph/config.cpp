@@ -11,13 +11,14 @@
 #include <sstream>
 
 #include "graph/error.hpp"
+#include "graph/plugin.hpp"
 
 namespace flowtrain {
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"threads", "cores", "metrics", "autotune", "stages",
-                                           "phases"};
+const std::vector<std::string> kTopKeys = {"threads", "cores",  "metrics", "autotune",
+                                           "stages",  "phases", "plugins"};
 const std::vector<std::string> kPhaseKeys = {"name", "threads", "cores", "metrics", "autotune",
                                              "stages"};
 const std::vector<std::string> kAutotuneKeys = {"enabled",  "warmup_s", "trial_s",
@@ -50,6 +51,11 @@ std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
   return out;
+}
+
+// " (one of: a, b)", or for a path " (one of: a, b, or a file)".
+std::string choices_text(const ParamSpec& p) {
+  return " (one of: " + join(p.choices) + (p.type == ParamType::kPath ? ", or a file" : "") + ")";
 }
 
 // " (did you mean 'quality'?)" when a candidate is close, else a list of what is allowed.
@@ -205,7 +211,10 @@ ParamValue parse_param(const ParamSpec& spec,
       case ParamType::kOutputPath: {
         if (!node.IsScalar()) wrong();
         std::filesystem::path p = node.Scalar();
-        if (p.empty()) return std::string();
+        if (p.empty() || std::find(spec.choices.begin(), spec.choices.end(), p.string()) !=
+                             spec.choices.end()) {
+          return p.string();  // a choice (a preset's name), not a file
+        }
         // Relative to the config file's folder; a path given on the command line, to the shell's.
         if (p.is_relative() && !base_dir.empty() && !loc.is_override(node)) p = base_dir / p;
         return p.lexically_normal().string();
@@ -487,7 +496,8 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     const StageInfo* info = registry.find(type);
     if (!info) {
       loc.fail(type_node, ctx + "unknown stage type '" + type + "'" + suggestion(type, type_names) +
-                              "; `flowtrain stages` lists them");
+                              "; `flowtrain stages` lists them (a plugin's, once `plugins:` "
+                              "or --plugin names its library)");
     }
     StageConfig stage;
     stage.type = type;
@@ -620,7 +630,9 @@ void write_resolved_paths(const YAML::Node& root,
         if (spec.name != key) continue;
         if (spec.type != ParamType::kPath && spec.type != ParamType::kOutputPath) break;
         const std::string value = values.get_string(key);
-        if (!value.empty()) it->second = absolute(value);
+        const bool chosen =
+            std::find(spec.choices.begin(), spec.choices.end(), value) != spec.choices.end();
+        if (!value.empty() && !chosen) it->second = absolute(value);
       }
     }
   };
@@ -873,6 +885,44 @@ RunConfig validate(const YAML::Node& root,
   return config;
 }
 
+// Loads the shared libraries of the top-level `plugins:` list (load_plugin), so that the stages
+// are validated against the types they register, and writes each path absolute in the config
+// (its effective text then reads the same from any folder). A path is relative to the config
+// file's folder, as path params are; one given by an override, to the shell's.
+void load_plugins(const YAML::Node& root,
+                  const std::filesystem::path& base_dir,
+                  const Locator& loc) {
+  if (!root.IsMap()) return;  // validate() reports it
+  const YAML::Node plugins = root["plugins"];
+  if (!plugins) return;
+  if (!plugins.IsSequence()) {
+    loc.fail(plugins,
+             "'plugins' must be a list of shared library paths, got " + scalar_text(plugins));
+  }
+  // `plugins=[a.so]` on the command line: its items have the override's marks, not the file's.
+  const bool list_overridden = loc.is_override(plugins);
+  for (YAML::Node item : plugins) {
+    const YAML::Node& where = list_overridden ? plugins : item;
+    if (!item.IsScalar() || item.Scalar().empty()) {
+      loc.fail(where, "each entry of 'plugins' must be the path of a shared library, got " +
+                          scalar_text(item));
+    }
+    std::filesystem::path path = item.Scalar();
+    if (path.is_relative() && !base_dir.empty() && !list_overridden && !loc.is_override(item)) {
+      path = base_dir / path;
+    }
+    path = path.lexically_normal();
+    try {
+      load_plugin(path.string());
+    } catch (const Error& e) {
+      loc.fail(where, e.what());
+    }
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+    if (!ec) item = absolute.lexically_normal().string();
+  }
+}
+
 RunConfig parse(const std::string& text,
                 const std::string& origin,
                 const std::filesystem::path& base_dir,
@@ -888,6 +938,7 @@ RunConfig parse(const std::string& text,
   YAML::Node references;
   const YAML::Node root = load_root(text, origin, overrides, loc, &references);
   try {
+    load_plugins(root, base_dir, loc);
     RunConfig config = validate(root, origin, base_dir, loc, registry, sections);
     write_resolved_paths(root, config, registry, sections);
     config.effective_text = effective_text(root, references, origin, overrides);
@@ -914,7 +965,7 @@ std::string params_markdown(const std::vector<ParamSpec>& specs,
   std::string out = "| " + column + " | type | default | meaning |\n|---|---|---|---|\n";
   for (const ParamSpec& p : specs) {
     std::string doc = p.doc;
-    if (!p.choices.empty()) doc += " (one of: " + join(p.choices) + ")";
+    if (!p.choices.empty()) doc += choices_text(p);
     if (p.max) {
       char most[32];
       std::snprintf(most, sizeof most, " (at most %.10g)", *p.max);  // 0.99, 4096
@@ -1172,7 +1223,7 @@ std::string stages_text(const Registry& registry) {
       char buf[128];
       std::snprintf(buf, sizeof buf, "    %-16s %-10s %-12s ", p.name.c_str(), to_string(p.type),
                     p.default_text().c_str());
-      out += buf + p.doc + (p.choices.empty() ? "" : " (one of: " + join(p.choices) + ")") + "\n";
+      out += buf + p.doc + (p.choices.empty() ? "" : choices_text(p)) + "\n";
     }
     out += "\n";
   }

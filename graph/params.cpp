@@ -133,14 +133,17 @@ std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
     if (max && v > *max) return "must be <= " + bound(*max) + got;
   }
   if (const auto* s = std::get_if<std::string>(&value)) {
-    if (!spec.choices.empty() &&
-        std::find(spec.choices.begin(), spec.choices.end(), *s) == spec.choices.end()) {
+    const bool chosen = !spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(),
+                                                           *s) != spec.choices.end();
+    std::error_code ec;
+    const bool missing = !s->empty() && !std::filesystem::exists(*s, ec);
+    if (!spec.choices.empty() && !chosen && (spec.type != ParamType::kPath || missing)) {
       std::string all;
       for (const std::string& c : spec.choices) all += (all.empty() ? "" : ", ") + c;
-      return "must be one of " + all + ", got '" + *s + "'";
+      return "must be one of " + all + (spec.type == ParamType::kPath ? ", or a file that exists" : "") +
+             ", got '" + *s + "'";
     }
-    std::error_code ec;
-    if (spec.type == ParamType::kPath && !s->empty() && !std::filesystem::exists(*s, ec)) {
+    if (spec.type == ParamType::kPath && !chosen && missing) {
       return "names '" + *s + "', which does not exist";
     }
   }

@@ -17,7 +17,8 @@ enum class ParamType {
   kFloat,
   kBool,
   kString,
-  kPath,        // a string naming a file or folder that must exist (empty = not given)
+  kPath,        // a string naming a file or folder that must exist (empty = not given); with
+                // choices, one of them or a file (a model: a preset's name or a file)
   kOutputPath,  // a file or folder the run writes, or an earlier phase wrote (need not exist)
   kFloatList,   // [0.485, 0.456, 0.406]
 };

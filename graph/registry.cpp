@@ -2,6 +2,7 @@
 
 #include "graph/error.hpp"
 #include "graph/mix.hpp"
+#include "graph/plugin.hpp"
 
 namespace flowtrain {
 
@@ -74,6 +75,13 @@ Registry& Registry::global() {
 }
 
 void Registry::add(StageInfo info) {
+  // A plugin loading (load_plugin): its types are checked, then added, once dlopen returns.
+  // (global() is built before any plugin loads, so this is never its own initialisation.)
+  if (std::vector<StageInfo>* pending = detail::pending_registrations();
+      pending && this == &global()) {
+    pending->push_back(std::move(info));
+    return;
+  }
   std::string type = info.type;
   if (!entries_.emplace(type, std::move(info)).second) {
     throw Error("stage type '" + type + "' is registered twice");

@@ -220,7 +220,7 @@ TEST_CASE("Config.Errors.EachKindNamesFileLineStageAndKey") {
   SUBCASE("unknown stage type") {
     CHECK(error_of(replace(kGood, "type: spin", "type: spni")) ==
           "cfg.yaml:6: unknown stage type 'spni' (did you mean 'spin'?); `flowtrain stages` "
-          "lists them");
+          "lists them (a plugin's, once `plugins:` or --plugin names its library)");
   }
   SUBCASE("misspelled stage key") {
     CHECK(error_of(replace(kGood, "concurrency: 2", "concurency: 2")) ==

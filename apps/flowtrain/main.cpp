@@ -11,6 +11,9 @@
 //   flowtrain export CHECKPOINT --out FILE.pt    write a trained model as TorchScript (for
 //                                                flowtrain-predict or PyTorch)
 //   flowtrain stages [--markdown]                every registered stage with its parameters
+//
+// run, check and stages take --plugin FILE.so (repeatable): a shared library of stages of one's
+// own (graph/plugin.hpp), loaded before the config, whose `plugins:` list loads more.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <fstream>
@@ -28,6 +31,7 @@
 #include "graph/config.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
+#include "graph/plugin.hpp"
 #include "graph/report_io.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
@@ -208,6 +212,15 @@ int main(int argc, char** argv) {
   stages_cmd->add_flag("--markdown", markdown,
                        "Print the Markdown reference used in docs/config.md");
 
+  std::vector<std::string> plugins;
+  for (CLI::App* command : {run_cmd, check_cmd, stages_cmd}) {
+    command
+        ->add_option("--plugin", plugins,
+                     "Load a shared library of stages (FLOWTRAIN_REGISTER_STAGE) first; "
+                     "repeatable")
+        ->allow_extra_args(false);  // one file each time: `--plugin a.so config.yaml`
+  }
+
   flowtrain::data::SyntheticOptions synthetic;
   std::string size = "64x64";
   CLI::App* gen_cmd = app.add_subcommand(
@@ -249,6 +262,7 @@ int main(int argc, char** argv) {
   }
   flowtrain::dist::exit_with_launcher();
   try {
+    for (const std::string& plugin : plugins) flowtrain::load_plugin(plugin);
     if (run_cmd->parsed()) flowtrain::dist::check_timeout(timeout_s);
     if (run_cmd->parsed() && !report_path.empty()) check_report_path(report_path);
     if (run_cmd->parsed() && nproc > 1) {

@@ -47,6 +47,7 @@ constexpr std::pair<const char*, double ModelConfig::*> kNewDoubleFields[] = {
 constexpr std::pair<const char*, std::string ModelConfig::*> kStringFields[] = {
     {"arch", &ModelConfig::arch},
     {"stem", &ModelConfig::stem},
+    {"script", &ModelConfig::script},
 };
 constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"step", &TrainState::step},

@@ -10,6 +10,7 @@
 
 #include "graph/error.hpp"
 #include "stages/train/resnet.hpp"
+#include "stages/train/scripted_student.hpp"
 #include "stages/train/vit.hpp"
 
 namespace flowtrain::train {
@@ -95,7 +96,7 @@ std::int64_t vit_forward_flops(const ModelConfig& c) {
 void ModelConfig::validate() const {
   require_positive("image_size", image_size);
   require_positive("channels", channels);
-  require_positive("dim", dim);
+  if (!is_script()) require_positive("dim", dim);
   require_positive("classes", classes);
   if (regression_outputs < 0) {
     throw Error(field_error("regression_outputs",
@@ -112,6 +113,18 @@ void ModelConfig::validate() const {
     throw Error(
         field_error("drop_path", "must be in [0, 1) (got " + std::to_string(drop_path) + ")"));
   }
+  if (is_script()) {
+    if (script.empty()) throw Error(field_error("script", "is empty (the TorchScript file)"));
+    for (const auto& [field, is_set] :
+         {std::pair{"patch_size", patch_size != 0}, {"dim", dim != 0}, {"depth", depth != 0},
+          {"heads", heads != 0}, {"stage_blocks", !stage_blocks.empty()},
+          {"dropout", dropout != 0}, {"drop_path", drop_path != 0},
+          {"distillation_token", distillation_token}}) {
+      require_unset(*this, field, is_set);
+    }
+    return;
+  }
+  require_unset(*this, "script", !script.empty());
   if (arch == "resnet") {
     require_unset(*this, "patch_size", patch_size != 0);
     require_unset(*this, "depth", depth != 0);
@@ -129,7 +142,9 @@ void ModelConfig::validate() const {
     }
     return;
   }
-  if (arch != "vit") throw Error(field_error("arch", "must be vit or resnet (got '" + arch + "')"));
+  if (arch != "vit") {
+    throw Error(field_error("arch", "must be vit, resnet or torchscript (got '" + arch + "')"));
+  }
   require_positive("patch_size", patch_size);
   require_positive("depth", depth);
   require_positive("heads", heads);
@@ -159,10 +174,12 @@ std::int64_t ModelConfig::patches() const {
 std::int64_t ModelConfig::mlp_hidden() const { return static_cast<std::int64_t>(mlp_ratio * dim); }
 
 std::int64_t ModelConfig::forward_flops() const {
+  if (is_script()) return 0;
   return is_vit() ? vit_forward_flops(*this) : resnet_forward_flops(*this);
 }
 
 std::int64_t ModelConfig::train_flops() const {
+  if (is_script()) return 0;
   // The first layer's gradient with respect to the images is not computed.
   const std::int64_t first =
       is_vit() ? vit_patch_embed_flops(*this) : resnet_stem_flops(*this, resnet_layout(*this));
@@ -174,7 +191,9 @@ std::int64_t ModelConfig::min_parameters() const {
   using Real = long double;
   const Real heads_out = Real(classes) * (distillation_token ? 2 : 1) + regression_outputs;
   Real n = 0;
-  if (is_vit()) {
+  if (is_script()) {
+    return 0;
+  } else if (is_vit()) {
     const Real d = dim;
     n = Real(channels) * patch_size * patch_size * d +
         Real(depth) * (4 * d * d + 2 * d * std::floor(Real(mlp_ratio) * d)) + heads_out * d;
@@ -192,7 +211,9 @@ std::int64_t ModelConfig::min_parameters() const {
 
 std::string ModelConfig::describe() const {
   std::ostringstream out;
-  if (is_vit()) {
+  if (is_script()) {
+    out << "TorchScript " << script;
+  } else if (is_vit()) {
     out << "ViT dim " << dim << " depth " << depth << " heads " << heads << " patch "
         << patch_size << (distillation_token ? " with distillation token" : "");
   } else {
@@ -241,7 +262,8 @@ void ImageModelImpl::check_images(const torch::Tensor& images) const {
   if (images.dim() != 4 || images.size(1) != config_.channels ||
       images.size(2) != config_.image_size || images.size(3) != config_.image_size) {
     std::ostringstream message;
-    message << (config_.is_vit() ? "ViT" : "ResNet") << ": expected images [B, "
+    message << (config_.is_script() ? config_.script : config_.is_vit() ? "ViT" : "ResNet")
+            << ": expected images [B, "
             << config_.channels << ", " << config_.image_size << ", " << config_.image_size
             << "], got " << images.sizes();
     throw Error(message.str());
@@ -256,7 +278,9 @@ ImageModel make_model(const ModelConfig& config) {
   // As the base class's pointer: ModuleHolder's other constructors would build an
   // ImageModelImpl itself.
   std::shared_ptr<ImageModelImpl> model;
-  if (config.is_vit()) {
+  if (config.is_script()) {
+    model = make_scripted_model(config);
+  } else if (config.is_vit()) {
     model = ViT(config).ptr();
   } else {
     model = ResNet(config).ptr();

@@ -10,9 +10,11 @@
 
 namespace flowtrain::train {
 
-/// The shape of an image model: a Vision Transformer (`arch` "vit") or a ResNet ("resnet").
-/// Fill it with designated initializers or take a preset from `model_config`; `validate()` (also
-/// called by the model) throws flowtrain::Error naming the first bad field.
+/// The shape of an image model: a Vision Transformer (`arch` "vit"), a ResNet ("resnet"), or a
+/// TorchScript module made in PyTorch ("torchscript": `script` names its file, and only
+/// image_size, channels, classes and the regression fields apply). Fill it with designated
+/// initializers or take a preset from `model_config`; `validate()` (also called by the model)
+/// throws flowtrain::Error naming the first bad field.
 ///
 ///   ModelConfig config{.image_size = 32, .patch_size = 8, .dim = 64, .depth = 2, .heads = 4,
 ///                      .classes = 10, .regression_outputs = 1};
@@ -43,6 +45,8 @@ struct ModelConfig {
   /// ResNet: the stem. "imagenet": conv 7x7 stride 2 + max pool 3x3 stride 2 (the image / 4);
   /// "compact": conv 3x3 stride 2, no pool (the image / 2), for small inputs.
   std::string stem = "imagenet";
+  /// TorchScript: the file (`torch.jit.script(model).save(path)`); its parameters are trained.
+  std::string script;
 
   /// Throws flowtrain::Error unless the fields fit `arch`: every size > 0
   /// (regression_outputs >= 0, regression_scale > 0), for a ViT image_size divisible by
@@ -50,6 +54,7 @@ struct ModelConfig {
   void validate() const;
 
   bool is_vit() const { return arch == "vit"; }
+  bool is_script() const { return arch == "torchscript"; }
   /// ViT: (image_size / patch_size)^2.
   std::int64_t patches() const;
   /// ViT: the MLP's hidden width, int(mlp_ratio * dim) as timm computes it.
@@ -60,7 +65,8 @@ struct ModelConfig {
   /// block's qkv, attention (q k^T and attention x v), output projection and MLP, and the
   /// heads; for a ResNet every convolution and the heads. Elementwise work (norms, softmax,
   /// activations, additions) is left out: it is a few percent, and not what the machine's
-  /// GEMM ceiling measures. 1.11e9 for vit_cpu_teacher at 112 px with 10 classes.
+  /// GEMM ceiling measures. 1.11e9 for vit_cpu_teacher at 112 px with 10 classes; 0 for a
+  /// TorchScript module (its shape is not known).
   std::int64_t forward_flops() const;
   /// The same for a training step's forward and backward: backward computes each product's
   /// gradient with respect to both operands (twice the forward's FLOPs), except the images'.
@@ -69,9 +75,11 @@ struct ModelConfig {
   /// the weights of its matrix products and convolutions (ViT: patch embedding, each block's
   /// qkv, projection and MLP, the heads; ResNet: each block's second convolution and the
   /// heads). Saturates at INT64_MAX. A checkpoint's config is checked against its file's size
-  /// with it, so a damaged one cannot build a model larger than the file could hold.
+  /// with it, so a damaged one cannot build a model larger than the file could hold. 0 for a
+  /// TorchScript module.
   std::int64_t min_parameters() const;
-  /// "ViT dim 384 depth 6 heads 6 patch 16" or "ResNet width 64 blocks 2-2-2-2 (imagenet stem)".
+  /// "ViT dim 384 depth 6 heads 6 patch 16", "ResNet width 64 blocks 2-2-2-2 (imagenet stem)"
+  /// or "TorchScript student.pt".
   std::string describe() const;
 };
 

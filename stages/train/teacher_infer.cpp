@@ -236,7 +236,7 @@ std::vector<StageResult> TeacherInferStage::results() const {
       out.push_back({"activation_mb", static_cast<double>(activation_bytes_.load()) / 1e6 /
                                           static_cast<double>(batches_.load())});
     }
-  } else if (const ModelConfig* config = model_->config()) {
+  } else if (const ModelConfig* config = model_->config(); config && !config->is_script()) {
     out.push_back(
         {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
   }

@@ -17,6 +17,7 @@
 #include "graph/error.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/resnet.hpp"
+#include "stages/train/scripted_student.hpp"
 #include "stages/train/torch_error.hpp"
 #include "stages/train/zip_check.hpp"
 
@@ -456,6 +457,19 @@ bool batch_of(const c10::IValue& value, std::int64_t batch, std::int64_t dims) {
 }  // namespace
 
 void export_torchscript(const ImageModel& model, const std::string& path) {
+  if (model->config().is_script()) {
+    torch::jit::Module& module = scripted_module(model);
+    const bool training = module.is_training();
+    module.eval();
+    try {
+      write_atomically(module, path);
+    } catch (...) {
+      module.train(training);
+      throw;
+    }
+    module.train(training);
+    return;
+  }
   torch::jit::Module module;
   try {
     module = model->config().is_vit() ? build_vit(model) : build_resnet(model);
@@ -528,8 +542,14 @@ void ScriptedModel::cast_parameters(
   }
 }
 
+torch::jit::Module& ScriptedModel::module() { return impl_->module; }
+
 ModelOutput ScriptedModel::forward(const torch::Tensor& images) const {
   torch::NoGradGuard no_grad;
+  return forward_with_grad(images);
+}
+
+ModelOutput ScriptedModel::forward_with_grad(const torch::Tensor& images) const {
   c10::IValue result;
   try {
     // Module is a handle: a copy shares the module, and forward only reads its state.
@@ -555,8 +575,31 @@ ModelOutput ScriptedModel::forward(const torch::Tensor& images) const {
       return out;
     }
   }
+  if (result.isGenericDict()) {
+    const auto regression_ok = [&](const c10::IValue& v) {
+      return batch_of(v, batch, 2) || batch_of(v, batch, 1);
+    };
+    for (const auto& item : result.toGenericDict()) {
+      const std::string key = item.key().isString() ? item.key().toStringRef() : "";
+      const c10::IValue& value = item.value();
+      if (key == "logits" && batch_of(value, batch, 2)) {
+        out.logits = value.toTensor();
+      } else if (key == "distillation" && batch_of(value, batch, 2)) {
+        out.distillation = value.toTensor();
+      } else if (key == "regression" && regression_ok(value)) {
+        out.regression = value.toTensor();
+        if (out.regression.dim() == 1) out.regression = out.regression.unsqueeze(1);
+      } else {
+        throw Error(impl_->path + ": forward returned a dict whose '" + key + "' is " +
+                    describe(value) + ", expected 'logits' [B, classes] and optionally " +
+                    "'distillation' [B, classes] and 'regression' [B, outputs]");
+      }
+    }
+    if (out.logits.defined()) return out;
+  }
   throw Error(impl_->path + ": forward returned " + describe(result) +
-              ", expected a Tensor of logits [B, classes] or a tuple (logits, regression)");
+              ", expected a Tensor of logits [B, classes], a tuple (logits, regression) or a "
+              "dict with 'logits' (and optionally 'distillation', 'regression')");
 }
 
 }  // namespace flowtrain::train

@@ -7,6 +7,10 @@
 
 #include "stages/train/model.hpp"
 
+namespace torch::jit {
+struct Module;
+}
+
 namespace flowtrain::train {
 
 /// Writes `model` as a TorchScript file that plain PyTorch (`torch.jit.load`) or LibTorch
@@ -23,6 +27,9 @@ namespace flowtrain::train {
 /// fsynced, then renamed over `path`, so a reader never sees half a file. Throws
 /// flowtrain::Error naming the path and the reason (unwritable folder, full disk...).
 ///
+/// A TorchScript model (ModelConfig::is_script) is written as itself, with its trained weights
+/// and in eval mode: the module made in PyTorch, its forward and outputs unchanged.
+///
 ///   ViT model(model_config("vit_cpu_student", 224, 101));
 ///   export_torchscript(model, "student.pt");
 ///   // Python: torch.jit.load("student.pt")(images)
@@ -37,8 +44,14 @@ void export_torchscript(const ImageModel& model, const std::string& path);
 ///
 /// Errors are flowtrain::Error, one line each: "<path>: no such file", "<path>: not a
 /// TorchScript model (<reason>)", "<path>: the module has no forward method", and, from
-/// `forward`, "<path>: forward returned <type>, expected a Tensor of logits [B, classes] or a
-/// tuple (logits, regression)" or "<path>: forward failed: <reason>".
+/// `forward`, "<path>: forward returned <type>, expected ..." or "<path>: forward failed:
+/// <reason>".
+///
+/// The outputs a forward may return (the output contract, docs/models.md):
+///   Tensor logits [B, classes]
+///   Tuple[Tensor, Tensor] (logits, regression [B, outputs] or [B])
+///   Dict[str, Tensor] {"logits": ..., "regression": ..., "distillation": [B, classes]}
+///     ("logits" required; "distillation", a DeiT distillation head, is used by training)
 ///
 /// Thread safety: `forward` may be called from several threads at once. It relies on
 /// TorchScript's documented support for concurrent inference on one module (the graph executor
@@ -54,6 +67,10 @@ class ScriptedModel {
   ScriptedModel& operator=(ScriptedModel&&) noexcept;
 
   ModelOutput forward(const torch::Tensor& images) const;
+  /// forward with autograd on (for training the module: ScriptedStudent).
+  ModelOutput forward_with_grad(const torch::Tensor& images) const;
+  /// The loaded module: its parameters are the model's.
+  torch::jit::Module& module();
   /// Casts to `dtype` each parameter that `select(class name of its module, parameter name)`
   /// accepts, e.g. ("__torch__.torch.nn.modules.linear.Linear", "weight").
   void cast_parameters(const std::function<bool(const std::string&, const std::string&)>& select,

@@ -28,7 +28,13 @@ constexpr std::size_t kRecentSteps = 20;
 
 ModelConfig ModelOptions::config() const {
   if (classes < 1) throw Error("param 'classes' is required (>= 1)");
-  ModelConfig config = model_config(model, image_size, classes);
+  const std::vector<std::string>& presets = model_presets();
+  const bool preset = std::find(presets.begin(), presets.end(), model) != presets.end();
+  ModelConfig config = preset ? model_config(model, image_size, classes)
+                              : ModelConfig{.arch = "torchscript",
+                                            .image_size = image_size,
+                                            .classes = classes,
+                                            .script = model};
   const auto override_with = [](int option, int& field) {
     if (option > 0) field = option;
   };
@@ -45,7 +51,10 @@ ModelConfig ModelOptions::config() const {
       config.stage_blocks.push_back(static_cast<int>(blocks));
     }
   }
-  if (!stem.empty()) config.stem = stem;
+  if (!stem.empty()) {
+    if (!preset) throw Error("model '" + model + "': stem does not apply to a TorchScript model");
+    config.stem = stem;
+  }
   config.regression_outputs = regression_outputs;
   config.dropout = dropout;
   config.drop_path = drop_path;
@@ -91,7 +100,10 @@ void TrainStepStage::check(const Options& options) {
       options.checkpoint_dir.empty()) {
     throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
   }
-  options.model.config();
+  if (options.model.config().is_script() && options.pipeline.partitions > 1) {
+    throw Error("param 'partitions': a TorchScript model (" + options.model.model +
+                ") has no blocks to split between partitions; use partitions: 1");
+  }
   options.pipeline.config(options.intraop_threads);
 }
 
@@ -300,7 +312,7 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"forward_ms", s.forward_s * per_step_ms});
     out.push_back({"backward_ms", s.backward_s * per_step_ms});
     out.push_back({"optimizer_ms", s.optimizer_s * per_step_ms});
-    if (s.forward_s + s.backward_s > 0) {
+    if (s.forward_s + s.backward_s > 0 && !s.trainer->model()->config().is_script()) {
       // The matrix products' rate in forward and backward: how near the machine's ceiling.
       out.push_back({"gflops", static_cast<double>(s.trainer->model()->config().train_flops()) *
                                    static_cast<double>(s.live_images.load()) /

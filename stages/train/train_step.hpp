@@ -15,8 +15,9 @@ namespace flowtrain::train {
 
 /// The model a training stage builds from its options: a preset (model, image_size, classes,
 /// regression_outputs) with optional overrides of its shape (patch_size, dim, depth, heads,
-/// stage_blocks, stem; 0 or empty keeps the preset's) and its regularisation. A group of
-/// TrainStepOptions, its keys flat in YAML.
+/// stage_blocks, stem; 0 or empty keeps the preset's) and its regularisation, or a TorchScript
+/// file (model: student.pt), which takes only image_size, classes and the regression params. A
+/// group of TrainStepOptions, its keys flat in YAML.
 struct ModelOptions {
   std::string model = "vit_cpu_student";
   int image_size = 112;
@@ -34,8 +35,10 @@ struct ModelOptions {
   bool distillation_token = false;
   template <class Declare>
   void declare(Declare& d) {
-    d(model, "model", "model preset (vit_*: a ViT; resnet*: a ResNet of basic blocks)",
-      {.choices = model_presets()});
+    d(model, "model",
+      "model preset (vit_*: a ViT; resnet*: a ResNet of basic blocks), or a TorchScript file "
+      "made in PyTorch (torch.jit.script(model).save(path); its outputs: docs/models.md)",
+      {.choices = model_presets(), .type = ParamType::kPath});
     d(image_size, "image_size", "input side in pixels (augment's size)", {.min = 1, .max = 8192});
     d(classes, "classes", "number of classes (required)", {.min = 0, .max = 1 << 20});
     d(regression_outputs, "regression_outputs", "size of the regression head (0: none)",
