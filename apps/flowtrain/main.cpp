@@ -194,8 +194,13 @@ int export_model(const ExportOptions& o) {
   std::string weights_from = "the model in " + o.checkpoint + " (step " +
                              std::to_string(checkpoint.state.step) + ")";
   if (!o.init.empty()) {
-    const train::InitCounts counts =
-        train::init_weights(*model, {.path = o.init, .skip = train::skip_prefixes(o.init_skip)});
+    train::InitCounts counts;
+    try {
+      counts = train::init_weights(*model,
+                                   {.path = o.init, .skip = train::skip_prefixes(o.init_skip)});
+    } catch (const flowtrain::Error& e) {
+      throw flowtrain::Error(std::string("--init: ") + e.what());
+    }
     weights_from = "the model of " + o.checkpoint + " with the weights of " + o.init + " (" +
                    std::to_string(counts.loaded) + " tensors loaded, " +
                    std::to_string(counts.skipped) + " skipped)";

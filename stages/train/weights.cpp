@@ -630,6 +630,10 @@ class StateDictUnpickler {
       if (!args.items.empty()) fail(name + " with arguments");
       return make(PyValue::Kind::kDict);
     }
+    // LibTorch's pickle_save (our own state_dict files) tags a dict with its type.
+    if (name == "torch.jit._pickle.restore_type_tag" && args.items.size() == 2) {
+      return args.items[0];
+    }
     if (name == "torch._utils._rebuild_parameter" && !args.items.empty() &&
         args.items[0]->kind == PyValue::Kind::kTensor) {
       return args.items[0];
