@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
+#include "stages/data/image_decode.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/resnet.hpp"
 #include "stages/train/torch_error.hpp"
@@ -907,12 +909,22 @@ StateDict read_weights(const std::string& path) {
   if (!std::filesystem::is_regular_file(path, ec)) throw Error(path + ": no such weights file");
   std::vector<std::uint8_t> buffer;
   std::span<const std::uint8_t> bytes;
-  read_checked_archive(path, "weights file", buffer, bytes);  // the CRCs, if it is a zip
-  // By its name, a damaged safetensors file still gets the reason it is damaged.
+  if (const std::string problem =
+          data::read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
+      !problem.empty()) {
+    throw Error(path + ": cannot read (" + problem + ")");
+  }
+  // By its name, a damaged safetensors file still gets the reason it is damaged. (Before the
+  // zip check: raw tensor data may hold a zip directory's signature by chance.)
   const bool named_safetensors =
       path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   if (named_safetensors || looks_like_safetensors(bytes)) return parse_safetensors(bytes, path);
   const bool zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
+  if (zip) {
+    if (const std::string problem = zip_problem(bytes); !problem.empty()) {
+      throw Error(path + ": damaged weights file (" + problem + ")");
+    }
+  }
   if (!zip) {
     if (bytes.size() >= 2 && bytes[0] == 0x80 && bytes[1] <= 5) {
       throw Error(path + ": torch.save's legacy format (_use_new_zipfile_serialization=False): "
