@@ -8,8 +8,11 @@
 //                                                phases that ran (a stopped one's too) as JSON
 //   flowtrain check CONFIG [key.path=value ...]  validate only: print the graph of each phase and
 //                                                exit 0, or one line naming the problem
-//   flowtrain export CHECKPOINT --out FILE.pt    write a trained model as TorchScript (for
-//                                                flowtrain-predict or PyTorch)
+//   flowtrain export CHECKPOINT --out FILE       write a trained model as TorchScript (for
+//                [--format F] [--layout L]       flowtrain-predict or PyTorch), or its weights
+//                [--init W [--init-skip P]]      as a state_dict or safetensors file for
+//                                                load_state_dict (docs/models.md); --init: the
+//                                                checkpoint's model with the weights of file W
 //   flowtrain stages [--markdown]                every registered stage with its parameters
 //
 // run, check and stages take --plugin FILE.so (repeatable): a shared library of stages of one's
@@ -38,6 +41,7 @@
 #include "stages/data/synthetic.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/torchscript.hpp"
+#include "stages/train/weights.hpp"
 
 namespace {
 
@@ -167,13 +171,67 @@ int pack(const std::string& out,
   return 0;
 }
 
-int export_model(const std::string& checkpoint_path, const std::string& out) {
-  const flowtrain::train::Checkpoint checkpoint = flowtrain::train::read_checkpoint(checkpoint_path);
-  flowtrain::train::ImageModel model = flowtrain::train::load_model(checkpoint);
-  flowtrain::train::export_torchscript(model, out);
-  std::cout << "wrote " << out << ": TorchScript of the model in " << checkpoint_path << " (step "
-            << checkpoint.state.step << ", " << flowtrain::train::parameter_count(*model)
-            << " parameters); run it with flowtrain-predict " << out << " IMAGE...\n";
+struct ExportOptions {
+  std::string checkpoint, out;
+  std::string format;  // torchscript, state_dict, safetensors; empty: by out's extension
+  std::string layout = "flowtrain";
+  std::string init, init_skip;
+};
+
+int export_model(const ExportOptions& o) {
+  namespace train = flowtrain::train;
+  std::string format = o.format;
+  if (format.empty()) {
+    const bool safetensors = o.out.size() >= 12 && o.out.rfind(".safetensors") == o.out.size() - 12;
+    format = safetensors ? "safetensors" : "torchscript";
+  }
+  if (format == "torchscript" && o.layout != "flowtrain") {
+    throw flowtrain::Error("--layout " + o.layout +
+                           " applies to --format state_dict or safetensors (a TorchScript "
+                           "module keeps our names)");
+  }
+  if (!o.init_skip.empty() && o.init.empty()) {
+    throw flowtrain::Error("--init-skip needs --init (the file whose other tensors are loaded)");
+  }
+  const train::Checkpoint checkpoint = train::read_checkpoint(o.checkpoint);
+  train::ImageModel model = train::load_model(checkpoint);
+  std::string weights_from = "the model in " + o.checkpoint + " (step " +
+                             std::to_string(checkpoint.state.step) + ")";
+  if (!o.init.empty()) {
+    train::InitCounts counts;
+    try {
+      counts = train::init_weights(*model,
+                                   {.path = o.init, .skip = train::skip_prefixes(o.init_skip)});
+    } catch (const flowtrain::Error& e) {
+      throw flowtrain::Error(std::string("--init: ") + e.what());
+    }
+    weights_from = "the model of " + o.checkpoint + " with the weights of " + o.init + " (" +
+                   std::to_string(counts.loaded) + " tensors loaded, " +
+                   std::to_string(counts.skipped) + " skipped)";
+  }
+  if (format == "torchscript") {
+    train::export_torchscript(model, o.out);
+    std::cout << "wrote " << o.out << ": TorchScript of " << weights_from << ", "
+              << train::parameter_count(*model) << " parameters; run it with flowtrain-predict "
+              << o.out << " IMAGE...\n";
+    return 0;
+  }
+  const train::WeightsLayout layout = o.layout == "torchvision" ? train::WeightsLayout::kTorchvision
+                                                                : train::WeightsLayout::kFlowtrain;
+  train::StateDict weights;
+  try {
+    weights = train::model_weights(*model, layout);
+  } catch (const flowtrain::Error& e) {
+    throw flowtrain::Error(o.checkpoint + ": " + e.what());
+  }
+  train::write_weights(o.out, weights,
+                       format == "safetensors" ? train::WeightsFormat::kSafetensors
+                                               : train::WeightsFormat::kStateDict);
+  std::cout << "wrote " << o.out << ": " << weights.size() << " tensors (" << format << ", "
+            << o.layout << " names) of " << weights_from
+            << (format == "safetensors" ? "; docs/models.md shows how PyTorch loads it\n"
+                                        : "; in PyTorch: model.load_state_dict(torch.load(\"" +
+                                              o.out + "\"))\n");
   return 0;
 }
 
@@ -249,11 +307,30 @@ int main(int argc, char** argv) {
   pack_cmd->add_option("--max-side", max_side, "Re-encode images whose longer side is above this")
       ->capture_default_str();
 
-  std::string export_checkpoint, export_out;
+  ExportOptions export_options;
   CLI::App* export_cmd = app.add_subcommand(
-      "export", "Write a trained model (a checkpoint, e.g. final.pt) as a TorchScript file");
-  export_cmd->add_option("checkpoint", export_checkpoint, "flowtrain checkpoint")->required();
-  export_cmd->add_option("--out", export_out, "TorchScript file to write")->required();
+      "export",
+      "Write a trained model (a checkpoint, e.g. final.pt) as a TorchScript file, or its weights "
+      "as a PyTorch state_dict or safetensors file");
+  export_cmd->add_option("checkpoint", export_options.checkpoint, "flowtrain checkpoint")
+      ->required();
+  export_cmd->add_option("--out", export_options.out, "File to write")->required();
+  export_cmd
+      ->add_option("--format", export_options.format,
+                   "torchscript, state_dict (torch.load) or safetensors (default: safetensors "
+                   "for a .safetensors file, else torchscript)")
+      ->check(CLI::IsMember({"torchscript", "state_dict", "safetensors"}));
+  export_cmd
+      ->add_option("--layout", export_options.layout,
+                   "names of a state_dict: flowtrain (ours: timm's ViT, torchvision's ResNet) or "
+                   "torchvision (VisionTransformer's names for a ViT)")
+      ->check(CLI::IsMember({"flowtrain", "torchvision"}))
+      ->capture_default_str();
+  export_cmd->add_option("--init", export_options.init,
+                         "weights file (state_dict, safetensors) loaded into the checkpoint's "
+                         "model before it is written");
+  export_cmd->add_option("--init-skip", export_options.init_skip,
+                         "with --init: comma-separated name prefixes left as in the checkpoint");
 
   try {
     app.parse(argc, argv);
@@ -302,7 +379,7 @@ int main(int argc, char** argv) {
       }
       return pack(pack_out, pack_folder, pack_manifest, max_side);
     }
-    if (export_cmd->parsed()) return export_model(export_checkpoint, export_out);
+    if (export_cmd->parsed()) return export_model(export_options);
     std::cout << (markdown ? flowtrain::stages_markdown() : flowtrain::stages_text());
     return 0;
   } catch (const std::exception& e) {

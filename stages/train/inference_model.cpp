@@ -10,6 +10,7 @@
 #include "stages/train/compute.hpp"
 #include "stages/train/pipeline.hpp"
 #include "stages/train/torchscript.hpp"
+#include "stages/train/weights.hpp"
 
 namespace flowtrain::train {
 
@@ -43,8 +44,15 @@ bool held_in_bf16(const std::string& class_name, const std::string& parameter) {
 
 class CheckpointModel final : public InferenceModel {
  public:
-  CheckpointModel(const Checkpoint& checkpoint, Precision precision)
+  CheckpointModel(const Checkpoint& checkpoint, Precision precision, const std::string& init)
       : model_(load_model(checkpoint)), bf16_(precision == Precision::kBFloat16) {
+    if (!init.empty()) {
+      try {
+        init_weights(*model_, {.path = init});
+      } catch (const Error& e) {
+        throw Error(std::string("param 'init': ") + e.what());
+      }
+    }
     if (!bf16_) return;
     for (const std::shared_ptr<torch::nn::Module>& module : model_->modules()) {
       const char* class_name = module->as<torch::nn::Linear>()   ? "Linear"
@@ -170,21 +178,28 @@ std::vector<double> InferenceModel::piece_seconds(const torch::Tensor& images) {
   return {};
 }
 
-std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path, Precision precision) {
+std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path,
+                                                     Precision precision,
+                                                     const std::string& init) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error(path + ": no such model file (train or export one first)");
   }
   if (const std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) {
-    return std::make_unique<CheckpointModel>(*checkpoint, precision);
+    return std::make_unique<CheckpointModel>(*checkpoint, precision, init);
+  }
+  if (!init.empty()) {
+    throw Error("param 'init': " + path + " is a TorchScript module, which carries its own "
+                "weights; init gives a flowtrain checkpoint's model other weights");
   }
   return std::make_unique<TorchScriptModel>(path, precision);
 }
 
 std::unique_ptr<InferenceModel> InferenceModel::load_required(const std::string& model,
-                                                              Precision precision) {
+                                                              Precision precision,
+                                                              const std::string& init) {
   if (model.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
-  return load(model, precision);
+  return load(model, precision, init);
 }
 
 }  // namespace flowtrain::train

@@ -37,12 +37,16 @@ class InferenceModel {
 
   /// Loads either kind, telling them apart by content; throws Error naming the path and the
   /// reason (missing, neither kind, unreadable).
+  /// With `init` (a weights file, init_weights): a checkpoint's model gets that file's weights
+  /// instead of its own; a TorchScript module refuses it (Error), as it carries its weights.
   static std::unique_ptr<InferenceModel> load(const std::string& path,
-                                              Precision precision = Precision::kFloat32);
+                                              Precision precision = Precision::kFloat32,
+                                              const std::string& init = "");
   /// The file a stage's `model` option names (InferenceOptions); throws Error if it is empty
   /// (not given), else as load(path, precision).
   static std::unique_ptr<InferenceModel> load_required(const std::string& model,
-                                                       Precision precision = Precision::kFloat32);
+                                                       Precision precision = Precision::kFloat32,
+                                                       const std::string& init = "");
 
   /// Runs the model without gradients (under autocast for kBFloat16) on float32 images
   /// [B, C, H, W]; returns float32 outputs. Safe to call from several threads at once.

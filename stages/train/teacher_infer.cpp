@@ -93,8 +93,10 @@ std::pair<int, int> chunk_of(const TeacherInferOptions& options,
 }  // namespace
 
 TeacherInferStage::TeacherInferStage(const Options& options, int partition)
-    : model_(InferenceModel::load_required(options.inference.model, options.inference.precision())),
+    : model_(InferenceModel::load_required(options.inference.model, options.inference.precision(),
+                                           options.init)),
       model_path_(options.inference.model),
+      init_(options.init),
       precision_(options.inference.precision()),
       intraop_threads_(options.inference.intraop_threads),
       partitions_(options.partitions) {
@@ -211,7 +213,15 @@ std::uint64_t TeacherInferStage::fingerprint() const {
 
 std::string TeacherInferStage::input_problem(const Stage& input) const {
   const auto* cache = dynamic_cast<const TeacherCacheStage*>(&input);
-  if (cache == nullptr || cache->teacher() == fingerprint()) return {};
+  if (cache == nullptr) return {};
+  if (!init_.empty()) {
+    // The cache keys its entries by the model file's content, which init's weights replace.
+    return "runs the teacher " + model_path_ + " with init " + init_ +
+           ", but a teacher_cache keys its entries by the model file alone: export the "
+           "initialised teacher (flowtrain export " + model_path_ + " --init " + init_ +
+           " --out TEACHER.pt) and give both that file";
+  }
+  if (cache->teacher() == fingerprint()) return {};
   const auto named = [](const std::string& model, bool bf16) {
     return model + (bf16 ? " (autocast bf16)" : "");
   };

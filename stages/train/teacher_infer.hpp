@@ -30,6 +30,7 @@ namespace flowtrain::train {
 /// pipeline's micro-batches: while one partition runs batch k, the one before runs batch k + 1.
 struct TeacherInferOptions {
   InferenceOptions inference;
+  std::string init;
   int ranks_per_shard = 1;
   int partitions = 1;
   std::vector<double> partition_splits;
@@ -37,6 +38,12 @@ struct TeacherInferOptions {
   template <class Declare>
   void declare(Declare& d) {
     inference.declare(d);
+    d(init, "init",
+      "with a flowtrain checkpoint as model: its architecture with the weights of this file "
+      "instead (a PyTorch state_dict from torch.save or a .safetensors file, every tensor "
+      "matching; see docs/models.md); not behind a teacher_cache (empty: the checkpoint's "
+      "weights)",
+      {.type = ParamType::kOutputPath});
     d(ranks_per_shard, "ranks_per_shard",
       "pipeline ranks that share their samples (the training source's ranks_per_shard): only "
       "the last of each such group runs the teacher, as only the last partition uses its "
@@ -107,6 +114,7 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
 
   std::unique_ptr<InferenceModel> model_;
   std::string model_path_;
+  std::string init_;  // the weights file over the checkpoint's, if any
   InferenceModel::Precision precision_;
   mutable std::once_flag fingerprint_once_;
   mutable std::uint64_t fingerprint_ = 0;  // made when a teacher_cache first asks

@@ -96,6 +96,9 @@ bool PipelineStepOptions::partition_nodes() const {
 }
 
 void TrainStepStage::check(const Options& options) {
+  if (!options.init_skip.empty() && options.init.empty()) {
+    throw Error("param 'init_skip' needs init (the file whose other tensors are loaded)");
+  }
   if ((options.checkpoint_every > 0 || options.snapshot_every > 0 || options.resume) &&
       options.checkpoint_dir.empty()) {
     throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
@@ -115,6 +118,7 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   TrainerOptions trainer;
   trainer.model = options.model.config();
   trainer.seed = options.seed;
+  trainer.init = {.path = options.init, .skip = skip_prefixes(options.init_skip)};
   trainer.optimizer.lr = options.lr;
   trainer.optimizer.min_lr = options.min_lr;
   trainer.optimizer.warmup_steps = options.warmup_steps;
@@ -287,6 +291,10 @@ std::vector<StageResult> TrainStepStage::results() const {
   const TrainingSession& s = *session_;
   std::vector<StageResult> out = {{"steps", static_cast<double>(state().step)}};
   if (s.trainer->resumed()) out.push_back({"resumed_at", static_cast<double>(state().step - s.steps_this_run)});
+  if (const std::optional<InitCounts>& init = s.trainer->init_counts()) {
+    out.push_back({"init_loaded", static_cast<double>(init->loaded)});
+    out.push_back({"init_skipped", static_cast<double>(init->skipped)});
+  }
   const std::size_t n = std::min(s.history.size(), kRecentSteps);
   if (n > 0) {
     double loss = 0;

@@ -128,6 +128,8 @@ struct PipelineStepOptions {
 
 struct TrainStepOptions {
   std::uint64_t seed = 0;
+  std::string init;
+  std::string init_skip;
   double alpha = 0.5;
   double temperature = 2.0;
   double regression_weight = 0.0;
@@ -160,6 +162,15 @@ struct TrainStepOptions {
   void declare(Declare& d) {
     model.declare(d);
     d(seed, "seed", "seed of the initial weights and of dropout", {.min = 0});
+    d(init, "init",
+      "initial weights from a PyTorch file: a state_dict saved by torch.save, a .safetensors "
+      "file or a flowtrain checkpoint, with our names (timm's for a ViT, torchvision's for a "
+      "ResNet) or torchvision's VisionTransformer names; every tensor must match (see "
+      "docs/models.md). A resumed run takes its checkpoint instead (empty: none)",
+      {.type = ParamType::kOutputPath});
+    d(init_skip, "init_skip",
+      "with init: comma-separated name prefixes left as initialised, e.g. \"head\" for a new "
+      "classifier (the report counts init_loaded and init_skipped)");
     d(alpha, "alpha",
       "weight of the label cross-entropy; 1 - alpha goes to distillation (1: supervised, no "
       "teacher needed)",

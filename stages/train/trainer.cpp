@@ -79,6 +79,13 @@ Trainer::Trainer(const TrainerOptions& options,
   if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
   torch::manual_seed(options_.seed);
   model_ = make_model(options_.model);
+  if (!options_.init.path.empty() && !resume_from) {
+    try {
+      init_counts_ = init_weights(*model_, options_.init);
+    } catch (const Error& e) {
+      throw Error(std::string("param 'init': ") + e.what());
+    }
+  }
   if (world) {
     rank_ = world->rank();
     world_size_ = world->size();

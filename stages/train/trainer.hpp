@@ -16,6 +16,7 @@
 #include "stages/train/pipeline_schedule.hpp"
 #include "stages/train/vit.hpp"
 #include "stages/train/weight_average.hpp"
+#include "stages/train/weights.hpp"
 
 namespace c10d {
 class ProcessGroup;
@@ -60,6 +61,10 @@ struct TrainerOptions {
   /// > 0: also keep an exponential moving average of the weights with this decay
   /// (WeightAverage), which checkpoints carry and inference loads.
   double ema_decay = 0;
+  /// A PyTorch state_dict or safetensors file whose weights replace the initial ones, after the
+  /// model is built and before the optimizer, the average and the ranks' broadcast see it
+  /// (init_weights). A resumed trainer takes its checkpoint's weights instead. Empty: none.
+  WeightsInit init;
   // With a process group (data parallelism):
   // ZeRO stage: 1 shards the optimizer state across the ranks, 2 the gradients too; 0 neither.
   int zero = 0;
@@ -163,6 +168,8 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   bool resumed() const { return resumed_; }
+  /// What `init` loaded; nullopt without init, or when resumed.
+  const std::optional<InitCounts>& init_counts() const { return init_counts_; }
   bool pipelined() const { return pipelined_ != nullptr; }
   /// The gradient buckets of a step (forward_backward's count): the group's, or 1.
   std::size_t buckets_per_step() const;
@@ -199,6 +206,7 @@ class Trainer {
   int world_size_ = 1;
   TrainState state_;
   bool resumed_ = false;
+  std::optional<InitCounts> init_counts_;
 
   // The step between forward_backward and apply.
   struct Pending {
