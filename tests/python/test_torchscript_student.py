@@ -109,6 +109,13 @@ def test_a_scripted_torchvision_model_trains_as_in_a_pytorch_loop(setup):
     subprocess.run([CLI, "export", str(tmp_path / "ckpt" / "final.pt"), "--out", exported],
                    check=True, capture_output=True)
     trained = dict(torch.jit.load(exported).state_dict())
+    # The same weights as a state_dict, which torchvision's own resnet18 loads strictly.
+    state_dict = str(tmp_path / "trained.pth")
+    subprocess.run([CLI, "export", str(tmp_path / "ckpt" / "final.pt"), "--format", "state_dict",
+                    "--out", state_dict], check=True, capture_output=True)
+    torchvision.models.resnet18(num_classes=3).load_state_dict(torch.load(state_dict))
+    for name, value in torch.load(state_dict).items():
+        assert torch.equal(value, trained[name]), name
     initial = dict(torch.jit.load(student).state_dict())
     reference = dict(expected.state_dict())
     assert trained.keys() == reference.keys()
