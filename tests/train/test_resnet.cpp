@@ -144,7 +144,7 @@ TEST_CASE("Train.ResNet.BadConfigErrors") {
   fails(c, "ModelConfig: stem must be imagenet or compact (got 'big')");
   c = small_resnet();
   c.arch = "convnext";
-  fails(c, "ModelConfig: arch must be vit or resnet (got 'convnext')");
+  fails(c, "ModelConfig: arch must be vit, resnet or torchscript (got 'convnext')");
   CHECK_THROWS_WITH_AS(model_config("resnet50", 96, 20),
                        doctest::Contains("unknown model preset 'resnet50' (known: vit_ti"), Error);
 }

@@ -314,7 +314,8 @@ TEST_CASE("TorchScript.Load.ErrorsAreOneLine" * doctest::timeout(120)) {
   }
   SUBCASE("forward returns the wrong type or shape") {
     const std::string expected_tail =
-        ", expected a Tensor of logits [B, classes] or a tuple (logits, regression)";
+        ", expected a Tensor of logits [B, classes], a tuple (logits, regression) or a dict "
+        "with 'logits' (and optionally 'distillation', 'regression')";
     const torch::Tensor images = torch::zeros({2, 3, 4, 4});
     struct Case {
       std::string return_type, expression, described;
@@ -327,7 +328,7 @@ TEST_CASE("TorchScript.Load.ErrorsAreOneLine" * doctest::timeout(120)) {
         {"Tensor", "images.flatten(1)[:1]", "Tensor[1, 48]"},  // not one row per image
         {"Tuple[Tensor, Tensor, Tensor]", "(images, images, images)",
          "Tuple[Tensor[2, 3, 4, 4], Tensor[2, 3, 4, 4], Tensor[2, 3, 4, 4]]"},
-        {"Dict[str, Tensor]", "{'logits': images}", "Dict[str, Tensor]"},
+        {"Dict[str, Tensor]", "{'regression': images[:, 0, 0, 0]}", "Dict[str, Tensor]"},
     };
     int i = 0;
     for (const Case& c : cases) {
@@ -338,6 +339,23 @@ TEST_CASE("TorchScript.Load.ErrorsAreOneLine" * doctest::timeout(120)) {
       CHECK(error_of([&] { model.forward(images); }) ==
             path + ": forward returned " + c.described + expected_tail);
     }
+    const std::string path = folder.file("odd_dict.pt");
+    save_module_returning(path, "Dict[str, Tensor]", "{'logits': images}");
+    CHECK(error_of([&] { ScriptedModel(path).forward(images); }) ==
+          path + ": forward returned a dict whose 'logits' is Tensor[2, 3, 4, 4], expected "
+                 "'logits' [B, classes] and optionally 'distillation' [B, classes] and "
+                 "'regression' [B, outputs]");
+  }
+  SUBCASE("a dict of outputs: logits, a distillation head, a [B] regression") {
+    const std::string path = folder.file("dict.pt");
+    save_module_returning(path, "Dict[str, Tensor]",
+                          "{'logits': images.flatten(1), 'distillation': images.flatten(1) * 2.0, "
+                          "'regression': images[:, 0, 0, 0]}");
+    const torch::Tensor images = torch::rand({2, 3, 4, 4});
+    const ModelOutput out = ScriptedModel(path).forward(images);
+    CHECK(torch::equal(out.logits, images.flatten(1)));
+    CHECK(torch::equal(out.distillation, images.flatten(1) * 2.0));
+    CHECK(torch::equal(out.regression, images.index({torch::indexing::Slice(), 0, 0, 0}).unsqueeze(1)));
   }
 }
 
