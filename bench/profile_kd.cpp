@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
         teacher_path, bf16 && !cast_per_call ? train::InferenceModel::Precision::kBFloat16
                                              : train::InferenceModel::Precision::kFloat32);
     std::filesystem::remove(teacher_path);
-    train::Trainer student({.model = student_config, .seed = 1, .bf16 = bf16});
+    train::Trainer student(
+        {.model = student_config, .seed = 1, .autocast = bf16 ? c10::kBFloat16 : c10::kFloat});
     student.set_total_steps(static_cast<std::uint64_t>(warmup + 2 * steps));
 
     torch::manual_seed(2);
@@ -230,7 +231,7 @@ int main(int argc, char** argv) {
       Clock::time_point t = Clock::now();
       {
         RECORD_USER_SCOPE(kParts[0]);
-        train::Autocast per_call(cast_per_call);
+        train::Autocast per_call(cast_per_call ? c10::kBFloat16 : c10::kFloat);
         batch.teacher_logits = teacher->forward(batch.images).logits.to(torch::kFloat);
       }
       if (record) timed[kParts[0]].push_back(ms_since(t));

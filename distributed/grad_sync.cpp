@@ -33,7 +33,7 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 
 struct GradSync::Impl {
   World& world;  // its wait() names a rank that fails or lags
-  c10d::ProcessGroup& group;  // reduces: the world's, or a subgroup's
+  Group& group;  // reduces: the world's, or a subgroup's
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::vector<int> owners;  // ZeRO-2: per parameter, the rank its gradient is reduced to
@@ -62,7 +62,7 @@ struct GradSync::Impl {
   std::chrono::steady_clock::time_point first_launch;
   std::atomic<std::int64_t> last_done_ns{0};
 
-  Impl(World& w, c10d::ProcessGroup& g) : world(w), group(g) {}
+  Impl(World& w, Group& g) : world(w), group(g) {}
 
   bool sharded() const { return !owners.empty(); }
 
@@ -117,10 +117,19 @@ struct GradSync::Impl {
   }
 };
 
+namespace {
+// The device of a module's parameters (the CPU for none).
+c10::Device parameters_device(const torch::nn::Module& model) {
+  const std::vector<torch::Tensor> params = model.parameters();
+  return params.empty() ? c10::Device(c10::DeviceType::CPU) : params.front().device();
+}
+}  // namespace
+
 GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
-    : impl_(std::make_unique<Impl>(world, options.group ? *options.group : world.group())) {
+    : impl_(std::make_unique<Impl>(
+          world, options.group ? *options.group : world.group_for(parameters_device(model)))) {
   Impl& s = *impl_;
-  c10d::ProcessGroup& group = s.group;
+  Group& group = s.group;
   std::size_t index = 0;
   for (const auto& item : model.named_parameters()) {
     if (options.selected.empty() || options.selected.at(index)) {

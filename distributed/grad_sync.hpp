@@ -7,9 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace c10d {
-class ProcessGroup;
-}
+#include "distributed/torch_compat.hpp"
 
 namespace flowtrain::dist {
 
@@ -62,8 +60,9 @@ class GradSync {
     std::int64_t bucket_bytes = 25 << 20;        // PyTorch DDP: 25 MB
     std::vector<int> owners;  // per parameter, its optimizer shard's rank (ZeRO-2); empty: all
     /// The ranks that average (a pipeline partition's data-parallel replicas); null: the
-    /// world's. Ranks and owners above are ranks of this group.
-    c10d::ProcessGroup* group = nullptr;
+    /// world's group for the parameters' device (World::group_for). Ranks and owners above
+    /// are ranks of this group.
+    Group* group = nullptr;
     /// Which of the module's parameters take part (a pipeline partition's); empty: all.
     std::vector<bool> selected;
     /// Gradients accumulate over several backward passes (a pipeline's micro-batches), so no

@@ -5,7 +5,6 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef FLOWTRAIN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
-#include <torch/cuda.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -71,25 +70,22 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
-std::string resolve_backend(const std::string& asked, [[maybe_unused]] int rank) {
-  bool cuda = false;
+// What reduces GPU tensors (CPU tensors always go through Gloo).
+std::string resolve_backend(const std::string& asked) {
 #ifdef FLOWTRAIN_WITH_CUDA
-  cuda = torch::cuda::is_available();
+  const bool nccl = true;
+#else
+  const bool nccl = false;
 #endif
   if (asked == "gloo") return "gloo";
-  if (asked == "auto") return cuda ? "nccl" : "gloo";
+  if (asked == "auto") return nccl ? "nccl" : "gloo";
   if (asked == "nccl") {
-#ifndef FLOWTRAIN_WITH_CUDA
-    throw Error(
-        "backend 'nccl' needs a LibTorch built with CUDA, and this flowtrain was built against a "
-        "CPU-only one: use backend 'gloo'");
-#else
-    if (!cuda) {
-      throw Error("backend 'nccl' needs a CUDA device, and rank " + std::to_string(rank) +
-                  " sees none: use backend 'gloo'");
+    if (!nccl) {
+      throw Error(
+          "backend 'nccl' needs a LibTorch built with CUDA, and this flowtrain was built against "
+          "a CPU-only one: use backend 'gloo'");
     }
     return "nccl";
-#endif
   }
   throw Error("unknown backend '" + asked + "': use auto, gloo or nccl");
 }
@@ -126,8 +122,9 @@ struct World::Impl {
   // a long operation on the main one.
   c10::intrusive_ptr<c10d::TCPStore> monitor;
   mutable std::mutex monitor_mutex;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::map<std::vector<int>, c10::intrusive_ptr<c10d::ProcessGroup>> subgroups;
+  c10::intrusive_ptr<Group> group;
+  c10::intrusive_ptr<Group> gpu_group;  // NCCL, on the first group_for a GPU
+  std::map<std::vector<int>, c10::intrusive_ptr<Group>> subgroups;
   int sequence = 0;  // of barriers and gathers, which every rank calls in the same order
   std::atomic<int> phases_finished{0};  // finished_phase() calls: the phase this rank is in
 
@@ -140,6 +137,7 @@ struct World::Impl {
   ~Impl() {
     stop_heartbeats();
     subgroups.clear();
+    gpu_group.reset();
     group.reset();
     monitor.reset();
     store.reset();  // on rank 0, the store's server goes last
@@ -159,17 +157,12 @@ struct World::Impl {
     options.waitWorkers = false;
     options.timeout = timeout;
     // c10d also logs a failed connection to stderr; the error below says it in one line.
-    // (GLOG_minloglevel=0 in the environment keeps its logs.)
-    const int log_level = FLAGS_minloglevel;
-    if (!std::getenv("GLOG_minloglevel")) FLAGS_minloglevel = google::GLOG_FATAL;
-    struct RestoreLogLevel {
-      int level;
-      ~RestoreLogLevel() { FLAGS_minloglevel = level; }
-    } restore{log_level};
+    // (GLOG_minloglevel=0, or with LibTorch 2.x TORCH_CPP_LOG_LEVEL=INFO, keeps its logs.)
+    const QuietTorchLog quiet;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(host, options);
       options.isServer = false;
-      options.numWorkers = c10::nullopt;
+      options.numWorkers = {};
       monitor = c10::make_intrusive<c10d::TCPStore>(host, options);
     } catch (const std::exception& e) {
       if (options.isServer && !store) {
@@ -340,23 +333,15 @@ struct World::Impl {
     if (verdict != "ok") throw WorldError(verdict);
   }
 
-  void create_group([[maybe_unused]] int local_rank) {
-#ifdef FLOWTRAIN_WITH_CUDA
-    if (backend == "nccl") {
-      c10::cuda::set_device(static_cast<c10::DeviceIndex>(local_rank % c10::cuda::device_count()));
-    }
-#endif
-    group = make_group("pg", rank, size);
-  }
-
   // A process group of `members` ranks in which this one is `member`, its backend's own
-  // rendezvous keys under `prefix` in the store, apart from ours.
-  c10::intrusive_ptr<c10d::ProcessGroup> make_group(const std::string& prefix,
-                                                    int member,
-                                                    int members) {
+  // rendezvous keys under `prefix` in the store, apart from ours: Gloo, or `nccl`.
+  c10::intrusive_ptr<Group> make_group(const std::string& prefix,
+                                       int member,
+                                       int members,
+                                       bool nccl = false) {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
     try {
-      if (backend == "gloo") {
+      if (!nccl) {
         auto options = c10d::ProcessGroupGloo::Options::create(timeout);
         options->devices.push_back(gloo_device(host));
         return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, member, members, options);
@@ -367,11 +352,11 @@ struct World::Impl {
       return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, member, members, options);
 #endif
     } catch (const std::exception& e) {
-      throw WorldError("rank " + std::to_string(rank) + " cannot create the " + backend +
-                       " process group '" + prefix + "' (store at " + address() +
-                       "): " + one_line(e));
+      throw WorldError("rank " + std::to_string(rank) + " cannot create the " +
+                       (nccl ? "nccl" : "gloo") + " process group '" + prefix +
+                       "' (store at " + address() + "): " + one_line(e));
     }
-    throw Error("no process group for backend '" + backend + "'");
+    throw Error("no NCCL process group: this flowtrain was built without CUDA");
   }
 };
 
@@ -390,11 +375,11 @@ World* World::init(const JobPlacement& placement, const WorldOptions& options) {
   impl->port = placement.master_port > 0 ? placement.master_port : kDefaultPort;
   impl->agent_store = placement.agent_store;
   impl->timeout = options.timeout;
-  impl->backend = resolve_backend(options.backend, placement.rank);
+  impl->backend = resolve_backend(options.backend);
   impl->connect();
   impl->start_heartbeats();
   impl->rendezvous(options.config_hash);
-  impl->create_group(placement.local_rank);
+  impl->group = impl->make_group("pg", impl->rank, impl->size);
   g_world.reset(new World(std::move(impl)));
   return g_world.get();
 }
@@ -414,9 +399,21 @@ int World::rank() const { return impl_->rank; }
 int World::size() const { return impl_->size; }
 const std::string& World::backend() const { return impl_->backend; }
 std::string World::address() const { return impl_->address(); }
-c10d::ProcessGroup& World::group() { return *impl_->group; }
+Group& World::group() { return *impl_->group; }
 
-c10d::ProcessGroup& World::subgroup(const std::vector<int>& ranks) {
+Group& World::group_for(const c10::Device& device) {
+  Impl& s = *impl_;
+  if (!device.is_cuda() || s.backend == "gloo") return *s.group;
+  if (!s.gpu_group) {
+#ifdef FLOWTRAIN_WITH_CUDA
+    c10::cuda::set_device(device.index());  // NCCL's communicator binds to the current GPU
+#endif
+    s.gpu_group = s.make_group("pg/nccl", s.rank, s.size, /*nccl=*/true);
+  }
+  return *s.gpu_group;
+}
+
+Group& World::subgroup(const std::vector<int>& ranks) {
   Impl& s = *impl_;
   const auto found = s.subgroups.find(ranks);
   if (found != s.subgroups.end()) return *found->second;

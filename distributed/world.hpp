@@ -10,13 +10,16 @@
 #include <vector>
 
 #include "distributed/job.hpp"
+#include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::dist {
 
 /// How this process joins its data-parallel job.
 struct WorldOptions {
-  std::string backend = "auto";               // auto (NCCL where CUDA, else Gloo), gloo, nccl
+  // What reduces GPU tensors: auto (NCCL where LibTorch has CUDA), gloo, nccl. CPU tensors
+  // always go through Gloo.
+  std::string backend = "auto";
   std::chrono::milliseconds timeout{300000};  // rendezvous and collectives
   std::string config_hash;                    // ranks must agree on it (checked at start)
 };
@@ -59,14 +62,19 @@ class World {
 
   int rank() const;
   int size() const;
-  const std::string& backend() const;  // "gloo" or "nccl"
+  const std::string& backend() const;  // for GPU tensors: "gloo" or "nccl"
   std::string address() const;         // "MASTER_ADDR:PORT" of the store
-  c10d::ProcessGroup& group();
+  /// The world's Gloo group: CPU tensors, and whatever every rank exchanges on the side.
+  Group& group();
+  /// The group that reduces tensors on `device`: group() for the CPU; for a GPU, with backend
+  /// nccl (or auto, where LibTorch has CUDA), an NCCL group on this rank's GPU, made at the
+  /// first call (every rank asks in the same order) and kept, else group().
+  Group& group_for(const c10::Device& device);
   /// A process group of some of the world's ranks (sorted, this one among them), in which
   /// ranks[i] is rank i: c10d's new_group. Every member asks for it, the others never do;
   /// made at the first call and kept. Pipeline and data parallelism together use one per
   /// pipeline and one per partition's data-parallel replicas.
-  c10d::ProcessGroup& subgroup(const std::vector<int>& ranks);
+  Group& subgroup(const std::vector<int>& ranks);
   c10d::Store& store();
   std::chrono::milliseconds timeout() const;
 

@@ -37,7 +37,7 @@ std::int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 struct ShardedOptimizer::Impl {
   // One level of gathering: per rank of its group, the parameters it owns and a buffer for them.
   struct Gather {
-    c10d::ProcessGroup* group;
+    Group* group;
     std::vector<std::vector<torch::Tensor>> by_owner;
     std::vector<torch::Tensor> flat;
   };
@@ -48,7 +48,7 @@ struct ShardedOptimizer::Impl {
 };
 
 ShardedOptimizer::ShardedOptimizer(const Named& params,
-                                   c10d::ProcessGroup& group,
+                                   Group& group,
                                    const Factory& make,
                                    std::vector<int> owners)
     : ShardedOptimizer(params, {Level{&group, std::move(owners)}}, make) {}

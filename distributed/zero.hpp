@@ -10,9 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace c10d {
-class ProcessGroup;
-}
+#include "distributed/torch_compat.hpp"
 
 namespace flowtrain::dist {
 
@@ -40,7 +38,7 @@ class ShardedOptimizer {
   /// `owners[k]`: the rank that owns params[k] (pipeline parallelism: the rank holding its
   /// partition); empty: partition_parameters, ZeroRedundancyOptimizer's balance.
   ShardedOptimizer(const Named& params,
-                   c10d::ProcessGroup& group,
+                   Group& group,
                    const Factory& make,
                    std::vector<int> owners = {});
 
@@ -50,7 +48,7 @@ class ShardedOptimizer {
   /// updates the parameters it owns at every level that names it; the step then gathers level
   /// by level, each parameter broadcast from its owner within each group.
   struct Level {
-    c10d::ProcessGroup* group;
+    Group* group;
     std::vector<int> owners;
   };
   /// With `world`, each gather waits through World::wait: a rank that died or hung is named

@@ -22,12 +22,11 @@ struct ViewKey {
   bool operator==(const ViewKey&) const = default;
 };
 
-/// The tensors of a pooled batch buffer (see BatchPool), and where its batches go.
+/// The tensors of a pooled batch buffer (see BatchPool).
 struct BatchBuffers {
-  at::Tensor images;   // [B, C, H, W] float32 (pinned host memory where `device` is CUDA)
+  at::Tensor images;   // [B, C, H, W] float32 (pinned host memory where batches go to a GPU)
   at::Tensor labels;   // [B] int64
   at::Tensor targets;  // [B, T] float32
-  std::string device = "cpu";
 };
 
 /// One sample already written into its row of a pooled batch buffer (by `decode_crop`), on its
@@ -66,6 +65,16 @@ class TeacherOutputsPending {
                         std::uint64_t teacher) = 0;
 };
 
+/// A batch's copy to a GPU still in flight (stage_to_device's, on a side stream). Destroyed
+/// with the batch, after it waits for the copy: the pinned buffer the copy reads from goes back
+/// to its pool only once the copy is done.
+struct DeviceCopy {
+  virtual ~DeviceCopy() = default;
+  /// Makes the calling thread's current stream wait for the copy (the host does not wait), and
+  /// the copied tensors' memory known to be in use by that stream.
+  virtual void wait_on_current_stream() const = 0;
+};
+
 /// A collated batch. `images` lives in a buffer leased from the collate stage's bounded pool;
 /// the lease returns it when the last copy of the batch is destroyed.
 struct Batch {
@@ -88,7 +97,14 @@ struct Batch {
   /// `partitions`; of teacher_pending's rows only, behind a cache); undefined elsewhere.
   at::Tensor teacher_activation;
   std::shared_ptr<void> lease;
+  /// Set by stage_to_device while the copy to a GPU may be in flight (after `lease`: destroyed
+  /// first); a consumer calls wait_copied() before its GPU work reads the batch.
+  std::shared_ptr<const DeviceCopy> copy;
 
+  /// Orders the calling thread's GPU work after the batch's copy to the GPU (nothing if none).
+  void wait_copied() const {
+    if (copy) copy->wait_on_current_stream();
+  }
   std::int64_t size() const { return images.defined() ? images.size(0) : 0; }
 };
 

@@ -5,38 +5,16 @@
 #include <chrono>
 #include <cstring>
 
+#include "distributed/device.hpp"
 #include "graph/error.hpp"
-
-#if FLOWTRAIN_WITH_CUDA
-#include <ATen/Context.h>
-#endif
 
 namespace flowtrain::data {
 
-bool wants_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
-
-void check_device(const std::string& device) {
-  if (device != "cpu" && !wants_cuda(device)) {
-    throw Error("param 'device' must be 'cpu' or 'cuda[:N]', got '" + device + "'");
-  }
-#if FLOWTRAIN_WITH_CUDA
-  if (wants_cuda(device) && !at::hasCUDA()) {
-    throw Error("device '" + device + "' requested but no CUDA device is available");
-  }
-#else
-  if (wants_cuda(device)) {
-    throw Error("device '" + device +
-                "' requested but this LibTorch was built without CUDA; use device: cpu");
-  }
-#endif
-}
-
-BatchPool::BatchPool(std::size_t capacity, std::string device)
-    : capacity_(capacity), device_(std::move(device)) {}
+BatchPool::BatchPool(std::size_t capacity, bool pinned) : capacity_(capacity), pinned_(pinned) {}
 
 std::shared_ptr<BatchPool> BatchPool::create(std::size_t capacity, const std::string& device) {
-  check_device(device);
-  return std::shared_ptr<BatchPool>(new BatchPool(capacity, device));
+  const bool pinned = dist::resolve_device(device).is_cuda();
+  return std::shared_ptr<BatchPool>(new BatchPool(capacity, pinned));
 }
 
 std::shared_ptr<BatchPool> BatchPool::create(const BatchPoolOptions& options) {
@@ -77,12 +55,11 @@ std::shared_ptr<BatchPool::Buffers> BatchPool::acquire(std::int64_t batch,
   }
   if (!buffers) {
     // Outside the lock: first-touch of fresh memory is slow on these machines.
-    const auto options = at::TensorOptions().pinned_memory(wants_cuda(device_));
+    const auto options = at::TensorOptions().pinned_memory(pinned_);
     buffers = std::make_unique<Buffers>();
     buffers->images = at::empty({batch, channels, height, width}, options.dtype(at::kFloat));
     buffers->labels = at::empty({batch}, options.dtype(at::kLong));
     buffers->targets = at::empty({batch, targets}, options.dtype(at::kFloat));
-    buffers->device = device_;
   }
   auto self = shared_from_this();
   return std::shared_ptr<Buffers>(buffers.release(), [self](Buffers* b) { self->release(b); });

@@ -17,7 +17,7 @@ namespace flowtrain::data {
 struct BatchPoolOptions {
   std::int64_t pool_size = 4;
   double wait_timeout_s = 60;
-  std::string device = "cpu";
+  std::string device = "auto";
   template <class Declare>
   void declare(Declare& d) {
     d(pool_size, "pool_size",
@@ -26,15 +26,10 @@ struct BatchPoolOptions {
     d(wait_timeout_s, "wait_timeout_s", "how long to wait for a free buffer before failing",
       {.min = 0});
     d(device, "device",
-      "cpu, or cuda[:N]: pinned buffers, for stage_to_device's async copy to that device");
+      "where the batches go (auto, cpu, cuda, cuda:N): on a GPU the buffers are pinned host "
+      "memory, for stage_to_device's async copy");
   }
 };
-
-/// True for "cuda" and "cuda:N".
-bool wants_cuda(const std::string& device);
-/// Throws Error unless `device` is "cpu", or "cuda[:N]" with a LibTorch built with CUDA and a
-/// device present.
-void check_device(const std::string& device);
 
 /// A bounded pool of batch buffers (images, labels, targets) of one shape. Buffers are made on
 /// demand up to `capacity`, then reused: no allocation in steady state, and memory bounded.
@@ -49,8 +44,8 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
     double wait_s = 0;      // how long they waited, summed
   };
 
-  /// `device`: where the batches go, "cpu" or "cuda[:N]"; the buffers are then pinned host
-  /// memory. Throws Error for any other device, or a CUDA device this build or host lacks.
+  /// `device`: where the batches go (dist::resolve_device); on a GPU the buffers are pinned
+  /// host memory. Throws Error for a device this build or host lacks.
   static std::shared_ptr<BatchPool> create(std::size_t capacity, const std::string& device);
   /// With `pool_size` buffers for `device` (wait_timeout_s is the caller's, for acquire).
   static std::shared_ptr<BatchPool> create(const BatchPoolOptions& options);
@@ -68,11 +63,11 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   StageWait waiting() const;
 
  private:
-  BatchPool(std::size_t capacity, std::string device);
+  BatchPool(std::size_t capacity, bool pinned);
   void release(Buffers* buffers);
 
   const std::size_t capacity_;
-  const std::string device_;
+  const bool pinned_;
   mutable std::mutex mutex_;
   std::condition_variable freed_;
   std::vector<std::unique_ptr<Buffers>> free_;
@@ -94,9 +89,7 @@ class BatchFiller {
   void add(const ViewKey& view, std::string path);
 
   /// The rows added so far as a Batch that resumes at source position `end_position`, holding
-  /// the lease; closes the batch. Where the buffers' device is CUDA (only where LibTorch has
-  /// CUDA), the tensors are copied to it with non_blocking on a side stream and the pinned
-  /// buffer goes back to the pool at once.
+  /// the lease; closes the batch (stage_to_device then copies it to a GPU).
   Batch take(std::uint64_t end_position);
   /// Drops the batch being filled, if any (its buffers go back to the pool).
   void discard();

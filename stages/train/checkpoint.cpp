@@ -21,6 +21,7 @@ namespace {
 
 constexpr const char* kFormatKey = "flowtrain.format";
 constexpr const char* kAverageKey = "average";  // WeightAverage's weights
+constexpr const char* kDeviceRngKey = "rng.cuda";  // the GPU generator of a run on one
 constexpr std::int64_t kFormatVersion = 1;
 
 // The ModelConfig fields as (key, int member) and (key, double member) pairs: one list for both
@@ -90,7 +91,8 @@ std::int64_t read_int(torch::serialize::InputArchive& archive,
 std::string checkpoint_bytes(const ImageModel& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state,
-                             const ImageModel* average) {
+                             const ImageModel* average,
+                             const c10::Device& device) {
   torch::serialize::OutputArchive archive;
   archive.write(kFormatKey, c10::IValue(kFormatVersion));
   const ModelConfig& config = model->config();
@@ -118,6 +120,11 @@ std::string checkpoint_bytes(const ImageModel& model,
     }
   }
   archive.write("state.epoch", c10::IValue(std::int64_t{state.epoch}));
+  if (state.loss_scale > 0) {
+    archive.write("state.loss_scale", c10::IValue(state.loss_scale));
+    archive.write("state.loss_scale_growth",
+                  c10::IValue(static_cast<std::int64_t>(state.loss_scale_growth)));
+  }
   archive.write("state.pipeline_splits",
                 c10::IValue(std::vector<std::int64_t>(state.pipeline_splits.begin(),
                                                       state.pipeline_splits.end())));
@@ -139,6 +146,11 @@ std::string checkpoint_bytes(const ImageModel& model,
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
     archive.write("rng", generator.get_state());
+  }
+  if (device.is_cuda()) {  // dropout on the GPU draws from the device's generator
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    archive.write(kDeviceRngKey, generator.get_state());
   }
   std::string bytes;
   archive.save_to([&bytes](const void* data, std::size_t size) {
@@ -174,7 +186,9 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
   std::span<const std::uint8_t> bytes;
   read_checked_archive(path, "checkpoint", buffer, bytes);
   try {
-    checkpoint.archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    // On the CPU, whatever device wrote it: the trainer moves what it restores to its own.
+    checkpoint.archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size(),
+                                 c10::Device(c10::DeviceType::CPU));
   } catch (const c10::Error&) {
     return std::nullopt;  // not a LibTorch archive at all
   } catch (const std::exception& e) {
@@ -234,6 +248,16 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
     }
     checkpoint.state.epoch =
         static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
+    if (c10::IValue scale; checkpoint.archive.try_read("state.loss_scale", scale)) {
+      c10::IValue growth;
+      if (!scale.isDouble() || !(scale.toDouble() > 0) ||
+          !checkpoint.archive.try_read("state.loss_scale_growth", growth) || !growth.isInt() ||
+          growth.toInt() < 0) {
+        throw Error(path + ": checkpoint's 'state.loss_scale' is damaged");
+      }
+      checkpoint.state.loss_scale = scale.toDouble();
+      checkpoint.state.loss_scale_growth = static_cast<std::uint64_t>(growth.toInt());
+    }
     if (c10::IValue splits; checkpoint.archive.try_read("state.pipeline_splits", splits)) {
       const std::string damaged = path + ": checkpoint's 'state.pipeline_splits' is damaged";
       if (!splits.isIntList()) throw Error(damaged);
@@ -297,7 +321,8 @@ ImageModel load_model(const Checkpoint& checkpoint) {
 bool restore_training(const Checkpoint& checkpoint,
                       ImageModel model,
                       torch::optim::Optimizer& optimizer,
-                      ImageModel* average) {
+                      ImageModel* average,
+                      const c10::Device& device) {
   if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
     throw Error(checkpoint.path + ": the checkpoint's model differs from the configured one (" +
                 diff + ")");
@@ -313,6 +338,11 @@ bool restore_training(const Checkpoint& checkpoint,
     torch::Tensor rng;
     if (checkpoint.archive.try_read("rng", rng)) {
       at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(rng);
+    }
+    if (device.is_cuda() && checkpoint.archive.try_read(kDeviceRngKey, rng)) {
+      at::Generator generator = at::globalContext().defaultGenerator(device);
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(rng);
     }

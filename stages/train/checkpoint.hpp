@@ -29,6 +29,10 @@ struct TrainState {
   /// With a pipeline: the block indices where its model chunks begin (what a resumed run with
   /// partition_balance: measured splits at, since each rank's optimizer state follows them).
   std::vector<int> pipeline_splits;
+  /// With float16 autocast: GradScaler's scale and its steps without an inf since it last
+  /// changed (0: no loss scaling; not written then).
+  double loss_scale = 0;
+  std::uint64_t loss_scale_growth = 0;
 };
 
 /// A flowtrain checkpoint file as read: the model's shape, the training state, and the archive
@@ -40,7 +44,8 @@ struct Checkpoint {
   mutable torch::serialize::InputArchive archive;  // reading it is not const in LibTorch
 };
 
-/// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG,
+/// A checkpoint file's bytes: the model's shape and weights, `state`, the global CPU RNG (and a
+/// GPU `device`'s),
 /// unless `optimizer` is null (a model-only file) the optimizer state, and unless `average` is
 /// null the averaged weights (entry "average", WeightAverage), which load_model then gives.
 /// Taking the bytes is what must happen between steps; writing them (write_file_atomically)
@@ -48,7 +53,8 @@ struct Checkpoint {
 std::string checkpoint_bytes(const ImageModel& model,
                              const torch::optim::Optimizer* optimizer,
                              const TrainState& state,
-                             const ImageModel* average = nullptr);
+                             const ImageModel* average = nullptr,
+                             const c10::Device& device = c10::Device(c10::DeviceType::CPU));
 
 /// checkpoint_bytes written with write_file_atomically:
 ///
@@ -73,14 +79,16 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path);
 /// weights when the file has them (training with ema_decay), else the trained ones.
 ImageModel load_model(const Checkpoint& checkpoint);
 
-/// Puts the checkpoint's weights into `model`, its state into `optimizer`, and restores the
-/// global CPU random generator. Throws Error if the model's shape differs from the file's.
-/// With `average`: the file's averaged weights go into it, and the result says whether the file
-/// had them (a run that did not average has not).
+/// Puts the checkpoint's weights into `model`, its state into `optimizer` (both then on the
+/// CPU), and restores the global CPU random generator, and a GPU `device`'s when the file has
+/// it. Throws Error if the model's shape differs from the file's. With `average`: the file's
+/// averaged weights go into it, and the result says whether the file had them (a run that did
+/// not average has not).
 bool restore_training(const Checkpoint& checkpoint,
                       ImageModel model,
                       torch::optim::Optimizer& optimizer,
-                      ImageModel* average = nullptr);
+                      ImageModel* average = nullptr,
+                      const c10::Device& device = c10::Device(c10::DeviceType::CPU));
 
 /// The step files of rank `rank` in `dir` ("step-N.pt", or "step-N.pt.rankR" for R > 0),
 /// oldest first; empty if none or no folder.

@@ -4,6 +4,9 @@
 #include <ATen/autocast_mode.h>
 #include <omp.h>
 
+#include "distributed/torch_compat.hpp"
+#include "graph/error.hpp"
+
 namespace flowtrain::train {
 
 IntraOpThreads::IntraOpThreads(int threads) {
@@ -19,22 +22,36 @@ IntraOpThreads::~IntraOpThreads() {
   if (omp_get_max_threads() != previous_) omp_set_num_threads(previous_);
 }
 
-Autocast::Autocast(bool enabled) : enabled_(enabled) {
+Autocast::Autocast(c10::ScalarType dtype, c10::DeviceType device)
+    : enabled_(dtype != c10::kFloat), device_(device) {
   if (!enabled_) return;
-  previous_ = at::autocast::is_cpu_enabled();
-  at::autocast::set_cpu_enabled(true);
+  previous_ = dist::autocast_enabled(device_);
+  previous_dtype_ = dist::autocast_dtype(device_);
+  dist::set_autocast(device_, true, dtype);
 }
 
 Autocast::~Autocast() {
   if (!enabled_) return;
-  at::autocast::set_cpu_enabled(previous_);
+  dist::set_autocast(device_, previous_, previous_dtype_);
   if (!previous_) at::autocast::clear_cache();
 }
 
-NoAutocast::NoAutocast() : previous_(at::autocast::is_cpu_enabled()) {
-  at::autocast::set_cpu_enabled(false);
+NoAutocast::NoAutocast(c10::DeviceType device)
+    : device_(device), previous_(dist::autocast_enabled(device)) {
+  dist::set_autocast(device_, false, c10::kFloat);
 }
 
-NoAutocast::~NoAutocast() { at::autocast::set_cpu_enabled(previous_); }
+NoAutocast::~NoAutocast() {
+  dist::set_autocast(device_, previous_, dist::autocast_dtype(device_));
+}
+
+c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device) {
+  if (autocast == "bf16") return c10::kBFloat16;
+  if (autocast != "fp16") return c10::kFloat;
+  if (!device.is_cuda()) {
+    throw Error("param 'autocast': fp16 runs on a GPU (device cuda); on the CPU use bf16");
+  }
+  return c10::kHalf;
+}
 
 }  // namespace flowtrain::train

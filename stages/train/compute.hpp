@@ -1,7 +1,11 @@
 #pragma once
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <string>
 
+#include "distributed/device.hpp"
 #include "graph/options.hpp"
 
 namespace flowtrain::train {
@@ -24,31 +28,35 @@ class IntraOpThreads {
   int previous_;
 };
 
-/// Enables CPU autocast to bfloat16 on the calling thread while in scope (when `enabled`).
+/// Enables autocast to `dtype` (bfloat16 or float16) for `device`'s kind on the calling thread
+/// while in scope; float32 leaves it off.
 ///
-///   Autocast bf16(wants_bf16(options.autocast));
+///   Autocast autocast(autocast_dtype(options.autocast, device), device.type());
 class Autocast {
  public:
-  explicit Autocast(bool enabled);
+  explicit Autocast(c10::ScalarType dtype, c10::DeviceType device = c10::DeviceType::CPU);
   ~Autocast();
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
 
  private:
   bool enabled_;
+  c10::DeviceType device_;
   bool previous_ = false;
+  c10::ScalarType previous_dtype_ = c10::kFloat;
 };
 
-/// Disables CPU autocast on the calling thread while in scope: the loss of a forward that ran
-/// under Autocast, computed in float32 as outside it.
+/// Disables autocast for `device`'s kind on the calling thread while in scope: the loss of a
+/// forward that ran under Autocast, computed in float32 as outside it.
 class NoAutocast {
  public:
-  NoAutocast();
+  explicit NoAutocast(c10::DeviceType device = c10::DeviceType::CPU);
   ~NoAutocast();
   NoAutocast(const NoAutocast&) = delete;
   NoAutocast& operator=(const NoAutocast&) = delete;
 
  private:
+  c10::DeviceType device_;
   bool previous_;
 };
 
@@ -70,9 +78,19 @@ void declare_intraop_threads(Declare& d, int& intraop_threads) {
 }
 template <class Declare>
 void declare_autocast(Declare& d, std::string& autocast) {
-  d(autocast, "autocast", "mixed precision of the forward pass", {.choices = {"none", "bf16"}});
+  d(autocast, "autocast",
+    "mixed precision of the forward pass: none, bf16, or fp16 (on a GPU; training then scales "
+    "the loss, as torch.cuda.amp.GradScaler)",
+    {.choices = {"none", "bf16", "fp16"}});
+}
+template <class Declare>
+void declare_device(Declare& d, std::string& device) {
+  d(device, "device", dist::kDeviceDoc);
 }
 /// True if an `autocast` option asks for bfloat16.
 inline bool wants_bf16(const std::string& autocast) { return autocast == "bf16"; }
+/// The dtype an `autocast` option asks for on `device` (float32 for none). Throws Error for
+/// fp16 on the CPU, whose autocast has no float16 and whose loss would need no scaling.
+c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device);
 
 }  // namespace flowtrain::train

@@ -17,8 +17,7 @@
 namespace flowtrain::train {
 
 EvaluateStage::EvaluateStage(const Options& options, const BuildContext& context)
-    : model_(InferenceModel::load_required(options.inference.model,
-                                           options.inference.precision())),
+    : model_(options.inference.load()),
       intraop_threads_(options.inference.intraop_threads),
       world_(context.find<dist::World>()),
       predictions_path_(options.predictions) {
@@ -51,7 +50,12 @@ StageDoc EvaluateStage::describe() {
 
 void EvaluateStage::consume(data::Batch&& batch, ItemContext&) {
   IntraOpThreads threads(intraop_threads_);
-  const ModelOutput out = model_->forward(batch.images);
+  batch.wait_copied();
+  ModelOutput out = model_->forward(batch.images);
+  // Counted on the host, with the batch's labels and targets (a few values a row).
+  for (torch::Tensor* t : {&out.logits, &out.regression, &batch.labels, &batch.targets}) {
+    if (t->defined()) *t = t->cpu();
+  }
   const torch::Tensor& logits = out.logits;
   if (logits.dim() != 2 || logits.size(0) != batch.size()) {
     throw Error("the model returned logits of shape " + c10::str(logits.sizes()) +

@@ -16,16 +16,30 @@ namespace flowtrain::train {
 
 namespace {
 
-// Runs `forward` without gradients and returns float32 outputs; with bf16, under autocast.
+// The dtype a model of `precision` autocasts to (float32: none).
+c10::ScalarType autocast_of(InferenceModel::Precision precision) {
+  switch (precision) {
+    case InferenceModel::Precision::kBFloat16: return c10::kBFloat16;
+    case InferenceModel::Precision::kFloat16: return c10::kHalf;
+    case InferenceModel::Precision::kFloat32: break;
+  }
+  return c10::kFloat;
+}
+
+// Runs `forward` on `device` without gradients and returns float32 outputs there; under
+// autocast to `low` unless it is float32.
 template <class Forward>
-ModelOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward) {
+ModelOutput run_frozen(const torch::Tensor& images,
+                       c10::ScalarType low,
+                       const c10::Device& device,
+                       Forward&& forward) {
   // NoGradGuard rather than InferenceMode: the outputs feed the student's loss, and autograd
   // refuses to save inference-mode tensors for backward.
   torch::NoGradGuard no_grad;
   ModelOutput out;
   {
-    Autocast autocast(bf16);
-    out = forward(images);
+    Autocast autocast(low, device.type());
+    out = forward(images.to(device, /*non_blocking=*/true));
   }
   if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);
   if (out.regression.defined()) out.regression = out.regression.to(torch::kFloat);
@@ -36,6 +50,10 @@ ModelOutput run_frozen(const torch::Tensor& images, bool bf16, Forward&& forward
 // weight and bias of a Linear layer (the built-in ViT casts linear biases too, see vit.cpp) and
 // the weight of a convolution (autocast leaves its bias float32). By the module's class name,
 // which TorchScript keeps ("__torch__.torch.nn.modules.linear.Linear").
+const char* precision_suffix(c10::ScalarType low) {
+  return low == c10::kBFloat16 ? ", bf16" : low == c10::kHalf ? ", fp16" : "";
+}
+
 bool held_in_bf16(const std::string& class_name, const std::string& parameter) {
   const std::string name = class_name.substr(class_name.rfind('.') + 1);
   if (name == "Linear") return parameter == "weight" || parameter == "bias";
@@ -44,8 +62,11 @@ bool held_in_bf16(const std::string& class_name, const std::string& parameter) {
 
 class CheckpointModel final : public InferenceModel {
  public:
-  CheckpointModel(const Checkpoint& checkpoint, Precision precision, const std::string& init)
-      : model_(load_model(checkpoint)), bf16_(precision == Precision::kBFloat16) {
+  CheckpointModel(const Checkpoint& checkpoint,
+                  Precision precision,
+                  const std::string& init,
+                  const c10::Device& device)
+      : model_(load_model(checkpoint)), low_(autocast_of(precision)), device_(device) {
     if (!init.empty()) {
       try {
         init_weights(*model_, {.path = init});
@@ -53,26 +74,28 @@ class CheckpointModel final : public InferenceModel {
         throw Error(std::string("param 'init': ") + e.what());
       }
     }
-    if (!bf16_) return;
+    if (device_.is_cuda()) model_->to(device_);
+    if (low_ == c10::kFloat) return;
     for (const std::shared_ptr<torch::nn::Module>& module : model_->modules()) {
       const char* class_name = module->as<torch::nn::Linear>()   ? "Linear"
                                : module->as<torch::nn::Conv2d>() ? "Conv2d"
                                                                  : "";
       for (auto& parameter : module->named_parameters(/*recurse=*/false)) {
         torch::Tensor& p = parameter.value();
-        if (held_in_bf16(class_name, parameter.key())) p.set_data(p.to(torch::kBFloat16));
+        if (held_in_bf16(class_name, parameter.key())) p.set_data(p.to(low_));
       }
     }
   }
 
   ModelOutput forward(const torch::Tensor& images) override {
-    return run_frozen(images, bf16_, [this](const torch::Tensor& x) { return model_->forward(x); });
+    return run_frozen(images, low_, device_,
+                      [this](const torch::Tensor& x) { return model_->forward(x); });
   }
 
   std::string description() const override {
     char buf[64];
     std::snprintf(buf, sizeof buf, ", %.2fM parameters%s",
-                  static_cast<double>(parameter_count(*model_)) / 1e6, bf16_ ? ", bf16" : "");
+                  static_cast<double>(parameter_count(*model_)) / 1e6, precision_suffix(low_));
     return model_->config().describe() + buf;
   }
 
@@ -88,7 +111,7 @@ class CheckpointModel final : public InferenceModel {
     }
     PartitionOutput out;
     // The activation is handed on as the blocks made it (no cast: the next blocks see it so).
-    out.outputs = run_frozen(input, bf16_, [&](const torch::Tensor& x) {
+    out.outputs = run_frozen(input, low_, device_, [&](const torch::Tensor& x) {
       out.activation = model_->run_blocks(begin == 0 ? model_->embed(x) : x, begin, end);
       return end == blocks ? model_->head(std::exchange(out.activation, torch::Tensor()))
                            : ModelOutput{};
@@ -115,8 +138,8 @@ class CheckpointModel final : public InferenceModel {
 
   std::vector<double> piece_seconds(const torch::Tensor& images) override {
     torch::NoGradGuard no_grad;
-    Autocast autocast(bf16_);
-    return train::piece_seconds(*model_, images, /*backward=*/false);
+    Autocast autocast(low_, device_.type());
+    return train::piece_seconds(*model_, images.to(device_), /*backward=*/false);
   }
 
   std::int64_t weight_bytes() const override {
@@ -129,26 +152,28 @@ class CheckpointModel final : public InferenceModel {
 
  private:
   ImageModel model_;
-  bool bf16_;
+  c10::ScalarType low_;
+  c10::Device device_;
 };
 
 class TorchScriptModel final : public InferenceModel {
  public:
-  TorchScriptModel(const std::string& path, Precision precision)
-      : model_(path), bf16_(precision == Precision::kBFloat16) {
-    if (bf16_) model_.cast_parameters(held_in_bf16, torch::kBFloat16);
+  TorchScriptModel(const std::string& path, Precision precision, const c10::Device& device)
+      : model_(path), low_(autocast_of(precision)), device_(device) {
+    if (device_.is_cuda()) model_.module().to(device_);
+    if (low_ != c10::kFloat) model_.cast_parameters(held_in_bf16, low_);
   }
 
   ModelOutput forward(const torch::Tensor& images) override {
     try {
-      return run_frozen(images, bf16_,
+      return run_frozen(images, low_, device_,
                         [this](const torch::Tensor& x) { return model_.forward(x); });
     } catch (const Error& e) {
       // PyTorch 1.13's fused ops (nn.MultiheadAttention's fast path among them) take no mix of
       // bf16 inputs and float32 weights, and autocast does not cover them.
       const std::string what = e.what();
       const std::size_t dtype = what.find("expected scalar type");
-      if (!bf16_ || dtype == std::string::npos) throw;
+      if (low_ != c10::kBFloat16 || dtype == std::string::npos) throw;
       throw Error(model_.path() + ": fails under autocast: bf16 (" +
                   what.substr(dtype, what.find_first_of(")\n", dtype) - dtype) +
                   ": an op PyTorch 1.13 runs fused, such as nn.MultiheadAttention's fast path, "
@@ -157,12 +182,13 @@ class TorchScriptModel final : public InferenceModel {
   }
 
   std::string description() const override {
-    return bf16_ ? "TorchScript module, bf16" : "TorchScript module";
+    return std::string("TorchScript module") + precision_suffix(low_);
   }
 
  private:
   ScriptedModel model_;
-  bool bf16_;
+  c10::ScalarType low_;
+  c10::Device device_;
 };
 
 }  // namespace
@@ -180,26 +206,31 @@ std::vector<double> InferenceModel::piece_seconds(const torch::Tensor& images) {
 
 std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path,
                                                      Precision precision,
-                                                     const std::string& init) {
+                                                     const std::string& init,
+                                                     const c10::Device& device) {
+  if (precision == Precision::kFloat16 && !device.is_cuda()) {
+    throw Error("param 'autocast': fp16 runs on a GPU (device cuda); on the CPU use bf16");
+  }
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error(path + ": no such model file (train or export one first)");
   }
   if (const std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) {
-    return std::make_unique<CheckpointModel>(*checkpoint, precision, init);
+    return std::make_unique<CheckpointModel>(*checkpoint, precision, init, device);
   }
   if (!init.empty()) {
     throw Error("param 'init': " + path + " is a TorchScript module, which carries its own "
                 "weights; init gives a flowtrain checkpoint's model other weights");
   }
-  return std::make_unique<TorchScriptModel>(path, precision);
+  return std::make_unique<TorchScriptModel>(path, precision, device);
 }
 
 std::unique_ptr<InferenceModel> InferenceModel::load_required(const std::string& model,
                                                               Precision precision,
-                                                              const std::string& init) {
+                                                              const std::string& init,
+                                                              const c10::Device& device) {
   if (model.empty()) throw Error("param 'model' is required (a checkpoint or TorchScript file)");
-  return load(model, precision, init);
+  return load(model, precision, init, device);
 }
 
 }  // namespace flowtrain::train

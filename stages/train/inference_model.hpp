@@ -33,23 +33,31 @@ class InferenceModel {
     /// computes them: a model wholly in bf16 would be slower (LibTorch 1.13's bf16 LayerNorm is
     /// ~9x slower than its float32 one; see docs/benchmarks.md).
     kBFloat16,
+    /// float16 autocast on a GPU, the parameters held as for kBFloat16.
+    kFloat16,
   };
 
-  /// Loads either kind, telling them apart by content; throws Error naming the path and the
-  /// reason (missing, neither kind, unreadable).
+  /// Loads either kind, telling them apart by content, onto `device`; throws Error naming the
+  /// path and the reason (missing, neither kind, unreadable; kFloat16 off a GPU).
   /// With `init` (a weights file, init_weights): a checkpoint's model gets that file's weights
   /// instead of its own; a TorchScript module refuses it (Error), as it carries its weights.
-  static std::unique_ptr<InferenceModel> load(const std::string& path,
-                                              Precision precision = Precision::kFloat32,
-                                              const std::string& init = "");
+  static std::unique_ptr<InferenceModel> load(
+      const std::string& path,
+      Precision precision = Precision::kFloat32,
+      const std::string& init = "",
+      const c10::Device& device = c10::Device(c10::DeviceType::CPU));
   /// The file a stage's `model` option names (InferenceOptions); throws Error if it is empty
-  /// (not given), else as load(path, precision).
-  static std::unique_ptr<InferenceModel> load_required(const std::string& model,
-                                                       Precision precision = Precision::kFloat32,
-                                                       const std::string& init = "");
+  /// (not given), else as load.
+  static std::unique_ptr<InferenceModel> load_required(
+      const std::string& model,
+      Precision precision = Precision::kFloat32,
+      const std::string& init = "",
+      const c10::Device& device = c10::Device(c10::DeviceType::CPU));
 
-  /// Runs the model without gradients (under autocast for kBFloat16) on float32 images
-  /// [B, C, H, W]; returns float32 outputs. Safe to call from several threads at once.
+  /// Runs the model without gradients (under autocast for kBFloat16 and kFloat16) on float32
+  /// images [B, C, H, W], wherever they are (a batch not yet there is copied to the model's
+  /// device); returns float32 outputs on that device. Safe to call from several threads at
+  /// once.
   virtual ModelOutput forward(const torch::Tensor& images) = 0;
 
   /// "ViT dim 384 depth 6 heads 6 patch 16, 10.70M parameters[, bf16]" or "TorchScript
@@ -92,6 +100,7 @@ struct InferenceOptions {
   std::string model;
   int intraop_threads = 1;
   std::string autocast = "none";
+  std::string device = "auto";
   template <class Declare>
   void declare(Declare& d) {
     d(model, "model",
@@ -100,10 +109,17 @@ struct InferenceOptions {
       {.type = ParamType::kOutputPath});
     declare_intraop_threads(d, intraop_threads);
     declare_autocast(d, autocast);
+    declare_device(d, device);
   }
   InferenceModel::Precision precision() const {
-    return wants_bf16(autocast) ? InferenceModel::Precision::kBFloat16
+    return autocast == "bf16"   ? InferenceModel::Precision::kBFloat16
+           : autocast == "fp16" ? InferenceModel::Precision::kFloat16
                                 : InferenceModel::Precision::kFloat32;
+  }
+  /// load_required of `model` with these options.
+  std::unique_ptr<InferenceModel> load(const std::string& init = "") const {
+    return InferenceModel::load_required(model, precision(), init,
+                                         dist::resolve_device(device));
   }
 };
 

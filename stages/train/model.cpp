@@ -1,6 +1,6 @@
 #include "stages/train/model.hpp"
 
-#include <ATen/autocast_mode.h>
+#include "distributed/torch_compat.hpp"
 #include <torch/torch.h>
 
 #include <array>
@@ -289,7 +289,7 @@ ImageModel make_model(const ModelConfig& config) {
 }
 
 torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x) {
-  if (!at::autocast::is_cpu_enabled()) return layer->forward(x);
+  if (!dist::autocast_enabled(c10::DeviceType::CPU)) return layer->forward(x);
   const torch::Tensor& bias = layer->bias;
   return torch::linear(x, layer->weight, bias.defined() ? bias.to(torch::kBFloat16) : bias);
 }

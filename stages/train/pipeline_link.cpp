@@ -21,14 +21,14 @@ constexpr std::int64_t kHeader = 2 + kMaxDims + 2;
 
 struct PipelineLink::Impl {
   dist::World& world;          // its wait() names a rank that fails or lags
-  c10d::ProcessGroup& group;   // the pipeline's ranks
+  dist::Group& group;   // the pipeline's ranks
   int first_rank;              // the job rank of the group's rank 0
   std::array<std::int64_t, 2> batch{};  // number, digest of its samples
   // Sends in flight, with the tensors they read from (from the one thread that runs this
   // process's pipeline rank).
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, std::vector<torch::Tensor>>> sending;
 
-  Impl(dist::World& w, c10d::ProcessGroup& g, int first) : world(w), group(g), first_rank(first) {}
+  Impl(dist::World& w, dist::Group& g, int first) : world(w), group(g), first_rank(first) {}
 
   std::string job_rank(int r) const { return "rank " + std::to_string(first_rank + r); }
 
@@ -43,7 +43,7 @@ struct PipelineLink::Impl {
   }
 };
 
-PipelineLink::PipelineLink(dist::World& world, c10d::ProcessGroup& group, int first_rank)
+PipelineLink::PipelineLink(dist::World& world, dist::Group& group, int first_rank)
     : impl_(std::make_unique<Impl>(world, group, first_rank)) {}
 
 PipelineLink::~PipelineLink() = default;

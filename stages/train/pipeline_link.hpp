@@ -4,11 +4,8 @@
 #include <memory>
 #include <string>
 
+#include "distributed/torch_compat.hpp"
 #include "stages/train/pipeline.hpp"
-
-namespace c10d {
-class ProcessGroup;
-}
 
 namespace flowtrain::dist {
 class World;
@@ -29,7 +26,7 @@ namespace flowtrain::train {
 ///   run_pipeline_batch(schedule, stages, input, threads, weights, &link);
 class PipelineLink final : public PipelineTransport {
  public:
-  PipelineLink(dist::World& world, c10d::ProcessGroup& group, int first_rank);
+  PipelineLink(dist::World& world, dist::Group& group, int first_rank);
   ~PipelineLink() override;
 
   /// The batch the next tensors belong to, by its number and a digest of its samples: a

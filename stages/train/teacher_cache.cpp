@@ -124,8 +124,9 @@ std::string hex(std::uint64_t v) {
 
 }  // namespace
 
-std::uint64_t teacher_fingerprint(const std::string& model, bool bf16) {
-  return data::splitmix64(hash_file(model) ^ (bf16 ? 0xbf16 : 0xf32));
+std::uint64_t teacher_fingerprint(const std::string& model, const std::string& autocast) {
+  const std::uint64_t precision = autocast == "bf16" ? 0xbf16 : autocast == "fp16" ? 0xf16 : 0xf32;
+  return data::splitmix64(hash_file(model) ^ precision);
 }
 
 TeacherCacheStage::TeacherCacheStage(const Options& options, const BuildContext& context)
@@ -157,18 +158,18 @@ StageDoc TeacherCacheStage::describe() {
 
 std::uint64_t TeacherCacheStage::teacher() const {
   std::call_once(teacher_once_,
-                 [&] { teacher_ = teacher_fingerprint(o_.model, wants_bf16(o_.autocast)); });
+                 [&] { teacher_ = teacher_fingerprint(o_.model, o_.autocast); });
   return teacher_;
 }
 
 TeacherOutputCache& TeacherCacheStage::cache_for(const data::Batch& batch) {
   if (cache_) return *cache_;
-  const bool bf16 = wants_bf16(o_.autocast);
   const std::uint64_t recipe = batch.views.empty() ? 0 : batch.views.front().recipe;
   TeacherOutputCache::Options options;
   options.path = o_.path;
   options.fingerprint = {teacher(), recipe,
-                         "teacher " + o_.model + " (" + hex(teacher()) + (bf16 ? ", bf16" : "") +
+                         "teacher " + o_.model + " (" + hex(teacher()) +
+                             (o_.autocast == "none" ? "" : ", " + o_.autocast) +
                              "), data recipe " + hex(recipe)};
   options.top_k = static_cast<std::uint32_t>(o_.top_k);
   options.dtype =

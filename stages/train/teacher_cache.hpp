@@ -44,9 +44,10 @@ struct TeacherCacheOptions {
   }
 };
 
-/// The teacher fingerprint of a cache entry: the content of the teacher file and whether it
-/// runs in bf16. teacher_infer gives its own with the outputs it stores.
-std::uint64_t teacher_fingerprint(const std::string& model, bool bf16);
+/// The teacher fingerprint of a cache entry: the content of the teacher file and the precision
+/// it runs in (its `autocast`: none, bf16 or fp16). teacher_infer gives its own with the
+/// outputs it stores.
+std::uint64_t teacher_fingerprint(const std::string& model, const std::string& autocast);
 
 /// Teacher outputs computed once, keyed by the exact view (TeacherOutputCache): before
 /// teacher_infer, it looks up every row of a batch. A batch whose rows are all stored gets its

@@ -93,15 +93,18 @@ std::pair<int, int> chunk_of(const TeacherInferOptions& options,
 }  // namespace
 
 TeacherInferStage::TeacherInferStage(const Options& options, int partition)
-    : model_(InferenceModel::load_required(options.inference.model, options.inference.precision(),
-                                           options.init)),
+    : model_(options.inference.load(options.init)),
       model_path_(options.inference.model),
       init_(options.init),
-      precision_(options.inference.precision()),
+      autocast_(options.inference.autocast),
       intraop_threads_(options.inference.intraop_threads),
       partitions_(options.partitions) {
   const int k = options.ranks_per_shard;
   skip_ = k > 1 && shard_group(job_placement_from_env(), k).member != k - 1;
+  if (options.partitions > 1 && dist::resolve_device(options.inference.device).is_cuda()) {
+    throw Error("param 'device': a teacher in partitions runs on the CPU only; use device: cpu, "
+                "or partitions: 1 on a GPU");
+  }
   std::tie(begin_, end_) = chunk_of(options, partition, *model_);
   if (partitions_ > 1) model_->keep_only(begin_, end_);
 }
@@ -174,6 +177,7 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
     }
     return std::move(batch);
   }
+  batch.wait_copied();
   // The first partition runs on the images, the others on the activation handed on.
   at::Tensor input = begin_ == 0 ? batch.images : std::move(batch.teacher_activation);
   double seconds = 0;
@@ -192,7 +196,9 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
     }
     if (!last()) return std::move(batch);
     std::shared_ptr<data::TeacherOutputsPending> done = std::move(batch.teacher_pending);
-    done->complete(batch, out.logits, out.regression, seconds, fingerprint());
+    // The cache stores on the host what the teacher computed on its device.
+    const auto host = [](const at::Tensor& t) { return t.defined() ? t.cpu() : t; };
+    done->complete(batch, host(out.logits), host(out.regression), seconds, fingerprint());
     return std::move(batch);
   }
   ModelOutput out = forward(input, seconds, batch.teacher_activation);
@@ -205,8 +211,7 @@ std::optional<data::Batch> TeacherInferStage::process(data::Batch&& batch, ItemC
 
 std::uint64_t TeacherInferStage::fingerprint() const {
   std::call_once(fingerprint_once_, [&] {
-    fingerprint_ =
-        teacher_fingerprint(model_path_, precision_ == InferenceModel::Precision::kBFloat16);
+    fingerprint_ = teacher_fingerprint(model_path_, autocast_);
   });
   return fingerprint_;
 }
@@ -222,13 +227,12 @@ std::string TeacherInferStage::input_problem(const Stage& input) const {
            " --out TEACHER.pt) and give both that file";
   }
   if (cache->teacher() == fingerprint()) return {};
-  const auto named = [](const std::string& model, bool bf16) {
-    return model + (bf16 ? " (autocast bf16)" : "");
+  const auto named = [](const std::string& model, const std::string& autocast) {
+    return model + (autocast == "none" ? "" : " (autocast " + autocast + ")");
   };
-  return "runs the teacher " +
-         named(model_path_, precision_ == InferenceModel::Precision::kBFloat16) +
+  return "runs the teacher " + named(model_path_, autocast_) +
          ", but the teacher_cache it takes batches from keys its entries by " +
-         named(cache->options().model, wants_bf16(cache->options().autocast)) +
+         named(cache->options().model, cache->options().autocast) +
          ": give both the same model and autocast";
 }
 

@@ -115,7 +115,7 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
   std::unique_ptr<InferenceModel> model_;
   std::string model_path_;
   std::string init_;  // the weights file over the checkpoint's, if any
-  InferenceModel::Precision precision_;
+  std::string autocast_;  // none, bf16 or fp16
   mutable std::once_flag fingerprint_once_;
   mutable std::uint64_t fingerprint_ = 0;  // made when a teacher_cache first asks
   int intraop_threads_;

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::train {
@@ -37,7 +38,7 @@ void release(void* data) {
 
 // Data and context are one pointer, as raw_allocate requires of a CPU allocator.
 struct CountingAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) FLOWTRAIN_ALLOCATE_CONST override {
     auto* header = static_cast<Header*>(g_base->raw_allocate(n + sizeof(Header)));
     header->bytes = static_cast<std::int64_t>(n);
     header->slot = t_slot;
@@ -52,6 +53,11 @@ struct CountingAllocator final : c10::Allocator {
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+#if FLOWTRAIN_TORCH_AT_LEAST(2, 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 };
 
 CountingAllocator g_counting;

@@ -96,6 +96,7 @@ bool PipelineStepOptions::partition_nodes() const {
 }
 
 void TrainStepStage::check(const Options& options) {
+  autocast_dtype(options.autocast, dist::resolve_device(options.device));
   if (!options.init_skip.empty() && options.init.empty()) {
     throw Error("param 'init_skip' needs init (the file whose other tensors are loaded)");
   }
@@ -132,7 +133,8 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.clip_grad_norm = options.clip_grad_norm;
   trainer.ema_decay = options.ema_decay;
   trainer.skip_nonfinite = options.on_nonfinite == "skip";
-  trainer.bf16 = wants_bf16(options.autocast);
+  trainer.device = dist::resolve_device(options.device);
+  trainer.autocast = autocast_dtype(options.autocast, trainer.device);
   trainer.zero = options.zero == "true"    ? 1
                  : options.zero == "false" ? 0
                                            : std::stoi(options.zero);

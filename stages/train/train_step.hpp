@@ -146,6 +146,7 @@ struct TrainStepOptions {
   std::string on_nonfinite = "fail";
   int intraop_threads = 1;
   std::string autocast = "none";
+  std::string device = "auto";
   std::string checkpoint_dir;
   std::uint64_t checkpoint_every = 0;
   std::uint64_t keep_checkpoints = 2;
@@ -205,6 +206,7 @@ struct TrainStepOptions {
       {.choices = {"fail", "skip"}});
     declare_intraop_threads(d, intraop_threads);
     declare_autocast(d, autocast);
+    declare_device(d, device);
     d(checkpoint_dir, "checkpoint_dir", "folder for checkpoints (empty: none written)",
       {.type = ParamType::kOutputPath});
     d(checkpoint_every, "checkpoint_every", "write a checkpoint every N steps (0: only at the end)",

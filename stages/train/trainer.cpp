@@ -30,6 +30,16 @@ std::string number(double v) {
   return buf;
 }
 
+// Moves AdamW's moments to `device` (a checkpoint's optimizer state loads on the CPU).
+void move_optimizer_state(torch::optim::AdamW& optimizer, const c10::Device& device) {
+  for (auto& item : optimizer.state()) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*item.second);
+    state.exp_avg(state.exp_avg().to(device));
+    state.exp_avg_sq(state.exp_avg_sq().to(device));
+    if (state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(state.max_exp_avg_sq().to(device));
+  }
+}
+
 // Which samples a batch holds (FNV-1a over their views, else their labels), as a non-negative
 // int64: the ranks of a pipeline must agree on it.
 std::uint64_t sample_digest(const data::Batch& batch) {
@@ -58,8 +68,8 @@ struct Trainer::Pipelined {
   // the other ranks of its pipeline (`group`); with data parallelism too, `replicas` are the
   // ranks holding the same partition in the other pipelines.
   std::unique_ptr<PipelineLink> link;
-  c10d::ProcessGroup* group = nullptr;
-  c10d::ProcessGroup* replicas = nullptr;
+  dist::Group* group = nullptr;
+  dist::Group* replicas = nullptr;
   // The step's micro-batches, their loss weights (n_m / B), and what the last partition's loss
   // left of each; the batch's labels, to count its right predictions.
   std::vector<torch::Tensor> images, teacher_logits, labels, targets, logits;
@@ -77,8 +87,16 @@ Trainer::Trainer(const TrainerOptions& options,
                  const Checkpoint* resume_from)
     : options_(options) {
   if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
+  const c10::Device& device = options_.device;
+  if (options_.autocast == c10::kHalf && !device.is_cuda()) {
+    throw Error("param 'autocast': fp16 runs on a GPU (device cuda); on the CPU use bf16");
+  }
+  if (device.is_cuda() && options_.pipeline.enabled()) {
+    throw Error("param 'device': pipeline parallelism (partitions, microbatches) runs on the "
+                "CPU only; use device: cpu, or partitions: 1 and microbatches: 1 on a GPU");
+  }
   torch::manual_seed(options_.seed);
-  model_ = make_model(options_.model);
+  model_ = make_model(options_.model);  // initialised on the CPU: the same weights anywhere
   if (!options_.init.path.empty() && !resume_from) {
     try {
       init_counts_ = init_weights(*model_, options_.init);
@@ -86,6 +104,9 @@ Trainer::Trainer(const TrainerOptions& options,
       throw Error(std::string("param 'init': ") + e.what());
     }
   }
+  if (device.is_cuda()) model_->to(device);
+  clock_ = std::make_unique<WorkClock>(device);
+  if (options_.autocast == c10::kHalf) scaler_ = std::make_unique<GradScaler>(options_.loss_scale);
   if (world) {
     rank_ = world->rank();
     world_size_ = world->size();
@@ -134,17 +155,18 @@ Trainer::Trainer(const TrainerOptions& options,
         }
         if (options_.zero >= 2) {
           sync_owners = shares;
-          grad_group_ = &world->group();  // each gradient now on one rank of all
+          grad_group_ = &world->group_for(device);  // each gradient now on one rank of all
         }
         levels.push_back({pipelined_->replicas, std::move(owners)});
       }
       levels.push_back({pipelined_->group, std::move(partition_of)});
     } else {
-      levels.push_back({&world->group(), dist::partition_parameters(numels, world_size_)});
+      levels.push_back(
+          {&world->group_for(device), dist::partition_parameters(numels, world_size_)});
       if (options_.zero >= 2) {
         sync_owners = levels.back().owners;
         for (const int owner : sync_owners) grad_held_.push_back(owner == rank_);
-        grad_group_ = &world->group();
+        grad_group_ = &world->group_for(device);
       }
     }
     zero_ = std::make_unique<dist::ShardedOptimizer>(
@@ -174,10 +196,22 @@ Trainer::Trainer(const TrainerOptions& options,
                   "; resume it with the same number of ranks, zero and partitions settings");
     }
     ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
-    average_restored =
-        restore_training(*resume_from, model_, optimizer(), average_ ? &averaged : nullptr);
+    average_restored = restore_training(*resume_from, model_, optimizer(),
+                                        average_ ? &averaged : nullptr, device);
+    if (device.is_cuda()) {  // a checkpoint loads on the CPU
+      model_->to(device);
+      if (average_restored) averaged->to(device);
+      move_optimizer_state(optimizer(), device);
+    }
     state_ = saved;
     resumed_ = true;
+    if (scaler_ && saved.loss_scale > 0) {
+      scaler_->restore(saved.loss_scale, static_cast<std::int64_t>(saved.loss_scale_growth));
+    }
+  }
+  if (scaler_) {
+    state_.loss_scale = scaler_->scale();
+    state_.loss_scale_growth = static_cast<std::uint64_t>(scaler_->growth_tracker());
   }
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = shards;
@@ -222,7 +256,7 @@ std::vector<int> Trainer::pipeline_splits(ViT& vit,
         {8, config.channels, config.image_size, config.image_size}, generator, torch::kFloat);
     std::vector<double> costs;
     {
-      Autocast autocast(options_.bf16);
+      Autocast autocast(options_.autocast);
       costs = piece_seconds(*vit, probe, /*backward=*/true);
     }
     for (torch::Tensor& p : vit->parameters()) p.mutable_grad().reset();  // as never trained
@@ -283,7 +317,7 @@ void Trainer::build_pipeline(dist::World* world, const Checkpoint* resume_from) 
                 std::to_string(p->schedule.stages));
   }
   Pipelined* pipelined = p.get();
-  const bool bf16 = options_.bf16;
+  const c10::ScalarType autocast = options_.autocast;
   p->splits = splits;
   p->param_stages = vit_parameter_stages(vit, splits);
   if (across_ranks) {
@@ -311,8 +345,8 @@ void Trainer::build_pipeline(dist::World* world, const Checkpoint* resume_from) 
       });
   for (PipelineStageFn& stage : stages) {
     // Each partition's thread runs its forwards under the step's autocast.
-    p->stages.push_back([stage, bf16](const torch::Tensor& x, int m) {
-      Autocast autocast(bf16);
+    p->stages.push_back([stage, autocast](const torch::Tensor& x, int m) {
+      Autocast scope(autocast);
       return stage(x, m);
     });
   }
@@ -344,7 +378,7 @@ torch::Tensor Trainer::begin_step(const data::Batch& batch) {
                 "teacher_infer stage before this one, or set distillation_token: false");
   }
   Pending& p = pending_.emplace();
-  p.out.begin = std::chrono::steady_clock::now();
+  p.out.begin = clock_->start();
   p.out.batch_number = batch.number;
   p.end_position = batch.end_position;
   if (!batch.views.empty()) p.epoch = batch.views.back().epoch;
@@ -380,31 +414,42 @@ std::size_t Trainer::forward_backward(const data::Batch& batch) {
     pipelined_->running->run();  // each partition of this process on a thread of its own
     return end_partitions();
   }
-  using Clock = std::chrono::steady_clock;
-  const torch::Tensor labels = begin_step(batch);
+  batch.wait_copied();
+  // The batch's tensors where the model is (themselves where they are there already).
+  const c10::Device& device = options_.device;
+  const auto here = [&device](const torch::Tensor& t) {
+    return t.defined() ? t.to(device, /*non_blocking=*/true) : t;
+  };
+  const torch::Tensor labels = here(begin_step(batch));
   Pending& p = *pending_;
   {
     RECORD_USER_SCOPE("student forward");  // the parts' names in LibTorch's profiler
     ModelOutput forward;
     {
-      Autocast autocast(options_.bf16);
-      forward = model_->forward(batch.images);
+      Autocast autocast(options_.autocast, device.type());
+      forward = model_->forward(here(batch.images));
     }
-    const torch::Tensor logits = loss_of(forward, batch.teacher_logits, labels, batch.targets, p.loss);
+    const torch::Tensor logits =
+        loss_of(forward, here(batch.teacher_logits), labels, here(batch.targets), p.loss);
     p.out.loss = p.loss.total.item<double>();
     // Counted now: the batch's pooled buffers may be reused once this call returns.
     p.out.correct = static_cast<std::uint64_t>(
-        logits.argmax(1).eq(batch.labels).sum().item<std::int64_t>());
+        logits.argmax(1).eq(here(batch.labels)).sum().item<std::int64_t>());
   }
-  p.out.forward_end = Clock::now();
+  clock_->mark(kForwardEnd);
   {
     RECORD_USER_SCOPE("student backward");
     model_->zero_grad();
     // Backward even for a non-finite loss: with data parallelism every rank must take part
     // in the gradient all-reduce, and the non-finite gradients then tell every rank to skip.
-    p.loss.total.backward();
+    // With float16 the loss is scaled first, so that small gradients stay representable.
+    if (scaler_) {
+      (p.loss.total * scaler_->scale()).backward();
+    } else {
+      p.loss.total.backward();
+    }
   }
-  p.out.backward_end = Clock::now();
+  clock_->mark(kBackwardEnd);
   return end_step();
 }
 
@@ -562,7 +607,8 @@ std::size_t Trainer::end_partitions() {
   }
   step.out.correct = correct;
   if (sync_) sync_->reduce_accumulated();  // pipelines side by side: average over replicas
-  step.out.forward_end = step.out.backward_end = std::chrono::steady_clock::now();
+  clock_->mark(kForwardEnd);
+  clock_->mark(kBackwardEnd);
   return end_step();
 }
 
@@ -624,14 +670,14 @@ void Trainer::sync_bucket(std::size_t b) {
 
 StepOutcome Trainer::apply() {
   if (!pending_) throw Error("Trainer::apply without a step in flight (call forward_backward)");
-  using Clock = std::chrono::steady_clock;
   Pending p = std::move(*pending_);
   pending_.reset();
   StepOutcome& out = p.out;
   if (sync_) sync_->end_step();
-  out.sync_end = Clock::now();
+  clock_->mark(kSyncEnd);
   RECORD_USER_SCOPE("optimizer");
   const std::uint64_t step = state_.step + 1;
+  if (scaler_) scaler_->unscale(model_->parameters());
   const double clip = options_.clip_grad_norm;
   const double grad_norm =
       !grad_held_.empty()
@@ -640,6 +686,15 @@ StepOutcome Trainer::apply() {
 
   state_.data_position = p.end_position;
   if (p.epoch) state_.epoch = *p.epoch;
+  if (scaler_ && !std::isfinite(grad_norm)) {
+    // The loss scale was too high for float16: skip the step and back off, as GradScaler.
+    scaler_->update(/*found_inf=*/true);
+    state_.loss_scale = scaler_->scale();
+    state_.loss_scale_growth = 0;
+    model_->zero_grad();
+    ++state_.skipped_steps;
+    return finish(out);
+  }
   if (!std::isfinite(out.loss) || !std::isfinite(grad_norm)) {
     std::string what = "step " + std::to_string(step) + " (batch " +
                        std::to_string(out.batch_number) + "): " +
@@ -653,8 +708,7 @@ StepOutcome Trainer::apply() {
     }
     model_->zero_grad();
     ++state_.skipped_steps;
-    out.end = Clock::now();
-    return out;
+    return finish(out);
   }
 
   out.lr = scheduled_lr(options_.optimizer, state_.step, state_.total_steps);
@@ -665,9 +719,23 @@ StepOutcome Trainer::apply() {
     optimizer_->step();
   }
   if (average_) average_->update(model_, step);
-  out.end = Clock::now();
+  if (scaler_) {
+    scaler_->update(/*found_inf=*/false);
+    state_.loss_scale = scaler_->scale();
+    state_.loss_scale_growth = static_cast<std::uint64_t>(scaler_->growth_tracker());
+  }
   state_.step = step;
   out.applied = true;
+  return finish(out);
+}
+
+StepOutcome& Trainer::finish(StepOutcome& out) {
+  clock_->mark(kEnd);
+  const std::array<WorkClock::Clock::time_point, WorkClock::kMarks> ends = clock_->finish();
+  out.forward_end = ends[kForwardEnd];
+  out.backward_end = ends[kBackwardEnd];
+  out.sync_end = ends[kSyncEnd];
+  out.end = ends[kEnd];
   return out;
 }
 
@@ -698,7 +766,7 @@ double Trainer::clip_sharded_gradients(double max_norm) {
 std::string Trainer::checkpoint(bool with_optimizer) const {
   const ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
   return checkpoint_bytes(model_, with_optimizer ? &optimizer() : nullptr, state_,
-                          average_ ? &averaged : nullptr);
+                          average_ ? &averaged : nullptr, options_.device);
 }
 
 double Trainer::sync_comm_seconds() const { return sync_ ? sync_->comm_seconds() : 0; }

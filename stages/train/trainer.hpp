@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "distributed/torch_compat.hpp"
 #include "graph/stage.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/train/checkpoint.hpp"
+#include "stages/train/grad_scaler.hpp"
 #include "stages/train/kd_loss.hpp"
 #include "stages/train/optimizer.hpp"
 #include "stages/train/model.hpp"
@@ -17,10 +19,7 @@
 #include "stages/train/vit.hpp"
 #include "stages/train/weight_average.hpp"
 #include "stages/train/weights.hpp"
-
-namespace c10d {
-class ProcessGroup;
-}
+#include "stages/train/work_clock.hpp"
 
 namespace flowtrain::dist {
 class GradSync;
@@ -57,7 +56,14 @@ struct TrainerOptions {
   KdLossOptions loss;
   double clip_grad_norm = 1.0;   // 0: off
   bool skip_nonfinite = false;   // a NaN/infinite loss or gradient: skip the update (else throw)
-  bool bf16 = false;             // autocast the forward to bfloat16
+  /// Autocast the forward to bfloat16 or float16 (float16 on a GPU, with loss scaling:
+  /// GradScaler); float32: off.
+  c10::ScalarType autocast = c10::kFloat;
+  /// Where the model, its optimizer state, its gradients and buckets, and the loss live; a
+  /// batch elsewhere is copied there. Pipelines run on the CPU only.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  /// With float16 autocast: the loss scaler's settings.
+  GradScalerOptions loss_scale;
   /// > 0: also keep an exponential moving average of the weights with this decay
   /// (WeightAverage), which checkpoints carry and inference loads.
   double ema_decay = 0;
@@ -196,12 +202,18 @@ class Trainer {
   std::unique_ptr<dist::ShardedOptimizer> zero_;    // with ZeRO
   std::unique_ptr<dist::GradSync> sync_;            // with a group
   std::unique_ptr<WeightAverage> average_;          // with ema_decay
+  std::unique_ptr<GradScaler> scaler_;              // with float16 autocast
+  // When a step's parts ended on the device (CUDA events on a GPU): marks of StepOutcome.
+  std::unique_ptr<WorkClock> clock_;
+  enum Mark { kForwardEnd, kBackwardEnd, kSyncEnd, kEnd };
+  /// Ends a step: its last mark, and the times of all marks in `out`.
+  StepOutcome& finish(StepOutcome& out);
   dist::World* world_ = nullptr;
   // Gradients sharded (ZeRO-2, partitions on ranks): per parameter, whether this rank holds
   // its gradient after the sync; within grad_group_ each gradient is held by one rank. Empty:
   // every rank holds every gradient.
   std::vector<bool> grad_held_;
-  c10d::ProcessGroup* grad_group_ = nullptr;
+  dist::Group* grad_group_ = nullptr;
   int rank_ = 0;
   int world_size_ = 1;
   TrainState state_;

@@ -59,7 +59,7 @@ TEST_CASE("Train.InferenceModel.Bf16TeacherCastsWeightsOnceAndStaysNearFloat32" 
     const ModelOutput exact = fp32->forward(images);
     ModelOutput autocast;  // what teacher_infer computed before: float32 weights under autocast
     {
-      Autocast scope(true);
+      Autocast scope(c10::kBFloat16);
       autocast = fp32->forward(images);
     }
     const ModelOutput out = bf16->forward(images);
