@@ -299,8 +299,8 @@ PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
                                     TJPF_RGB, TJSAMP_420, 90, TJFLAG_ACCURATEDCT);
           record = reencoded;
           ++result.resized;
-        } catch (const Error& e) {
-          reason = std::string("cannot re-encode as JPEG: ") + e.what();
+        } catch (const Error& failure) {
+          reason = std::string("cannot re-encode as JPEG: ") + failure.what();
         }
       } else {
         record = bytes;
