@@ -13,7 +13,9 @@
 #include <cstring>
 #include <iostream>
 #include <opencv2/core.hpp>
+#ifdef FLOWTRAIN_WITH_IMGCODECS
 #include <opencv2/imgcodecs.hpp>
+#endif
 #include <opencv2/imgproc.hpp>
 #include <optional>
 #include <streambuf>
@@ -288,6 +290,7 @@ class QuietInImdecode final : public std::streambuf {
   std::streambuf* target_;
 };
 
+#ifdef FLOWTRAIN_WITH_IMGCODECS
 cv::Mat quiet_imdecode(const cv::Mat& encoded, int flags) {
   quiet_opencv_decode_errors();
   t_in_imdecode = true;
@@ -296,6 +299,7 @@ cv::Mat quiet_imdecode(const cv::Mat& encoded, int flags) {
   } unmute;
   return cv::imdecode(encoded, flags);
 }
+#endif
 
 DecodeResult decode_other(std::span<const std::uint8_t> bytes,
                           const DecodeOptions& options,
@@ -306,6 +310,10 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
   // reader, fails an assert on a 135-byte file).
   if (format.empty()) return {"not an image (unknown format)"};
   if (!options.other_formats) return {"not a JPEG (" + format + " data) and other_formats is false"};
+#ifndef FLOWTRAIN_WITH_IMGCODECS
+  (void)out;
+  return {"cannot decode " + format + " data: this build has no OpenCV image codecs (JPEG only)"};
+#else
   // The size from the header, before a decoder allocates for it (a lossless WebP of 10 KB may
   // declare 16000x16000 pixels). A header that declares none is refused: the decoder would
   // refuse it too, or find a size we did not check.
@@ -343,6 +351,7 @@ DecodeResult decode_other(std::span<const std::uint8_t> bytes,
   out.height = decoded.rows;
   out.channels = 3;
   return {};
+#endif
 }
 
 DecodeResult decode_any(std::span<const std::uint8_t> bytes,

@@ -66,6 +66,9 @@ int dct_scale_denom(int width, int height, int min_side);
 /// "not an image (unknown format)": OpenCV would try every decoder it has on it, and some abort
 /// the process on damaged data. Their size is read from their header first (`read_image_size`);
 /// one that declares none is refused ("cannot decode TIFF data (no image size in its header)").
+/// A build without OpenCV's imgcodecs (FLOWTRAIN_IMAGE_CODECS=OFF, or not found) decodes JPEGs
+/// only and refuses the others ("cannot decode PNG data: this build has no OpenCV image codecs
+/// (JPEG only)").
 ///
 /// Any libjpeg warning refuses the image (a corrupt scan mostly shows up only as "extraneous
 /// bytes before marker 0xd9", and often not at all), except two about header fields that

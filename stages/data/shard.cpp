@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <turbojpeg.h>
+
 #include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "graph/error.hpp"
 #include "stages/data/image_decode.hpp"
+#include "stages/data/jpeg_encode.hpp"
 #include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
@@ -291,12 +293,14 @@ PackResult pack_dataset(const std::vector<DatasetEntry>& entries,
         const cv::Mat rgb(image.height, image.width, CV_8UC3, image.pixels.data());
         cv::Mat small;
         cv::resize(rgb, small, cv::Size(w, h), 0, 0, cv::INTER_AREA);
-        cv::cvtColor(small, small, cv::COLOR_RGB2BGR);
-        if (cv::imencode(".jpg", small, reencoded, {cv::IMWRITE_JPEG_QUALITY, 90})) {
+        // The bytes cv::imencode(".jpg", BGR, quality 90) gave here before, without imgcodecs.
+        try {
+          reencoded = compress_jpeg(small.data, small.cols, small.rows, static_cast<int>(small.step),
+                                    TJPF_RGB, TJSAMP_420, 90, TJFLAG_ACCURATEDCT);
           record = reencoded;
           ++result.resized;
-        } else {
-          reason = "cannot re-encode as JPEG";
+        } catch (const Error& failure) {
+          reason = std::string("cannot re-encode as JPEG: ") + failure.what();
         }
       } else {
         record = bytes;

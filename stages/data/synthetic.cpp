@@ -9,13 +9,13 @@
 #include <map>
 #include <numbers>
 #include <opencv2/core.hpp>
-#include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <system_error>
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "stages/data/image_decode.hpp"
+#include "stages/data/jpeg_encode.hpp"
 
 namespace flowtrain::data {
 namespace {
@@ -60,38 +60,6 @@ Rgb hsv_to_rgb(double hue, double saturation, double value) {
 std::uint8_t clamp_byte(double v) {
   return static_cast<std::uint8_t>(std::clamp(std::lround(v), 0L, 255L));
 }
-
-/// A TurboJPEG handle that is destroyed with its scope.
-class Compressor {
- public:
-  Compressor() : handle_(tjInitCompress()) {
-    if (handle_ == nullptr) {
-      throw Error(std::string("cannot create a TurboJPEG compressor: ") + tjGetErrorStr2(nullptr));
-    }
-  }
-  Compressor(const Compressor&) = delete;
-  Compressor& operator=(const Compressor&) = delete;
-  ~Compressor() { tjDestroy(handle_); }
-
-  std::vector<std::uint8_t> compress(
-      const std::uint8_t* pixels, int width, int height, int format, int subsampling, int quality) {
-    unsigned char* out = nullptr;
-    unsigned long size = 0;
-    if (tjCompress2(handle_, pixels, width, 0, height, format, &out, &size, subsampling, quality,
-                    0) != 0) {
-      const std::string message = tjGetErrorStr2(handle_);
-      tjFree(out);
-      throw Error("cannot encode a " + std::to_string(width) + "x" + std::to_string(height) +
-                  " JPEG: " + message);
-    }
-    std::vector<std::uint8_t> bytes(out, out + size);
-    tjFree(out);
-    return bytes;
-  }
-
- private:
-  tjhandle handle_;
-};
 
 void check_rgb(const Image& rgb) {
   if (rgb.channels != 3 || rgb.width <= 0 || rgb.height <= 0 ||
@@ -251,8 +219,8 @@ Image render_synthetic_image(std::int64_t label,
 
 std::vector<std::uint8_t> encode_jpeg(const Image& rgb, int quality) {
   check_rgb(rgb);
-  return Compressor().compress(rgb.pixels.data(), rgb.width, rgb.height, TJPF_RGB, TJSAMP_420,
-                               quality);
+  return compress_jpeg(rgb.pixels.data(), rgb.width, rgb.height, 0, TJPF_RGB, TJSAMP_420, quality,
+                       0);
 }
 
 std::vector<std::uint8_t> encode_gray_jpeg(const Image& rgb, int quality) {
@@ -260,11 +228,9 @@ std::vector<std::uint8_t> encode_gray_jpeg(const Image& rgb, int quality) {
   const cv::Mat color(rgb.height, rgb.width, CV_8UC3, const_cast<std::uint8_t*>(rgb.pixels.data()));
   cv::Mat gray;
   cv::cvtColor(color, gray, cv::COLOR_RGB2GRAY);
-  std::vector<std::uint8_t> bytes;
-  if (!cv::imencode(".jpg", gray, bytes, {cv::IMWRITE_JPEG_QUALITY, quality})) {
-    throw Error("cannot encode a grayscale JPEG");
-  }
-  return bytes;
+  // The bytes cv::imencode(".jpg") wrote here before (its accurate DCT), without imgcodecs.
+  return compress_jpeg(gray.data, gray.cols, gray.rows, static_cast<int>(gray.step), TJPF_GRAY,
+                       TJSAMP_GRAY, quality, TJFLAG_ACCURATEDCT);
 }
 
 std::vector<std::uint8_t> encode_cmyk_jpeg(const Image& rgb, int quality) {
@@ -280,7 +246,7 @@ std::vector<std::uint8_t> encode_cmyk_jpeg(const Image& rgb, int quality) {
     }
     out[3] = static_cast<std::uint8_t>(k);
   }
-  return Compressor().compress(cmyk.data(), rgb.width, rgb.height, TJPF_CMYK, TJSAMP_444, quality);
+  return compress_jpeg(cmyk.data(), rgb.width, rgb.height, 0, TJPF_CMYK, TJSAMP_444, quality, 0);
 }
 
 void write_file(const std::string& path, std::span<const std::uint8_t> bytes) {
@@ -315,7 +281,6 @@ GeneratedDataset generate_jpeg_dataset(const SyntheticOptions& options) {
     if (ec) throw Error(class_dirs.back() + ": cannot create folder: " + ec.message());
   }
 
-  Compressor compressor;
   dataset.files.reserve(count);
   for (std::size_t i = 0; i < count; ++i) {
     const auto label = static_cast<std::int64_t>(i % classes);
@@ -329,8 +294,8 @@ GeneratedDataset generate_jpeg_dataset(const SyntheticOptions& options) {
         file.broken != BrokenKind::kUnreadable) {
       const Image image = render_synthetic_image(label, options.classes, options.width,
                                                  options.height, options.seed, i);
-      bytes = compressor.compress(image.pixels.data(), image.width, image.height, TJPF_RGB,
-                                  TJSAMP_420, options.quality);
+      bytes = compress_jpeg(image.pixels.data(), image.width, image.height, 0, TJPF_RGB,
+                            TJSAMP_420, options.quality, 0);
     }
     switch (file.broken) {
       case BrokenKind::kNone:

@@ -76,7 +76,7 @@ Image render_synthetic_image(std::int64_t label,
 /// Encodes an RGB image as a baseline JPEG with 4:2:0 chroma subsampling (TurboJPEG).
 std::vector<std::uint8_t> encode_jpeg(const Image& rgb, int quality);
 
-/// Encodes the luma of an RGB image as a one-channel grayscale JPEG (OpenCV).
+/// Encodes the luma of an RGB image as a one-channel grayscale JPEG (OpenCV's luma, TurboJPEG).
 std::vector<std::uint8_t> encode_gray_jpeg(const Image& rgb, int quality);
 
 /// Encodes an RGB image as a CMYK JPEG the way Photoshop stores one: inverted CMYK (0 = full
