@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
 #include "stages/train/checkpoint.hpp"
@@ -118,8 +119,10 @@ std::vector<Event> events_with_self_time(const prof::ProfilerResult& result) {
   std::vector<Event> events;
   for (const prof::KinetoEvent& e : result.events()) {
     if (e.deviceType() != c10::DeviceType::CPU) continue;
-    events.push_back({e.name(), e.startThreadId(), e.startUs(), e.startUs() + e.durationUs(),
-                      static_cast<double>(e.durationUs()), ""});
+    const std::uint64_t start = flowtrain::dist::event_start_us(e),
+                        duration = flowtrain::dist::event_duration_us(e);
+    events.push_back({e.name(), e.startThreadId(), start, start + duration,
+                      static_cast<double>(duration), ""});
   }
   // Nest by time on each thread: parents start earlier (or end later at the same start).
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {

@@ -11,6 +11,7 @@
 #include <c10/util/Logging.h>
 #include <torch/version.h>
 
+#include <cstdint>
 #include <cstdlib>
 
 #define FLOWTRAIN_TORCH_AT_LEAST(major, minor) \
@@ -91,6 +92,25 @@ inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
   return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
                                          : at::autocast::get_autocast_cpu_dtype();
 #endif
+}
+
+/// A profiler event's (torch::autograd::profiler::KinetoEvent) start and duration in
+/// microseconds: 2.x counts them in nanoseconds (startNs, durationNs), 1.13 in microseconds.
+template <class KinetoEvent>
+std::uint64_t event_start_us(const KinetoEvent& e) {
+  if constexpr (requires { e.startNs(); }) {
+    return e.startNs() / 1000;
+  } else {
+    return e.startUs();
+  }
+}
+template <class KinetoEvent>
+std::uint64_t event_duration_us(const KinetoEvent& e) {
+  if constexpr (requires { e.durationNs(); }) {
+    return e.durationNs() / 1000;
+  } else {
+    return e.durationUs();
+  }
 }
 
 }  // namespace flowtrain::dist
