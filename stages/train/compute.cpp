@@ -45,13 +45,18 @@ NoAutocast::~NoAutocast() {
   dist::set_autocast(device_, previous_, dist::autocast_dtype(device_));
 }
 
-c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device) {
-  if (autocast == "bf16") return c10::kBFloat16;
-  if (autocast != "fp16") return c10::kFloat;
-  if (!device.is_cuda()) {
+void check_autocast(c10::ScalarType dtype, const c10::Device& device) {
+  if (dtype == c10::kHalf && !device.is_cuda()) {
     throw Error("param 'autocast': fp16 runs on a GPU (device cuda); on the CPU use bf16");
   }
-  return c10::kHalf;
+}
+
+c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device) {
+  const c10::ScalarType dtype = autocast == "bf16"   ? c10::kBFloat16
+                                : autocast == "fp16" ? c10::kHalf
+                                                     : c10::kFloat;
+  check_autocast(dtype, device);
+  return dtype;
 }
 
 }  // namespace flowtrain::train

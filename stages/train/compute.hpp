@@ -90,7 +90,10 @@ void declare_device(Declare& d, std::string& device) {
 /// True if an `autocast` option asks for bfloat16.
 inline bool wants_bf16(const std::string& autocast) { return autocast == "bf16"; }
 /// The dtype an `autocast` option asks for on `device` (float32 for none). Throws Error for
-/// fp16 on the CPU, whose autocast has no float16 and whose loss would need no scaling.
+/// fp16 off a GPU (check_autocast).
 c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device);
+/// Throws Error for float16 autocast off a GPU: the CPU's autocast has no float16, and its loss
+/// would need no scaling.
+void check_autocast(c10::ScalarType dtype, const c10::Device& device);
 
 }  // namespace flowtrain::train

@@ -208,9 +208,7 @@ std::unique_ptr<InferenceModel> InferenceModel::load(const std::string& path,
                                                      Precision precision,
                                                      const std::string& init,
                                                      const c10::Device& device) {
-  if (precision == Precision::kFloat16 && !device.is_cuda()) {
-    throw Error("param 'autocast': fp16 runs on a GPU (device cuda); on the CPU use bf16");
-  }
+  check_autocast(autocast_of(precision), device);
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error(path + ": no such model file (train or export one first)");

@@ -1,7 +1,6 @@
 // torch.save's zip read (weight_files.hpp): its pickle, by a reader of the few opcodes a
 // state_dict's uses, each bounds-checked, and its storages through LibTorch's zip reader.
 #include <caffe2/serialize/inline_container.h>
-#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/torch.h>
 
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <string>
 
 #include "graph/error.hpp"
+#include "stages/train/bytes_reader.hpp"
 #include "stages/train/torch_error.hpp"
 #include "stages/train/weight_files.hpp"
 
@@ -46,22 +46,6 @@ PyRef make(PyValue::Kind kind) {
   v->kind = kind;
   return v;
 }
-
-// LibTorch reads the archive from the bytes already read and checked, not the file again.
-class BytesAdapter final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesAdapter(std::span<const std::uint8_t> bytes) : bytes_(bytes) {}
-  std::size_t size() const override { return bytes_.size(); }
-  std::size_t read(std::uint64_t pos, void* buf, std::size_t n, const char*) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<std::size_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  std::span<const std::uint8_t> bytes_;
-};
 
 torch::ScalarType storage_dtype(const std::string& global, const std::string& path) {
   static const std::map<std::string, torch::ScalarType> kStorages = {
@@ -418,7 +402,7 @@ StateDict read_torch_save(std::span<const std::uint8_t> bytes, const std::string
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   try {
     reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
-        std::make_shared<BytesAdapter>(bytes));
+        std::make_shared<BytesReader>(bytes));
   } catch (const std::exception& e) {
     throw Error(path + ": not a weights file (" + short_reason(e) + ")");
   }
@@ -432,7 +416,7 @@ StateDict read_torch_save(std::span<const std::uint8_t> bytes, const std::string
 
 bool is_torchscript_archive(std::span<const std::uint8_t> bytes, const std::string& path) {
   try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesAdapter>(bytes));
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReader>(bytes));
     return reader.hasRecord("constants.pkl");
   } catch (const std::exception& e) {
     throw Error(path + ": not a weights file (" + short_reason(e) + ")");

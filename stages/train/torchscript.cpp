@@ -1,6 +1,5 @@
 #include "stages/train/torchscript.hpp"
 
-#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -15,6 +14,7 @@
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
+#include "stages/train/bytes_reader.hpp"
 #include "stages/train/checkpoint.hpp"
 #include "stages/train/resnet.hpp"
 #include "stages/train/scripted_student.hpp"
@@ -131,22 +131,6 @@ std::string replace_all(std::string text, const std::string& from, const std::st
   }
   return text;
 }
-
-// LibTorch reads the archive from the bytes already read and checked, not the file again.
-class BytesReader final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesReader(std::vector<std::uint8_t> bytes) : bytes_(std::move(bytes)) {}
-  std::size_t size() const override { return bytes_.size(); }
-  std::size_t read(std::uint64_t pos, void* buf, std::size_t n, const char*) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = std::min<std::size_t>(n, bytes_.size() - pos);
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  std::vector<std::uint8_t> bytes_;
-};
 
 // Builds the module tree, one class type per kind, creating each type on first use.
 class ModuleBuilder {
@@ -499,14 +483,13 @@ ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
   std::vector<std::uint8_t> buffer;
   std::span<const std::uint8_t> bytes;
   read_checked_archive(path, "model file", buffer, bytes);
-  buffer.resize(bytes.size());
   // A checkpoint is a LibTorch archive too: it loads, but has no forward.
   const auto checkpoint_hint = [&path] {
     return Error(path + ": a flowtrain checkpoint, not a TorchScript model: make one with "
                  "`flowtrain export " + path + " --out MODEL.pt`");
   };
   try {
-    impl_->module = torch::jit::load(std::make_shared<BytesReader>(std::move(buffer)), device);
+    impl_->module = torch::jit::load(std::make_shared<BytesReader>(bytes), device);
   } catch (const std::exception& e) {
     if (is_checkpoint(path)) throw checkpoint_hint();
     throw Error(path + ": not a TorchScript model (" + short_reason(e) + ")");

@@ -88,9 +88,7 @@ Trainer::Trainer(const TrainerOptions& options,
     : options_(options) {
   if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
   const c10::Device& device = options_.device;
-  if (options_.autocast == c10::kHalf && !device.is_cuda()) {
-    throw Error("param 'autocast': fp16 runs on a GPU (device cuda); on the CPU use bf16");
-  }
+  check_autocast(options_.autocast, device);
   if (device.is_cuda() && options_.pipeline.enabled()) {
     throw Error("param 'device': pipeline parallelism (partitions, microbatches) runs on the "
                 "CPU only; use device: cpu, or partitions: 1 and microbatches: 1 on a GPU");
@@ -208,10 +206,6 @@ Trainer::Trainer(const TrainerOptions& options,
     if (scaler_ && saved.loss_scale > 0) {
       scaler_->restore(saved.loss_scale, static_cast<std::int64_t>(saved.loss_scale_growth));
     }
-  }
-  if (scaler_) {
-    state_.loss_scale = scaler_->scale();
-    state_.loss_scale_growth = static_cast<std::uint64_t>(scaler_->growth_tracker());
   }
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = shards;
@@ -689,8 +683,6 @@ StepOutcome Trainer::apply() {
   if (scaler_ && !std::isfinite(grad_norm)) {
     // The loss scale was too high for float16: skip the step and back off, as GradScaler.
     scaler_->update(/*found_inf=*/true);
-    state_.loss_scale = scaler_->scale();
-    state_.loss_scale_growth = 0;
     model_->zero_grad();
     ++state_.skipped_steps;
     return finish(out);
@@ -719,11 +711,7 @@ StepOutcome Trainer::apply() {
     optimizer_->step();
   }
   if (average_) average_->update(model_, step);
-  if (scaler_) {
-    scaler_->update(/*found_inf=*/false);
-    state_.loss_scale = scaler_->scale();
-    state_.loss_scale_growth = static_cast<std::uint64_t>(scaler_->growth_tracker());
-  }
+  if (scaler_) scaler_->update(/*found_inf=*/false);
   state_.step = step;
   out.applied = true;
   return finish(out);
@@ -765,7 +753,12 @@ double Trainer::clip_sharded_gradients(double max_norm) {
 
 std::string Trainer::checkpoint(bool with_optimizer) const {
   const ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
-  return checkpoint_bytes(model_, with_optimizer ? &optimizer() : nullptr, state_,
+  TrainState state = state_;
+  if (scaler_) {  // the scaler's own state, as it is now
+    state.loss_scale = scaler_->scale();
+    state.loss_scale_growth = static_cast<std::uint64_t>(scaler_->growth_tracker());
+  }
+  return checkpoint_bytes(model_, with_optimizer ? &optimizer() : nullptr, state,
                           average_ ? &averaged : nullptr, options_.device);
 }
 
