@@ -63,8 +63,8 @@
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
 #include "stages/data/synthetic.hpp"
-#include "stages/train/checkpoint.hpp"
-#include "stages/train/vit.hpp"
+#include "stages/train/files/checkpoint.hpp"
+#include "stages/train/models/vit.hpp"
 
 namespace {
 

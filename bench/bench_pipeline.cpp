@@ -22,12 +22,12 @@
 
 #include "bench/bench_util.hpp"
 #include "graph/freed_memory.hpp"
-#include "stages/train/compute.hpp"
-#include "stages/train/pipeline.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/partitioned/batch_runner.hpp"
 
 namespace {
 
-using flowtrain::train::PipelineScheduleKind;
+using flowtrain::train::PartitionScheduleKind;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kBatch = 64;
@@ -35,7 +35,7 @@ constexpr int kBatch = 64;
 struct Layout {
   std::string name;
   bool whole = false;
-  PipelineScheduleKind kind = PipelineScheduleKind::kGPipe;
+  PartitionScheduleKind kind = PartitionScheduleKind::kGPipe;
   int microbatches = 1;
   int chunks = 1;  // stages per rank
 };
@@ -61,10 +61,10 @@ Round run(const Layout& l, int steps, int threads) {
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
   const torch::Tensor images = torch::randn({kBatch, 3, 112, 112});
   const torch::Tensor labels = torch::randint(0, 10, {kBatch}, torch::kLong);
-  const PipelineSchedule schedule =
-      make_pipeline_schedule(l.kind, 2, std::max(1, l.microbatches), l.chunks);
+  const PartitionSchedule schedule =
+      make_partition_schedule(l.kind, 2, std::max(1, l.microbatches), l.chunks);
   const std::int64_t size = kBatch / std::max(1, l.microbatches);
-  const std::vector<PipelineStageFn> stages = vit_pipeline_stages(
+  const std::vector<ModelStageFn> stages = vit_model_stages(
       model, balanced_splits(12, schedule.stages), [&](const ModelOutput& out, int m) {
         return torch::nn::functional::cross_entropy(out.logits,
                                                     labels.slice(0, m * size, (m + 1) * size));
@@ -78,7 +78,7 @@ Round run(const Layout& l, int steps, int threads) {
       IntraOpThreads scope(threads);
       torch::nn::functional::cross_entropy(model->forward(images).logits, labels).backward();
     } else {
-      const PipelineBatchResult b = run_pipeline_batch(
+      const PartitionedBatchResult b = run_partitioned_batch(
           schedule, stages, [&](int m) { return images.slice(0, m * size, (m + 1) * size); }, 1);
       bubbles.push_back(b.bubble);
       r.peak = b.peak_in_flight;
@@ -123,11 +123,11 @@ int main(int argc, char** argv) {
   const int threads = int_arg(argc, argv, "--threads", 2);
   const std::vector<Layout> layouts = {
       {"whole (" + std::to_string(threads) + " intra-op)", true},
-      {"gpipe M=4", false, PipelineScheduleKind::kGPipe, 4},
-      {"gpipe M=8", false, PipelineScheduleKind::kGPipe, 8},
-      {"1f1b M=4", false, PipelineScheduleKind::k1F1B, 4},
-      {"1f1b M=8", false, PipelineScheduleKind::k1F1B, 8},
-      {"interleaved M=8 (2 a rank)", false, PipelineScheduleKind::kInterleaved, 8, 2}};
+      {"gpipe M=4", false, PartitionScheduleKind::kGPipe, 4},
+      {"gpipe M=8", false, PartitionScheduleKind::kGPipe, 8},
+      {"1f1b M=4", false, PartitionScheduleKind::k1F1B, 4},
+      {"1f1b M=8", false, PartitionScheduleKind::k1F1B, 8},
+      {"interleaved M=8 (2 a rank)", false, PartitionScheduleKind::kInterleaved, 8, 2}};
   std::printf(
       "# bench_pipeline\n\n- **Command:** `build/bench/bench_pipeline --steps %d --reps %d "
       "--threads %d`\n- **Date:** %s\n- **Machine:** %s\n"
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
         textbook = buf;
       }
       std::snprintf(buf, sizeof buf, "%.3f",
-                    flowtrain::train::simulate_pipeline(flowtrain::train::make_pipeline_schedule(
+                    flowtrain::train::simulate_pipeline(flowtrain::train::make_partition_schedule(
                                                             l.kind, 2, l.microbatches, l.chunks))
                         .bubble);
       simulated = buf;

@@ -47,11 +47,11 @@
 #include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
-#include "stages/train/checkpoint.hpp"
-#include "stages/train/compute.hpp"
-#include "stages/train/inference_model.hpp"
-#include "stages/train/trainer.hpp"
-#include "stages/train/vit.hpp"
+#include "stages/train/files/checkpoint.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/inference/inference_model.hpp"
+#include "stages/train/step/trainer.hpp"
+#include "stages/train/models/vit.hpp"
 
 namespace {
 

@@ -39,9 +39,9 @@
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/synthetic.hpp"
-#include "stages/train/checkpoint.hpp"
-#include "stages/train/torchscript.hpp"
-#include "stages/train/weights.hpp"
+#include "stages/train/files/checkpoint.hpp"
+#include "stages/train/files/torchscript.hpp"
+#include "stages/train/files/weights.hpp"
 
 namespace {
 

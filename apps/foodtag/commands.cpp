@@ -27,12 +27,12 @@
 #include "graph/error.hpp"
 #include "graph/report_io.hpp"
 #include "stages/data/dataset.hpp"
-#include "stages/train/checkpoint.hpp"
-#include "stages/train/compute.hpp"
-#include "stages/train/folder_lock.hpp"
-#include "stages/train/model.hpp"
-#include "stages/train/predictor.hpp"
-#include "stages/train/torchscript.hpp"
+#include "stages/train/files/checkpoint.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/files/folder_lock.hpp"
+#include "stages/train/models/model.hpp"
+#include "stages/train/inference/predictor.hpp"
+#include "stages/train/files/torchscript.hpp"
 
 namespace foodtag {
 

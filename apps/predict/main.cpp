@@ -34,7 +34,7 @@
 
 #include "graph/error.hpp"
 #include "stages/data/normalizer.hpp"
-#include "stages/train/predictor.hpp"
+#include "stages/train/inference/predictor.hpp"
 
 namespace {
 

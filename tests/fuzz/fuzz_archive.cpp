@@ -4,7 +4,7 @@
 // libFuzzer's coverage-guided build (clang) can run it.
 #include <span>
 
-#include "stages/train/zip_check.hpp"
+#include "stages/train/files/zip_check.hpp"
 #include "tests/fuzz/fuzz_target.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,6 +1,6 @@
 // The checkpoint reader: any file is refused with a clear error (not a checkpoint, a config
 // that does not fit, missing tensors) or loads into a model.
-#include "stages/train/checkpoint.hpp"
+#include "stages/train/files/checkpoint.hpp"
 #include "tests/fuzz/fuzz_target.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -65,7 +65,7 @@ def setup(images, tmp_path):
 
 
 def scheduled_lr(step, total):
-    """stages/train/optimizer.cpp's warm-up and cosine."""
+    """stages/train/step/optimizer.cpp's warm-up and cosine."""
     if step < WARMUP:
         return LR * (step + 1) / WARMUP
     progress = (step - WARMUP) / (total - WARMUP)

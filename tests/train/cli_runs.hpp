@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "stages/train/checkpoint.hpp"
+#include "stages/train/files/checkpoint.hpp"
 #include "tests/process.hpp"
 
 namespace flowtrain::testing {
