@@ -300,7 +300,7 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
+  flowtrain::keep_freed_memory();  // as the apps run (runner::run_phases)
   std::size_t steps = 20;
   int reps = 3;
   std::size_t warmup = 3;

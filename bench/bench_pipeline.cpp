@@ -117,7 +117,7 @@ void print_measured_balance() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
+  flowtrain::keep_freed_memory();  // as the apps run (runner::run_phases)
   const int steps = int_arg(argc, argv, "--steps", 6);
   const int reps = int_arg(argc, argv, "--reps", 3);
   const int threads = int_arg(argc, argv, "--threads", 2);

@@ -115,7 +115,7 @@ void print_breakdown(const std::string& manifest, int size, int reps) {
   for (const auto& entry : flowtrain::data::read_csv_manifest(manifest).entries) {
     std::vector<std::uint8_t> buffer;
     std::span<const std::uint8_t> bytes;
-    if (flowtrain::data::read_file(entry.path, buffer, bytes).empty()) {
+    if (flowtrain::read_file(entry.path, buffer, bytes).empty()) {
       files.emplace_back(bytes.begin(), bytes.end());
     }
   }
@@ -221,7 +221,7 @@ std::string json_string(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
+  flowtrain::keep_freed_memory();  // as the apps run (runner::run_phases)
   std::vector<std::string> manifests;
   std::string json_path;
   int reps = 3;

@@ -167,7 +167,7 @@ std::string fixed(double value, int decimals) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
+  flowtrain::keep_freed_memory();  // as the apps run (runner::run_phases)
   try {
     std::uint64_t items = 1'000'000;
     int reps = 5;

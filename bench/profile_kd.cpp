@@ -48,10 +48,10 @@
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/inference/inference_model.hpp"
-#include "stages/train/step/trainer.hpp"
+#include "stages/train/models/compute.hpp"
 #include "stages/train/models/vit.hpp"
+#include "stages/train/step/trainer.hpp"
 
 namespace {
 
@@ -170,7 +170,7 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  flowtrain::keep_freed_memory();  // as the apps run (dist::run_phases)
+  flowtrain::keep_freed_memory();  // as the apps run (runner::run_phases)
   std::string autocast = "none", teacher_weights = "cast-once";
   int threads = 2, steps = 5, warmup = 3, top = 15;
   bool gemm_table = false;

@@ -1,8 +1,9 @@
-# Installs the libraries, headers and CLI, and exports flowtrain::graph, ::stages, ::data, ::train
-# and ::dist so that find_package(flowtrain) works in a user's own project, with
+# Installs the libraries, headers and CLI, and exports flowtrain::graph, ::stages, ::data, ::train,
+# ::dist and ::runner so that find_package(flowtrain) works in a user's own project, with
 # flowtrain_add_plugin(NAME sources...) for a plugin of stages (cmake/FlowtrainPlugin.cmake).
 include(CMakePackageConfigHelpers)
 install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train flowtrain_dist
+  flowtrain_runner
   flowtrain_opencv
   flowtrain_warnings
   EXPORT flowtrainTargets
@@ -10,7 +11,7 @@ install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train 
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain)
-install(DIRECTORY graph distributed stages DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain
+install(DIRECTORY graph distributed stages runner DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain
   FILES_MATCHING PATTERN "*.hpp")
 install(EXPORT flowtrainTargets NAMESPACE flowtrain::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)

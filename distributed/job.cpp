@@ -89,6 +89,12 @@ ShardGroup shard_group(const JobPlacement& job, int ranks_per_shard) {
   return {job.rank / k, job.world_size / k, job.rank % k};
 }
 
+const JobPlacement& job_placement(const BuildContext& context) {
+  static const JobPlacement alone;
+  const JobPlacement* placement = context.find<JobPlacement>();
+  return placement ? *placement : alone;
+}
+
 JobPlacement job_placement_from_env() {
   JobPlacement p;
   if (env("WORLD_SIZE") || env("RANK")) {

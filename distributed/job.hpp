@@ -3,6 +3,8 @@
 #include <optional>
 #include <string>
 
+#include "graph/build_context.hpp"
+
 namespace flowtrain {
 
 /// Where this process stands in a data-parallel job, as its launcher told it through the
@@ -37,6 +39,11 @@ struct JobPlacement {
 /// torchrun's variables win when both are set. Throws Error naming the variable on a malformed
 /// or inconsistent value (RANK >= WORLD_SIZE, a non-number).
 JobPlacement job_placement_from_env();
+
+/// The placement the runner hands the stages it builds (BuildContext::provide, run_phases), or
+/// a single process's where none was handed (a graph built from C++ alone): stages never read
+/// the launcher's environment themselves.
+const JobPlacement& job_placement(const BuildContext& context);
 
 /// A job's ranks in groups of `ranks_per_shard` consecutive ranks that read the same samples
 /// (a pipeline's): this rank's group, how many groups, and its place in its group. Throws Error

@@ -25,6 +25,8 @@
 #include <sstream>
 #include <thread>
 
+#include "graph/read_file.hpp"
+
 namespace flowtrain::dist {
 
 namespace {
@@ -554,11 +556,12 @@ void World::report_failure(const std::string& message) noexcept {
 
 std::string config_file_fingerprint(const std::string& path,
                                      const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  for (const std::string& o : overrides) text << "\n" << o;
-  return config_fingerprint(text.str());
+  std::vector<std::uint8_t> buffer;
+  std::span<const std::uint8_t> bytes;
+  read_file(path, buffer, bytes);  // unreadable: the run fails on it before the ranks meet
+  std::string text(bytes.begin(), bytes.end());
+  for (const std::string& o : overrides) text += "\n" + o;
+  return config_fingerprint(text);
 }
 
 std::string rank_prefix() {

@@ -12,6 +12,7 @@
 
 #include "graph/error.hpp"
 #include "graph/plugin.hpp"
+#include "graph/read_file.hpp"
 
 namespace flowtrain {
 
@@ -219,7 +220,8 @@ ParamValue parse_param(const ParamSpec& spec,
         if (p.is_relative() && !base_dir.empty() && !loc.is_override(node)) p = base_dir / p;
         return p.lexically_normal().string();
       }
-      case ParamType::kFloatList: {
+      case ParamType::kFloatList:
+      case ParamType::kIntList: {
         if (!node.IsSequence()) wrong();
         std::vector<double> out;
         for (const YAML::Node& item : node) {
@@ -792,33 +794,7 @@ YAML::Node load_root(const std::string& text,
 constexpr std::size_t kMaxConfigBytes = 4 << 20;
 
 std::string read_config_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  // Before it is opened: opening a FIFO waits for a writer, and a device may never end.
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
-    const char* kind = fs::is_directory(status)        ? "a folder"
-                       : fs::is_character_file(status) ? "a character device"
-                       : fs::is_block_file(status)     ? "a block device"
-                       : fs::is_fifo(status)           ? "a FIFO"
-                       : fs::is_socket(status)         ? "a socket"
-                                                       : "a special file";
-    throw Error("cannot read config '" + path + "': it is " + kind + ", not a regular file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error("cannot read config '" + path +
-                "': " + (fs::exists(path) ? "permission denied" : "no such file"));
-  }
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > kMaxConfigBytes) {
-    throw Error("cannot read config '" + path + "': it is larger than " +
-                std::to_string(kMaxConfigBytes >> 20) + " MiB, the most a config may be");
-  }
-  std::string text(ec ? 0 : static_cast<std::size_t>(size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  return text;
+  return read_text_file(path, "config", kMaxConfigBytes);
 }
 
 // Validates a whole config: one pipeline (`stages`) or several run in turn (`phases`), each
@@ -1058,7 +1034,7 @@ std::string entry_output(const PipelineConfig& config, const Registry& registry,
     const StageInfo& info = registered(entry, registry);
     std::string output = name;
     if (info.expand) {
-      for (const ExpandedNode& node : info.expand(entry.params)) {
+      for (const ExpandedNode& node : info.expand(entry.params, config.run)) {
         if (node.always) output = name + "/" + node.node;
       }
     }
@@ -1098,7 +1074,7 @@ std::vector<StageConfig> expanded_stages(const PipelineConfig& config, const Reg
     const std::size_t entry_at = out.size() - 1;
     const bool consumed_by_entries = consumed(config.stages, i, registry);
     const std::string output = entry_output(config, registry, entry.name);
-    for (ExpandedNode& node : info.expand(entry.params)) {
+    for (ExpandedNode& node : info.expand(entry.params, config.run)) {
       if (!node.always && consumed_by_entries) continue;
       StageConfig expanded;
       expanded.type = std::move(node.type);
@@ -1155,7 +1131,7 @@ void check_thread_budget(const PipelineConfig& phase, const Registry& registry) 
     if (!info.expand) continue;
     std::string together = "'" + entry.name + "'";
     std::size_t count = 1;
-    for (const ExpandedNode& node : info.expand(entry.params)) {
+    for (const ExpandedNode& node : info.expand(entry.params, phase.run)) {
       if (!node.runs_with_entry) continue;
       together += ", '" + entry.name + "/" + node.node + "'";
       ++count;

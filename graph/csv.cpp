@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "graph/error.hpp"
+#include "graph/read_file.hpp"
 
 namespace flowtrain {
 
@@ -95,12 +96,13 @@ std::vector<CsvRow> parse_csv(std::string_view text, const std::string& origin) 
 }
 
 std::vector<CsvRow> read_csv_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(path + ": cannot read (" + std::strerror(errno) + ")");
-  return parse_csv(text.view(), path);
+  std::vector<std::uint8_t> buffer;
+  std::span<const std::uint8_t> bytes;
+  if (const std::string error = read_file(path, buffer, bytes); !error.empty()) {
+    throw Error(path + ": cannot open (" + error + ")");
+  }
+  return parse_csv(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                   path);
 }
 
 std::string csv_field(std::string_view field) {

@@ -15,7 +15,7 @@ namespace flowtrain {
 /// Leaves malloc as it is, and returns false, where it is not glibc's or where the environment
 /// sets these thresholds itself (`GLIBC_TUNABLES` naming `glibc.malloc.mmap_threshold` or
 /// `glibc.malloc.trim_threshold`, `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`): they
-/// have the last word. flowtrain's and foodtag's runs (dist::run_phases) call it
+/// have the last word. flowtrain's and foodtag's runs (runner::run_phases) call it
 /// before their first phase; a C++ program that runs pipelines itself calls it at its start.
 ///   flowtrain::keep_freed_memory();
 bool keep_freed_memory();

@@ -1,13 +1,16 @@
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "graph/error.hpp"
 #include "graph/params.hpp"
 
 namespace flowtrain {
@@ -17,14 +20,59 @@ struct OptionRule {
   std::optional<double> min = std::nullopt;  // inclusive; unsigned fields default to 0
   std::optional<double> max = std::nullopt;  // inclusive
   std::vector<std::string> choices = {};     // the allowed values of a string
-  /// For a std::string field: kString, kPath (must exist when given) or kOutputPath.
+  /// For a std::string field: kString, kPath (must exist when given) or kOutputPath; for a
+  /// std::vector<double> field, kIntList when it holds whole numbers (kFloatList otherwise).
   ParamType type = ParamType::kString;
 };
 
+/// One spelling of an enum option's value in a config.
+template <class E>
+struct EnumName {
+  E value;
+  const char* name;
+};
+
+/// An enum whose values a config spells by name: `enum_names(E)`, declared beside the enum and
+/// found by argument-dependent lookup, lists them (a value may have several names, the first
+/// one is how it is written back):
+///
+///   enum class Distillation { kSoft, kHard };
+///   inline std::span<const EnumName<Distillation>> enum_names(Distillation) {
+///     static constexpr EnumName<Distillation> names[] = {{Distillation::kSoft, "soft"},
+///                                                        {Distillation::kHard, "hard"}};
+///     return names;
+///   }
+template <class E>
+concept NamedEnum = std::is_enum_v<E> && requires(E e) {
+  { enum_names(e) } -> std::convertible_to<std::span<const EnumName<E>>>;
+};
+
+/// The name a config gives `value`.
+template <NamedEnum E>
+const char* enum_name(E value) {
+  for (const EnumName<E>& n : enum_names(E{})) {
+    if (n.value == value) return n.name;
+  }
+  return "?";
+}
+
+/// The value a config names `name`; throws Error naming `what` and the names allowed.
+template <NamedEnum E>
+E enum_value(const std::string& name, const std::string& what) {
+  std::string all;
+  for (const EnumName<E>& n : enum_names(E{})) {
+    if (name == n.name) return n.value;
+    all += (all.empty() ? "" : ", ") + std::string(n.name);
+  }
+  throw Error(what + " must be one of " + all + ", got '" + name + "'");
+}
+
 /// A stage's typed options: one struct whose fields are its declared params, so YAML
 /// validation, `flowtrain stages`, docs/config.md and C++ read one declaration, and a
-/// misspelled option fails to compile. Fields are integers, floating point, bool, std::string
-/// or std::vector<double>, with their defaults; `declare` names each one:
+/// misspelled option fails to compile. Fields are integers, floating point, bool, std::string,
+/// std::vector<double> or a NamedEnum (parsed once, when the config is read: a config naming
+/// another value is refused with the names allowed), with their defaults; `declare` names each
+/// one:
 ///
 ///   struct SpinOptions {
 ///     std::int64_t rounds = 20000;
@@ -63,18 +111,22 @@ ParamType option_type(const OptionRule& rule) {
     return ParamType::kFloat;
   } else if constexpr (std::is_same_v<T, std::string>) {
     return rule.type;
+  } else if constexpr (NamedEnum<T>) {
+    return ParamType::kString;
   } else if constexpr (std::is_same_v<T, std::vector<double>>) {
-    return ParamType::kFloatList;
+    return rule.type == ParamType::kIntList ? ParamType::kIntList : ParamType::kFloatList;
   } else {
     static_assert(kAlwaysFalse<T>,
-                  "an option is an integer, floating point, bool, std::string or "
-                  "std::vector<double>");
+                  "an option is an integer, floating point, bool, std::string, "
+                  "std::vector<double> or a NamedEnum");
   }
 }
 
 template <class T>
 ParamValue option_value(const T& v) {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (NamedEnum<T>) {
+    return std::string(enum_name(v));
+  } else if constexpr (std::is_same_v<T, bool>) {
     return v;
   } else if constexpr (std::is_integral_v<T>) {
     return static_cast<std::int64_t>(v);
@@ -96,6 +148,9 @@ struct SpecCollector {
     if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
       if (!spec.min) spec.min = 0;
     }
+    if constexpr (NamedEnum<T>) {
+      for (const EnumName<T>& n : enum_names(T{})) spec.choices.push_back(n.name);
+    }
     specs.push_back(std::move(spec));
   }
 };
@@ -112,8 +167,10 @@ struct ParamsReader {
   const Params& params;
   template <class T>
   void operator()(T& field, const char* name, const char*, const OptionRule& = {}) {
-    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
-                  std::is_same_v<T, std::vector<double>>) {
+    if constexpr (NamedEnum<T>) {
+      field = enum_value<T>(params.get_string(name), std::string("param '") + name + "'");
+    } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
+                         std::is_same_v<T, std::vector<double>>) {
       field = params.get<T>(name);
     } else if constexpr (std::is_integral_v<T>) {
       field = static_cast<T>(params.get_int(name));

@@ -28,6 +28,8 @@ const char* to_string(ParamType type) {
       return "output path";
     case ParamType::kFloatList:
       return "float list";
+    case ParamType::kIntList:
+      return "int list";
   }
   return "?";
 }
@@ -102,6 +104,7 @@ std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
           case ParamType::kBool:
             return std::is_same_v<T, bool>;
           case ParamType::kFloatList:
+          case ParamType::kIntList:
             return std::is_same_v<T, std::vector<double>>;
           default:
             return std::is_same_v<T, std::string>;
@@ -115,6 +118,9 @@ std::string value_problem(const ParamSpec& spec, const ParamValue& value) {
   if (const auto* list = std::get_if<std::vector<double>>(&value)) {
     for (const double d : *list) {
       if (!std::isfinite(d)) return "must hold finite numbers, got " + format_number(d);
+      if (spec.type == ParamType::kIntList && d != std::floor(d)) {
+        return "must hold whole numbers, got " + format_number(d);
+      }
     }
   }
   if (spec.type == ParamType::kInt || spec.type == ParamType::kFloat) {

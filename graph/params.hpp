@@ -21,6 +21,7 @@ enum class ParamType {
                 // choices, one of them or a file (a model: a preset's name or a file)
   kOutputPath,  // a file or folder the run writes, or an earlier phase wrote (need not exist)
   kFloatList,   // [0.485, 0.456, 0.406]
+  kIntList,     // [2, 2, 2, 2]: whole numbers, held as a float list
 };
 
 const char* to_string(ParamType type);

@@ -65,6 +65,9 @@ struct RunOptions {
   /// Ranks of the job on this machine, each running one such pipeline (LOCAL_WORLD_SIZE; set by
   /// run_phases).
   std::size_t local_ranks = 1;
+  /// Ranks of the whole job (WORLD_SIZE; set by run_phases): an entry's expansion may depend on
+  /// it (StageInfo::expand: a training step split across ranks brings no partition nodes).
+  std::size_t ranks = 1;
   double sample_interval_ms = 2;  // how often queue occupancy and stage states are sampled
   std::string trace_path;         // write a Chrome trace-event JSON here when not empty
   /// List every dropped item here (CSV: stage,item,reason) when not empty; the report lists the

@@ -9,6 +9,7 @@
 #include "graph/build_context.hpp"
 #include "graph/options.hpp"
 #include "graph/params.hpp"
+#include "graph/pipeline.hpp"
 #include "graph/stage.hpp"
 
 namespace flowtrain {
@@ -58,8 +59,8 @@ struct StageInfo {
   /// The nodes an entry brings, from its params: the rest of its work (a training step's
   /// grad_sync and optimizer_step) and the nodes that take its output when no other entry does
   /// (the step's log, checkpoint and snapshot writers): one entry in a config, every node in
-  /// the report. Empty for most types.
-  std::function<std::vector<ExpandedNode>(const Params&)> expand;
+  /// the report. `run`: the phase's run options (its job's ranks). Empty for most types.
+  std::function<std::vector<ExpandedNode>(const Params&, const RunOptions& run)> expand;
   /// Refuses params that their declared ranges cannot (a ViT's heads must divide its dim; a
   /// crop's scale must be [min, max]): throws Error. Run on every entry of every phase when a
   /// config is loaded, so `flowtrain check` and the first phase already refuse what a later
@@ -99,7 +100,9 @@ struct Registrar {
                        return std::unique_ptr<Stage>(new S(options));
                      }
                    }};
-    if constexpr (requires(const Params& p) { S::expand(p); }) info.expand = &S::expand;
+    if constexpr (requires(const Params& p, const RunOptions& r) { S::expand(p, r); }) {
+      info.expand = &S::expand;
+    }
     if constexpr (requires(const typename S::Options& o) { S::check(o); }) {
       info.check = [](const Params& p) { S::check(options_from<typename S::Options>(p)); };
     }
@@ -117,7 +120,8 @@ struct Registrar {
 /// (graph/options.hpp), `static StageDoc describe()` listing `option_specs<Options>()`, and a
 /// constructor taking `const Options&` (and `const BuildContext&` if it needs the run's
 /// services, such as the process group), and may have
-/// `static std::vector<ExpandedNode> expand(const Params&)` (StageInfo::expand) and
+/// `static std::vector<ExpandedNode> expand(const Params&, const RunOptions&)`
+/// (StageInfo::expand) and
 /// `static void check(const Options&)` (StageInfo::check):
 ///
 ///   class SpinStage final : public Map<std::uint64_t, std::uint64_t> { ... };

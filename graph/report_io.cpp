@@ -15,6 +15,7 @@
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
 #include "graph/json_writer.hpp"
+#include "graph/read_file.hpp"
 
 namespace flowtrain {
 
@@ -547,14 +548,7 @@ void write_report_file(const RunReport& report, const std::string& path) {
 }
 
 RunReport read_report_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error("cannot read run report '" + path +
-                "': " + (std::filesystem::exists(path) ? "permission denied" : "no such file"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return report_from_yaml(text.str(), path);
+  return report_from_yaml(read_text_file(path, "run report"), path);
 }
 
 }  // namespace flowtrain

@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "distributed/launch.hpp"
-#include "distributed/run_phases.hpp"
 #include "distributed/world.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/config.hpp"
@@ -36,6 +35,7 @@
 #include "graph/error.hpp"
 #include "graph/plugin.hpp"
 #include "graph/report_io.hpp"
+#include "runner/run_phases.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/data/shard.hpp"
 #include "stages/data/synthetic.hpp"
@@ -44,31 +44,6 @@
 #include "stages/train/files/weights.hpp"
 
 namespace {
-
-// While in scope, this process's environment says it is rank 0 of `nproc`, as the ranks
-// --nproc starts will be told; then it says what it said before.
-class AsRankZero {
- public:
-  explicit AsRankZero(int nproc) {
-    set("RANK", "0");
-    set("WORLD_SIZE", std::to_string(nproc));
-  }
-  ~AsRankZero() {
-    for (const auto& [name, value] : saved_) {
-      value ? ::setenv(name.c_str(), value->c_str(), 1) : ::unsetenv(name.c_str());
-    }
-  }
-  AsRankZero(const AsRankZero&) = delete;
-  AsRankZero& operator=(const AsRankZero&) = delete;
-
- private:
-  void set(const std::string& name, const std::string& value) {
-    const char* before = std::getenv(name.c_str());
-    saved_.emplace_back(name, before ? std::optional<std::string>(before) : std::nullopt);
-    ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 // Refuses a --report path that cannot be written (its folder missing, a folder in its place)
 // before anything runs rather than once the run is over.
@@ -80,7 +55,7 @@ void check_report_path(const std::string& path) {
   }
 }
 
-// Runs the config's phases in turn (distributed/run_phases.hpp: as a rank of a job when the
+// Runs the config's phases in turn (runner/run_phases.hpp: as a rank of a job when the
 // launcher's environment says so); 130 when a signal stopped it. With a `report_path`, rank 0
 // writes the reports of the phases that ran there as JSON, a stopped run's too.
 int run(const std::string& path,
@@ -89,7 +64,7 @@ int run(const std::string& path,
         const std::string& report_path) {
   // A config error is this rank's alone: say it before joining the job.
   flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
-  const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
+  const flowtrain::runner::PhasesOutcome outcome = flowtrain::runner::run_phases(
       config, {.config_path = path, .overrides = overrides, .timeout_s = timeout_s});
   if (!report_path.empty() && outcome.leader) {
     flowtrain::write_file_atomically(
@@ -340,20 +315,17 @@ int main(int argc, char** argv) {
   flowtrain::dist::exit_with_launcher();
   try {
     for (const std::string& plugin : plugins) flowtrain::load_plugin(plugin);
-    if (run_cmd->parsed()) flowtrain::dist::check_timeout(timeout_s);
+    if (run_cmd->parsed()) flowtrain::runner::check_timeout(timeout_s);
     if (run_cmd->parsed() && !report_path.empty()) check_report_path(report_path);
     if (run_cmd->parsed() && nproc > 1) {
       // One line for a config error, or a config that does not fit N ranks, not one a rank.
       // Planned as rank 0 of the job will plan it: an entry's expansion may depend on being a
       // rank (train_step's partitions are nodes of one process, or ranks of a job).
-      {
-        const AsRankZero as_rank_zero(nproc);
-        flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides);
-        for (flowtrain::PipelineConfig& phase : config.phases) {
-          flowtrain::dist::plan_for_local_ranks(phase, static_cast<std::size_t>(nproc));
-        }
+      flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides);
+      for (flowtrain::PipelineConfig& phase : config.phases) {
+        flowtrain::runner::plan_for_job(phase, {.world_size = nproc, .local_world_size = nproc});
       }
-      return flowtrain::dist::relaunch_as_ranks(nproc, argc, argv);
+      return flowtrain::runner::relaunch_as_ranks(nproc, argc, argv);
     }
     if (run_cmd->parsed()) {
       const int code = run(config_path, overrides, timeout_s, report_path);

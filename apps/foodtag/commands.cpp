@@ -19,20 +19,20 @@
 #include "apps/foodtag/html_report.hpp"
 #include "apps/foodtag/prepare.hpp"
 #include "apps/foodtag/profile.hpp"
-#include "distributed/run_phases.hpp"
 #include "distributed/world.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/config.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "graph/report_io.hpp"
+#include "runner/run_phases.hpp"
 #include "stages/data/dataset.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/files/folder_lock.hpp"
-#include "stages/train/models/model.hpp"
-#include "stages/train/inference/predictor.hpp"
 #include "stages/train/files/torchscript.hpp"
+#include "stages/train/inference/predictor.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/models/model.hpp"
 
 namespace foodtag {
 
@@ -484,7 +484,7 @@ void validate_snapshots(const Context& ctx,
             << eval_phase << "; " << (dir / "validation.csv").string() << ")\n";
 }
 
-// Runs the named phases of the config in turn (distributed/run_phases.hpp: a progress line while
+// Runs the named phases of the config in turn (runner/run_phases.hpp: a progress line while
 // each runs, its profiler report after; as a rank of a job when the launcher's environment says
 // so). foodtag adds its own progress line (epochs), the step split after each report, the
 // report saved under profile/ for `foodtag report`, traces, and the validation of snapshots.
@@ -493,7 +493,7 @@ void run_phases(const Context& ctx, const std::string& command) {
   PhasePlan plan = check_phases(ctx, command, ctx.in.overrides);
   flowtrain::RunConfig& config = plan.config;
   const Params& output = ctx.section("output");
-  flowtrain::dist::PhaseHooks hooks;
+  flowtrain::runner::PhaseHooks hooks;
   std::vector<std::string> tuned;  // the settings autotune chose, as overrides
   const fs::path saved_config = ctx.out_dir / "config.yaml";
   // One command at a time in a run folder: a second is refused before it writes anything
@@ -547,8 +547,8 @@ void run_phases(const Context& ctx, const std::string& command) {
                 << std::flush;
     }
   };
-  const flowtrain::dist::PhasesOutcome outcome =
-      flowtrain::dist::run_phases(config,
+  const flowtrain::runner::PhasesOutcome outcome =
+      flowtrain::runner::run_phases(config,
                                   {.config_path = ctx.in.config_path,
                                    .overrides = ctx.in.overrides,
                                    .timeout_s = ctx.in.timeout_s,
@@ -581,7 +581,7 @@ void launch_phases(const Context& ctx, const std::string& command) {
                                    "-c",           ctx.in.config_path,
                                    "--timeout",    std::to_string(ctx.in.timeout_s)};
   args.insert(args.end(), ctx.in.overrides.begin(), ctx.in.overrides.end());
-  const int code = flowtrain::dist::relaunch_as_ranks(ctx.in.nproc, args);
+  const int code = flowtrain::runner::relaunch_as_ranks(ctx.in.nproc, args);
   if (code != 0) {
     throw Error(command + " on " + std::to_string(ctx.in.nproc) + " ranks failed (exit code " +
                 std::to_string(code) + ")");
@@ -1018,12 +1018,12 @@ int sweep_command(const Context& ctx) {
     std::cout << "== foodtag sweep " << (i + 1) << "/" << points.size() << ":";
     for (const auto& [key, value] : points[i]) std::cout << " " << key << "=" << value;
     std::cout << "\n" << std::flush;
-    flowtrain::dist::PhaseHooks hooks;
+    flowtrain::runner::PhaseHooks hooks;
     hooks.progress = [](const flowtrain::PipelineConfig& phase) {
       auto line = std::make_shared<ProgressLine>(phase.name, source_epochs(phase));
       return [line](const flowtrain::Progress& p) { return line->next(p); };
     };
-    const flowtrain::dist::PhasesOutcome outcome = flowtrain::dist::run_phases(
+    const flowtrain::runner::PhasesOutcome outcome = flowtrain::runner::run_phases(
         plan.config,
         {.config_path = ctx.in.config_path,
          .overrides = overrides,

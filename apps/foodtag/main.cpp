@@ -29,8 +29,8 @@
 
 #include "apps/foodtag/commands.hpp"
 #include "distributed/launch.hpp"
-#include "distributed/run_phases.hpp"
 #include "distributed/world.hpp"
+#include "runner/run_phases.hpp"
 
 namespace {
 // The config `foodtag` reads without -c: the one installed beside it
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   const std::string command = app.get_subcommands()[0]->get_name();
   in.program = std::filesystem::read_symlink("/proc/self/exe").string();
   try {
-    flowtrain::dist::check_timeout(in.timeout_s);  // CLI11 lets nan and 1e308 through
+    flowtrain::runner::check_timeout(in.timeout_s);  // CLI11 lets nan and 1e308 through
     if (command == "keys") {
       std::cout << foodtag::keys_text(markdown);
       return 0;
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     if (in.nproc > 1 && command != "run") {
       // One line for a bad config (or for nothing to run), not one per rank.
       if (!foodtag::check_command(command, in)) return 0;
-      return flowtrain::dist::relaunch_as_ranks(in.nproc, argc, argv);
+      return flowtrain::runner::relaunch_as_ranks(in.nproc, argc, argv);
     }
     const int code = foodtag::run_command(command, in);
     // Stopped early as a rank of a job: the peers' state is unknown.

@@ -618,7 +618,7 @@ PrepareResult prepare(const PrepareOptions& options, const Log& log) {
       continue;
     }
     std::span<const std::uint8_t> bytes;
-    if (const std::string error = flowtrain::data::read_file(file.string(), buffer, bytes);
+    if (const std::string error = flowtrain::read_file(file.string(), buffer, bytes);
         !error.empty()) {
       skip(file, "cannot read (" + error + ")");
       continue;

@@ -6,11 +6,11 @@
 #include <utility>
 
 #include "distributed/job.hpp"
-#include "distributed/run_phases.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
 #include "graph/registry.hpp"
 #include "graph/stage.hpp"
+#include "runner/run_phases.hpp"
 
 namespace flowtrain::python {
 
@@ -133,9 +133,8 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
   }
   phase_ = cut_to(*phase, *output);
   // Under torchrun or Slurm, the ranks on this machine share its cores, as in flowtrain run.
-  const JobPlacement placement = job_placement_from_env();
-  dist::plan_for_local_ranks(phase_, static_cast<std::size_t>(placement.local_world_size),
-                             static_cast<std::size_t>(placement.cpus_per_rank));
+  placement_ = job_placement_from_env();
+  runner::plan_for_job(phase_, placement_);
   std::size_t sources = 0;
   for (std::size_t i = 0; i < phase_.stages.size(); ++i) {
     const StageInfo& s = *Registry::global().find(phase_.stages[i].type);
@@ -155,7 +154,7 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
     try {
       per_epoch_ = Registry::global()
                        .find(source.type)
-                       ->make(source.params, {})
+                       ->make(source.params, context())
                        ->plan(std::nullopt)
                        .value_or(0);
     } catch (const std::exception& e) {
@@ -167,12 +166,18 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
 
 Loader::~Loader() { stop(); }
 
+BuildContext Loader::context() {
+  BuildContext context;
+  context.provide(placement_);  // a source's shard follows this process's rank
+  return context;
+}
+
 std::unique_ptr<Pipeline> Loader::build(std::uint32_t epochs,
                                         std::uint64_t from,
                                         HandoffSink** sink) {
   PipelineConfig phase = phase_;
   if (has_epochs()) phase.stages[source_].params.set("epochs", std::int64_t{epochs});
-  std::unique_ptr<Pipeline> pipeline = build_pipeline(phase);
+  std::unique_ptr<Pipeline> pipeline = build_pipeline(phase, Registry::global(), context());
   // The node whose batches leave: the output entry, or the last node it brings along.
   std::string tap;
   std::size_t tap_concurrency = kSerial;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/job.hpp"
 #include "graph/config.hpp"
 #include "graph/report.hpp"
 #include "stages/data/batch.hpp"
@@ -99,6 +100,8 @@ class Loader {
 
   LoaderOptions options_;
   PipelineConfig phase_;            // the stages `output` depends on
+  JobPlacement placement_;          // where this process stands in its job, for the stages
+  BuildContext context();           // what the stages it builds are handed: placement_
   std::size_t source_ = 0;          // index of the source entry in phase_.stages
   bool epochs_ = false;             // see has_epochs
   std::uint32_t epochs_total_ = 1;  // the source's epochs

@@ -12,11 +12,11 @@
 #include <mutex>
 #include <sstream>
 
-#include "distributed/run_phases.hpp"
 #include "graph/error.hpp"
 #include "graph/registry.hpp"
 #include "graph/report_io.hpp"
 #include "python/src/loader.hpp"
+#include "runner/run_phases.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/sample.hpp"
 
@@ -282,10 +282,10 @@ std::string run(const std::string& config_path,
                 const std::vector<std::string>& phases,
                 double timeout_s) {
   RunConfig config = load_run_config(config_path, overrides);
-  dist::PhasesOutcome outcome;
+  runner::PhasesOutcome outcome;
   {
     py::gil_scoped_release release;
-    outcome = dist::run_phases(config, {.config_path = config_path,
+    outcome = runner::run_phases(config, {.config_path = config_path,
                                         .overrides = overrides,
                                         .timeout_s = timeout_s,
                                         .phases = phases});

@@ -22,12 +22,6 @@ void check_range(const std::vector<double>& range, const char* name, double lo) 
   }
 }
 
-AugmentPolicy::Mode parse_mode(const std::string& mode) {
-  if (mode == "train") return AugmentPolicy::Mode::kTrain;
-  if (mode == "eval") return AugmentPolicy::Mode::kEval;
-  throw Error("param 'mode' must be 'train' or 'eval', got '" + mode + "'");
-}
-
 }  // namespace
 
 AugmentPolicy::AugmentPolicy(Options options) : o_(std::move(options)) {
@@ -158,7 +152,7 @@ void render_view(const Image& in,
 
 AugmentPolicy::Options AugmentOptions::policy() const {
   AugmentPolicy::Options o;
-  o.mode = parse_mode(mode);
+  o.mode = mode;
   o.scale = scale;
   o.ratio = ratio;
   o.flip = flip;

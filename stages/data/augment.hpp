@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,17 @@ class AugmentPolicy {
   Options o_;
 };
 
+/// A config's names of the modes (param mode): train, eval.
+inline std::span<const EnumName<AugmentPolicy::Mode>> enum_names(AugmentPolicy::Mode) {
+  static constexpr EnumName<AugmentPolicy::Mode> names[] = {{AugmentPolicy::Mode::kTrain, "train"},
+                                                            {AugmentPolicy::Mode::kEval, "eval"}};
+  return names;
+}
+
 /// The params of an AugmentPolicy and the view size, for the stages that draw views (augment,
 /// decode_crop).
 struct AugmentOptions {
-  std::string mode = "train";
+  AugmentPolicy::Mode mode = AugmentPolicy::Mode::kTrain;
   std::int64_t size = 224;
   std::vector<double> scale = {0.08, 1.0};
   std::vector<double> ratio = {3.0 / 4, 4.0 / 3};
@@ -57,8 +65,7 @@ struct AugmentOptions {
   std::int64_t views_per_image = 0;
   template <class Declare>
   void declare(Declare& d) {
-    d(mode, "mode", "train: random views; eval: deterministic centre crop",
-      {.choices = {"train", "eval"}});
+    d(mode, "mode", "train: random views; eval: deterministic centre crop");
     d(size, "size", "output side in pixels (square)", {.min = 1, .max = 8192});
     d(scale, "scale", "train: crop area range, fraction of image");
     d(ratio, "ratio", "train: crop aspect ratio range");
@@ -75,7 +82,7 @@ struct AugmentOptions {
       {.min = 0, .max = 1 << 20});
   }
 
-  /// The policy's options (all but `size`); throws Error for a `mode` other than train or eval.
+  /// The policy's options (all but `size`).
   AugmentPolicy::Options policy() const;
   /// mix_recipe of the params that shape a view's pixels (all but seed and views_per_image,
   /// which only choose the view: the view key holds its parameters).

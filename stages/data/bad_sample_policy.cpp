@@ -3,28 +3,25 @@
 #include <cstdio>
 #include <iostream>
 
-#include "distributed/world.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::data {
 
-BadSamplePolicy::BadSamplePolicy(const BadSampleOptions& options, const dist::World* world)
-    : max_bad_fraction_(options.max_bad_fraction) {
-  if (world) {
-    rank_ = world->rank();
-    world_size_ = world->size();
-  }
-  const std::string& policy = options.on_bad_sample;
-  if (policy == "skip") {
-    mode_ = Mode::kSkip;
-  } else if (policy == "replace") {
-    mode_ = Mode::kReplace;
-  } else if (policy == "fail") {
-    mode_ = Mode::kFail;
-  } else if (policy == "auto") {
-    mode_ = world_size_ > 1 ? Mode::kReplace : Mode::kSkip;
-  } else {
-    throw Error("on_bad_sample must be 'auto', 'skip', 'replace' or 'fail', not '" + policy + "'");
+BadSamplePolicy::BadSamplePolicy(const BadSampleOptions& options, const JobPlacement& job)
+    : rank_(job.rank), world_size_(job.world_size), max_bad_fraction_(options.max_bad_fraction) {
+  switch (options.on_bad_sample) {
+    case OnBadSample::kSkip:
+      mode_ = Mode::kSkip;
+      break;
+    case OnBadSample::kReplace:
+      mode_ = Mode::kReplace;
+      break;
+    case OnBadSample::kFail:
+      mode_ = Mode::kFail;
+      break;
+    case OnBadSample::kAuto:
+      mode_ = world_size_ > 1 ? Mode::kReplace : Mode::kSkip;
+      break;
   }
   if (!(max_bad_fraction_ >= 0 && max_bad_fraction_ <= 1)) {
     throw Error("max_bad_fraction must be between 0 and 1, not " +

@@ -4,30 +4,37 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "distributed/job.hpp"
 #include "graph/options.hpp"
 #include "graph/stage.hpp"
 #include "stages/data/sample.hpp"
 
-namespace flowtrain::dist {
-class World;
-}
-
 namespace flowtrain::data {
+
+/// What a sample that cannot be read or decoded does (param on_bad_sample).
+enum class OnBadSample { kAuto, kSkip, kReplace, kFail };
+inline std::span<const EnumName<OnBadSample>> enum_names(OnBadSample) {
+  static constexpr EnumName<OnBadSample> names[] = {{OnBadSample::kAuto, "auto"},
+                                                    {OnBadSample::kSkip, "skip"},
+                                                    {OnBadSample::kReplace, "replace"},
+                                                    {OnBadSample::kFail, "fail"}};
+  return names;
+}
 
 /// The `on_bad_sample` and `max_bad_fraction` params of the stages that decode (BadSamplePolicy).
 struct BadSampleOptions {
-  std::string on_bad_sample = "auto";
+  OnBadSample on_bad_sample = OnBadSample::kAuto;
   double max_bad_fraction = 0.05;
   template <class Declare>
   void declare(Declare& d) {
     d(on_bad_sample, "on_bad_sample",
       "a sample that cannot be read or decoded: 'skip' drops and reports it; 'replace' decodes a "
       "stand-in drawn from (seed, epoch, index), keeping the sample count; 'fail' stops the run; "
-      "'auto': replace with several ranks (they must take equal steps), else skip",
-      {.choices = {"auto", "skip", "replace", "fail"}});
+      "'auto': replace with several ranks (they must take equal steps), else skip");
     d(max_bad_fraction, "max_bad_fraction",
       "stop the run once more than this share of the samples so far were bad (judged in "
       "sequence order, from the 20th sample on, so every run of the same data decides alike)",
@@ -56,10 +63,9 @@ struct BadSampleOptions {
 ///   if (!policy_.decode(sample, ctx, [&](Sample& s) { return decode_it(s); })) return std::nullopt;
 class BadSamplePolicy {
  public:
-  /// Throws Error for an unknown `on_bad_sample` or a `max_bad_fraction` outside [0, 1].
-  /// `world`: the job's process group when the run is one rank of several (`auto` then
-  /// replaces, and the report names the rank), else nullptr.
-  BadSamplePolicy(const BadSampleOptions& options, const dist::World* world);
+  /// Throws Error for a `max_bad_fraction` outside [0, 1]. `job`: where the run stands in its
+  /// job (with several ranks `auto` replaces, and the report names the rank).
+  BadSamplePolicy(const BadSampleOptions& options, const JobPlacement& job);
 
   /// Decodes `sample` with `attempt` (it returns why it failed, or an empty string). Returns
   /// true with `sample` decoded (under `replace` maybe a stand-in), or false after dropping it

@@ -12,8 +12,9 @@ CsvManifest load(const CsvManifestOptions& options, const SourceOptions& source)
 
 }  // namespace
 
-CsvManifestSource::CsvManifestSource(const Options& options)
-    : CsvManifestSource(options, resolve_source_options(options.source)) {}
+CsvManifestSource::CsvManifestSource(const Options& options, const BuildContext& context)
+    : CsvManifestSource(options,
+                      resolve_source_options(options.source, job_placement(context))) {}
 
 CsvManifestSource::CsvManifestSource(const Options& options, const SourceOptions& source)
     : CsvManifestSource(load(options, source), source) {}

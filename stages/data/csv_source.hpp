@@ -28,7 +28,8 @@ class CsvManifestSource final : public DatasetSource {
  public:
   using Options = CsvManifestOptions;
   /// Throws Error if `manifest` is not given or not a valid manifest (read_csv_manifest).
-  explicit CsvManifestSource(const Options& options);
+  /// `context`: the run's services; its job placement says which shard this rank reads.
+  explicit CsvManifestSource(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
 
   /// Names of the numeric target columns, in Sample::targets order.

@@ -214,13 +214,6 @@ CsvManifest read_csv_manifest(const std::string& path) {
   return manifest;
 }
 
-Uneven parse_uneven(const std::string& text) {
-  if (text == "pad") return Uneven::kPad;
-  if (text == "drop") return Uneven::kDrop;
-  if (text == "split") return Uneven::kSplit;
-  throw Error("param 'uneven' must be 'pad', 'drop' or 'split', got '" + text + "'");
-}
-
 EpochOrder::EpochOrder(std::size_t size, Options options) : size_(size), options_(options) {
   if (options_.world_size < 1) throw Error("world_size must be at least 1");
   if (options_.rank >= options_.world_size) {
@@ -264,7 +257,8 @@ std::size_t SourceOptions::limited(std::size_t size) const {
   return limit > 0 ? std::min(limit, size) : size;
 }
 
-SourceOptions resolve_source_options(const DatasetSourceOptions& options) {
+SourceOptions resolve_source_options(const DatasetSourceOptions& options,
+                                     const JobPlacement& job) {
   auto check = [](const std::string& name, std::int64_t v, std::int64_t min, std::int64_t max) {
     if (v < min || v > max) {
       throw Error("param '" + name + "' must be in [" + std::to_string(min) + ", " +
@@ -282,7 +276,6 @@ SourceOptions resolve_source_options(const DatasetSourceOptions& options) {
   const std::int64_t rank = check("rank", options.rank, -1, kMax);
   const std::int64_t world_size = check("world_size", options.world_size, 0, kMax);
   if (rank < 0 || world_size == 0) {
-    const JobPlacement job = job_placement_from_env();
     const ShardGroup group = shard_group(
         job, static_cast<int>(check("ranks_per_shard", options.ranks_per_shard, 1, 1 << 20)));
     o.order.rank = static_cast<std::size_t>(rank < 0 ? group.index : rank);
@@ -291,7 +284,7 @@ SourceOptions resolve_source_options(const DatasetSourceOptions& options) {
     o.order.rank = static_cast<std::size_t>(rank);
     o.order.world_size = static_cast<std::size_t>(world_size);
   }
-  o.order.uneven = parse_uneven(options.uneven);
+  o.order.uneven = options.uneven;
   if (o.order.rank >= o.order.world_size) {
     throw Error("param 'rank' (" + std::to_string(o.order.rank) + ") must be below world_size (" +
                 std::to_string(o.order.world_size) + ")");

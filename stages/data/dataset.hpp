@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "distributed/job.hpp"
 #include "graph/options.hpp"
 #include "graph/stage.hpp"
 #include "stages/data/sample.hpp"
@@ -90,8 +92,12 @@ enum class Uneven {
            // run no collective per step, so their counts may differ)
 };
 
-/// "pad", "drop" or "split"; throws Error naming the bad value otherwise.
-Uneven parse_uneven(const std::string& text);
+/// A config's names of them (param uneven): pad, drop, split.
+inline std::span<const EnumName<Uneven>> enum_names(Uneven) {
+  static constexpr EnumName<Uneven> names[] = {
+      {Uneven::kPad, "pad"}, {Uneven::kDrop, "drop"}, {Uneven::kSplit, "split"}};
+  return names;
+}
 
 /// The indices one rank visits in one epoch, as PyTorch's DistributedSampler: the whole index is
 /// shuffled with a generator seeded from seed + epoch (the same on every rank), padded or
@@ -147,7 +153,7 @@ struct DatasetSourceOptions {
   std::int64_t rank = -1;
   std::int64_t world_size = 0;
   std::int64_t ranks_per_shard = 1;
-  std::string uneven = "pad";
+  Uneven uneven = Uneven::kPad;
   std::int64_t limit = 0;
   template <class Declare>
   void declare(Declare& d) {
@@ -171,16 +177,16 @@ struct DatasetSourceOptions {
       "dataset not divisible by world_size: pad (repeat samples so every rank gets "
       "ceil(n/world_size)), drop (floor(n/world_size) each) or split (every sample once, the "
       "ranks' counts differing by up to one: for evaluation, where pad would count a sample "
-      "twice; a training step's all-reduce needs equal counts)",
-      {.choices = {"pad", "drop", "split"}});
+      "twice; a training step's all-reduce needs equal counts)");
     d(limit, "limit", "use only the first N entries of the dataset (0: all)", {.min = 0});
   }
 };
 
 /// Checks `options` (configs check the declared minimums when read; stages built from C++ get
-/// the same checks here) and resolves rank and world_size from the launcher's environment where
-/// not given; errors name the param (the pipeline builder adds the config location and stage).
-SourceOptions resolve_source_options(const DatasetSourceOptions& options);
+/// the same checks here) and resolves rank and world_size from the job's placement where not
+/// given; errors name the param (the pipeline builder adds the config location and stage).
+SourceOptions resolve_source_options(const DatasetSourceOptions& options,
+                                     const JobPlacement& job);
 
 /// `path`, the value of the required path param `name`; throws Error if it was not given.
 const std::string& required_path(const std::string& path, const std::string& name);

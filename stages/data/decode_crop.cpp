@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <string>
 
-#include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/data/image_decode.hpp"
 #include "stages/data/opencv_threads.hpp"
@@ -41,7 +40,7 @@ constexpr std::size_t kOpenBatches = 64;
 
 DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& context)
     : decode_(options.decode.decode_options()),
-      policy_(options.decode.bad_samples, context.find<dist::World>()),
+      policy_(options.decode.bad_samples, job_placement(context)),
       augment_(options.augment.policy()),
       size_(static_cast<int>(options.augment.size)),
       roi_(options.roi),
@@ -52,7 +51,7 @@ DecodeCropStage::DecodeCropStage(const Options& options, const BuildContext& con
       batch_size_(options.batch_size),
       wait_timeout_s_(options.pool.wait_timeout_s),
       pool_(BatchPool::create(options.pool)),
-      check_once_(options.check_whole_file == "once"),
+      check_once_(options.check_whole_file == CheckWholeFile::kOnce),
       index_budget_(options.mcu_index_mb << 20) {
   keep_opencv_on_caller_thread();
   quiet_opencv_decode_errors();  // before the workers run

@@ -24,11 +24,19 @@
 
 namespace flowtrain::data {
 
+/// How much of a file decode_crop checks (param check_whole_file).
+enum class CheckWholeFile { kOnce, kEveryView };
+inline std::span<const EnumName<CheckWholeFile>> enum_names(CheckWholeFile) {
+  static constexpr EnumName<CheckWholeFile> names[] = {{CheckWholeFile::kOnce, "once"},
+                                                       {CheckWholeFile::kEveryView, "every_view"}};
+  return names;
+}
+
 /// The params of the `decode_crop` stage.
 struct DecodeCropOptions {
   std::int64_t batch_size = 64;
   bool roi = true;
-  std::string check_whole_file = "once";
+  CheckWholeFile check_whole_file = CheckWholeFile::kOnce;
   std::int64_t mcu_index_mb = 1024;
   AugmentOptions augment;
   SampleDecodeOptions decode;
@@ -45,8 +53,7 @@ struct DecodeCropOptions {
       "roi: once: the first view of each file (by path and size) decodes it to the end, so "
       "damage anywhere in it is found and the file skipped in every epoch, and its later views "
       "stop below their crop (the same pixels, less entropy decoding); every_view: every view "
-      "decodes to the end",
-      {.choices = {"once", "every_view"}});
+      "decodes to the end");
     d(mcu_index_mb, "mcu_index_mb",
       "roi with check_whole_file: once: memory (MiB, about) for files that their second view "
       "re-encodes losslessly with a restart marker after every MCU (the same coefficients, so "

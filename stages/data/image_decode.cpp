@@ -1,9 +1,6 @@
 #include "stages/data/image_decode.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <turbojpeg.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -365,47 +362,6 @@ DecodeResult decode_any(std::span<const std::uint8_t> bytes,
 }
 
 }  // namespace
-
-std::string read_file(const std::string& path,
-                      std::vector<std::uint8_t>& buffer,
-                      std::span<const std::uint8_t>& bytes,
-                      std::int64_t max_bytes) {
-  const auto last_error = [] { return std::string(std::strerror(errno)); };
-  const std::string too_big = "larger than max_file_bytes " + std::to_string(max_bytes);
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (for a regular file it does nothing).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return last_error();
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat status {};
-  if (::fstat(fd, &status) != 0) return last_error();
-  if (S_ISDIR(status.st_mode)) return "is a directory";
-  if (!S_ISREG(status.st_mode)) {
-    return std::string("not a regular file (") +
-           (S_ISFIFO(status.st_mode) ? "a FIFO" : S_ISCHR(status.st_mode) ? "a character device"
-                                                 : S_ISBLK(status.st_mode) ? "a block device"
-                                                                           : "a socket") +
-           ")";
-  }
-  if (status.st_size > max_bytes) return too_big;
-  // st_size is only a hint (files in /proc report 0, a file may grow meanwhile); the extra byte
-  // lets the read that reports the end fit without growing the buffer.
-  ensure_size(buffer, static_cast<std::size_t>(std::max<off_t>(status.st_size, 0)) + 1);
-  std::size_t size = 0;
-  for (;;) {
-    if (size == buffer.size()) buffer.resize(buffer.size() * 2);
-    const ssize_t n = ::read(fd, buffer.data() + size, buffer.size() - size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return last_error();
-    if (n == 0) break;
-    size += static_cast<std::size_t>(n);
-    if (size > static_cast<std::size_t>(max_bytes)) return too_big;
-  }
-  bytes = std::span<const std::uint8_t>(buffer.data(), size);
-  return {};
-}
 
 void quiet_opencv_decode_errors() {
   static const bool installed = [] {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/read_file.hpp"
 #include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
@@ -26,18 +27,8 @@ struct DecodeOptions {
   /// Decode PNG, BMP, TIFF, WebP... through OpenCV; when false, only JPEG is accepted.
   bool other_formats = true;
   /// Largest file read (a path that leads to something endless must not eat the memory).
-  std::int64_t max_file_bytes = std::int64_t{256} << 20;
+  std::int64_t max_file_bytes = kMaxFileBytes;
 };
-
-/// Reads the whole file at `path` into `buffer`, which only grows, so a reused buffer is not
-/// reallocated; `bytes` views what was read. Returns why it could not ("not a regular file (a
-/// FIFO)", "larger than max_file_bytes 268435456", the system's reason), or an empty string.
-/// Never blocks on a FIFO and never reads past `max_bytes`. The one file reader of the data path
-/// (jpeg_decode, decode_crop, pack).
-std::string read_file(const std::string& path,
-                      std::vector<std::uint8_t>& buffer,
-                      std::span<const std::uint8_t>& bytes,
-                      std::int64_t max_bytes = DecodeOptions{}.max_file_bytes);
 
 /// What `decode_image` did.
 struct DecodeResult {

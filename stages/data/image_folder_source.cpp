@@ -29,8 +29,9 @@ ImageFolder load(const ImageFolderOptions& options, const SourceOptions& source)
 
 }  // namespace
 
-ImageFolderSource::ImageFolderSource(const Options& options)
-    : ImageFolderSource(options, resolve_source_options(options.source)) {}
+ImageFolderSource::ImageFolderSource(const Options& options, const BuildContext& context)
+    : ImageFolderSource(options,
+                      resolve_source_options(options.source, job_placement(context))) {}
 
 ImageFolderSource::ImageFolderSource(const Options& options, const SourceOptions& source)
     : ImageFolderSource(load(options, source), source) {}

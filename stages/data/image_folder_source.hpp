@@ -30,7 +30,8 @@ class ImageFolderSource final : public DatasetSource {
  public:
   using Options = ImageFolderOptions;
   /// Throws Error if `root` is not given or holds no image (scan_image_folder).
-  explicit ImageFolderSource(const Options& options);
+  /// `context`: the run's services; its job placement says which shard this rank reads.
+  explicit ImageFolderSource(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
 
   /// Class names; classes()[label] is the folder of that label.

@@ -4,7 +4,6 @@
 #include <climits>
 #include <utility>
 
-#include "distributed/world.hpp"
 #include "stages/data/opencv_threads.hpp"
 #include "stages/data/recipe.hpp"
 
@@ -20,7 +19,7 @@ DecodeOptions SampleDecodeOptions::decode_options() const {
 
 JpegDecodeStage::JpegDecodeStage(const Options& options, const BuildContext& context)
     : options_(options.decode.decode_options()),
-      policy_(options.decode.bad_samples, context.find<dist::World>()),
+      policy_(options.decode.bad_samples, job_placement(context)),
       recipe_(mix_recipe(0, "jpeg_decode", Params({{"min_side", options.min_side}}))) {
   options_.min_side = static_cast<int>(std::clamp<std::int64_t>(options.min_side, 0, INT_MAX));
   keep_opencv_on_caller_thread();  // other formats decode through OpenCV

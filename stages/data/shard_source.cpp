@@ -16,8 +16,9 @@ std::shared_ptr<ShardReader> open(const ShardSourceOptions& options, const Sourc
 
 }  // namespace
 
-ShardSource::ShardSource(const Options& options)
-    : ShardSource(options, resolve_source_options(options.source)) {}
+ShardSource::ShardSource(const Options& options, const BuildContext& context)
+    : ShardSource(options,
+                      resolve_source_options(options.source, job_placement(context))) {}
 
 ShardSource::ShardSource(const Options& options, const SourceOptions& source)
     : ShardSource(open(options, source), source) {}

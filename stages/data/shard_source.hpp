@@ -30,7 +30,8 @@ class ShardSource final : public DatasetSource {
  public:
   using Options = ShardSourceOptions;
   /// Throws Error if `shard` is not given, not a shard, or has no records.
-  explicit ShardSource(const Options& options);
+  /// `context`: the run's services; its job placement says which shard this rank reads.
+  explicit ShardSource(const Options& options, const BuildContext& context = {});
   static StageDoc describe();
 
  protected:

@@ -61,7 +61,7 @@ class ImageSource final : public Source<Sample> {
   std::uint64_t i_ = 0;
 };
 
-AugmentStage::Options augment_options(const std::string& mode, int size) {
+AugmentStage::Options augment_options(AugmentPolicy::Mode mode, int size) {
   return {
       .mode = mode, .size = size, .brightness = 0.4, .contrast = 0.4, .saturation = 0.4, .seed = 7};
 }
@@ -80,7 +80,7 @@ Collected run_data_path(std::size_t augment_concurrency, std::uint64_t count, st
   Collected got;
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(count));
-  p.add<AugmentStage>("augment", augment_options("train", 24),
+  p.add<AugmentStage>("augment", augment_options(AugmentPolicy::Mode::kTrain, 24),
                       {.concurrency = augment_concurrency});
   p.add<CollateStage>("collate", collate_options(batch, 3));
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
@@ -206,7 +206,7 @@ TEST_CASE("Data.Collate.NormalisesIntoNchw" * doctest::timeout(60)) {
   Collected got;
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(10, 2));
-  p.add<AugmentStage>("augment", augment_options("eval", 8));
+  p.add<AugmentStage>("augment", augment_options(AugmentPolicy::Mode::kEval, 8));
   p.add<CollateStage>("collate", collate_options(4, 2));
   std::vector<Image> views;
   p.add("sink", std::make_unique<testing::ProbeSink<Batch>>([&](Batch&& b, ItemContext&) {
@@ -262,7 +262,7 @@ TEST_CASE("Data.Collate.InFlightBatchesNeverExceedThePool" * doctest::timeout(12
   std::atomic<std::int64_t> alive{0}, peak{0};
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(80));
-  p.add<AugmentStage>("augment", augment_options("train", 16), {.concurrency = 2});
+  p.add<AugmentStage>("augment", augment_options(AugmentPolicy::Mode::kTrain, 16), {.concurrency = 2});
   p.add("collate", std::move(collate));
   // The sink's queue could hold 4 batches: more than the pool, so collate must wait for
   // buffers to come back rather than allocate.
@@ -304,7 +304,7 @@ TEST_CASE("Data.StageToDevice.OnCpuEachBatchPassesAsIs" * doctest::timeout(120))
   std::vector<std::uint64_t> numbers;
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(24));
-  p.add<AugmentStage>("augment", augment_options("train", 24));
+  p.add<AugmentStage>("augment", augment_options(AugmentPolicy::Mode::kTrain, 24));
   p.add<CollateStage>("collate", collate_options(4, 3));
   p.add("collated", [&](Batch b) {
     storage.push_back(b.images.data_ptr());

@@ -150,20 +150,23 @@ struct SourceFixture {
 
 constexpr const char* kSourceTypes[] = {"image_folder", "csv_manifest", "shard"};
 
-// Builds the source `type` of the dataset at `location` (empty: none given) with `source`.
+// Builds the source `type` of the dataset at `location` (empty: none given) with `source`, in a
+// run that `context` describes.
 std::unique_ptr<Stage> make_stage(const std::string& type,
                                   const std::string& location,
-                                  const DatasetSourceOptions& source = {}) {
+                                  const DatasetSourceOptions& source = {},
+                                  const BuildContext& context = {}) {
   if (type == "image_folder") {
     return std::make_unique<ImageFolderSource>(
-        ImageFolderSource::Options{.root = location, .source = source});
+        ImageFolderSource::Options{.root = location, .source = source}, context);
   }
   if (type == "csv_manifest") {
     return std::make_unique<CsvManifestSource>(
-        CsvManifestSource::Options{.manifest = location, .source = source});
+        CsvManifestSource::Options{.manifest = location, .source = source}, context);
   }
   REQUIRE(type == "shard");
-  return std::make_unique<ShardSource>(ShardSource::Options{.shard = location, .source = source});
+  return std::make_unique<ShardSource>(ShardSource::Options{.shard = location, .source = source},
+                                       context);
 }
 
 std::unique_ptr<Stage> make_source(const SourceFixture& f,
@@ -274,11 +277,11 @@ TEST_CASE("Data.Dataset.EpochOrderRejectsBadRank") {
   CHECK(contains(error_of([] { EpochOrder(10, {.rank = 2, .world_size = 2}); }),
                  "rank 2 must be below world_size 2"));
   CHECK_THROWS_AS(EpochOrder(10, {.world_size = 0}), Error);
-  CHECK(parse_uneven("pad") == Uneven::kPad);
-  CHECK(parse_uneven("drop") == Uneven::kDrop);
-  CHECK(parse_uneven("split") == Uneven::kSplit);
-  CHECK(contains(error_of([] { parse_uneven("even"); }),
-                 "'uneven' must be 'pad', 'drop' or 'split', got 'even'"));
+  CHECK(enum_value<Uneven>("pad", "param 'uneven'") == Uneven::kPad);
+  CHECK(enum_value<Uneven>("drop", "param 'uneven'") == Uneven::kDrop);
+  CHECK(enum_value<Uneven>("split", "param 'uneven'") == Uneven::kSplit);
+  CHECK(error_of([] { enum_value<Uneven>("even", "param 'uneven'"); }) ==
+        "param 'uneven' must be one of pad, drop, split, got 'even'");
 }
 
 // ---------------------------------------------------------------------------- image folders
@@ -740,11 +743,11 @@ TEST_CASE("Data.Sources.EachSampleOncePerEpochAcrossRanks" * doctest::timeout(60
   constexpr std::uint32_t kEpochs = 2;
   for (const char* type : kSourceTypes) {
     for (const std::int64_t world : {2, 3}) {
-      for (const char* uneven : {"pad", "drop"}) {
+      for (const Uneven uneven : {Uneven::kPad, Uneven::kDrop}) {
         CAPTURE(type);
         CAPTURE(world);
-        CAPTURE(uneven);
-        const bool pad = std::string(uneven) == "pad";
+        CAPTURE(enum_name(uneven));
+        const bool pad = uneven == Uneven::kPad;
         const std::size_t n = SourceFixture::kCount;
         const std::size_t w = static_cast<std::size_t>(world);
         const std::size_t per_rank = pad ? (n + w - 1) / w : n / w;
@@ -823,8 +826,6 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
     auto error_with = [&](const DatasetSourceOptions& source) {
       return error_of([&] { make_source(f, type, source); });
     };
-    CHECK(error_with({.uneven = "even"}) ==
-          "param 'uneven' must be 'pad', 'drop' or 'split', got 'even'");
     CHECK(error_with({.rank = 2, .world_size = 2}) ==
           "param 'rank' (2) must be below world_size (2)");
     CHECK(error_with({.world_size = -1}) ==
@@ -884,29 +885,32 @@ TEST_CASE("Data.Sources.SeekContinuesTheSameStream" * doctest::timeout(60)) {
   }
 }
 
-// Without rank/world_size params a source takes its shard from the launcher's environment.
-TEST_CASE("Data.Sources.RankFromLauncherEnvironment" * doctest::timeout(60)) {
+// Without rank/world_size params a source takes its shard from the job's placement, which the
+// runner hands the stages it builds (and never from the environment itself).
+TEST_CASE("Data.Sources.RankFromTheJobPlacement" * doctest::timeout(60)) {
   const SourceFixture f;
-  const auto with_env = [&](const char* rank, const char* world) {
-    ::setenv("RANK", rank, 1);
-    ::setenv("WORLD_SIZE", world, 1);
+  const auto as_rank = [&](int rank, int world_size, int ranks_per_shard = 1) {
+    JobPlacement job{.rank = rank, .world_size = world_size};
+    BuildContext context;
+    context.provide(job);
     std::vector<std::uint64_t> indices;
-    for (const Sample& s : run_source(make_source(f, "csv_manifest"))) indices.push_back(s.index);
-    ::unsetenv("RANK");
-    ::unsetenv("WORLD_SIZE");
+    for (const Sample& s : run_source(make_stage("csv_manifest", f.location("csv_manifest"),
+                                                 {.ranks_per_shard = ranks_per_shard}, context))) {
+      indices.push_back(s.index);
+    }
     return indices;
   };
-  const std::vector<std::uint64_t> r0 = with_env("0", "2"), r1 = with_env("1", "2");
+  const std::vector<std::uint64_t> r0 = as_rank(0, 2), r1 = as_rank(1, 2);
   CHECK(r0.size() == SourceFixture::kCount / 2);
   CHECK(r1.size() == SourceFixture::kCount / 2);
   std::set<std::uint64_t> all(r0.begin(), r0.end());
   all.insert(r1.begin(), r1.end());
   CHECK(all.size() == SourceFixture::kCount);
-  ::setenv("RANK", "2", 1);
-  ::setenv("WORLD_SIZE", "2", 1);
-  CHECK(error_of([&] { make_source(f, "csv_manifest"); }) == "RANK=2 must be below WORLD_SIZE=2");
-  ::unsetenv("RANK");
-  ::unsetenv("WORLD_SIZE");
+  // Ranks of one pipeline (ranks_per_shard) read the same samples.
+  CHECK(as_rank(0, 4, 2) == as_rank(1, 4, 2));
+  CHECK(as_rank(2, 4, 2) == r1);
+  // No placement handed in: one process reads everything.
+  CHECK(run_source(make_source(f, "csv_manifest")).size() == SourceFixture::kCount);
 }
 
 TEST_CASE("Data.Dataset.ClassTargetMediansPerClassAndOverall") {

@@ -658,11 +658,13 @@ TEST_CASE("Data.Decode.MinSideSpeedupOn1280x720" * doctest::timeout(60)) {
 // ---- the stage ---------------------------------------------------------------------------------
 
 TEST_CASE("Data.Decode.StageRejectsBadParams") {
-  CHECK_THROWS_WITH_AS(JpegDecodeStage(with_policy({.on_bad_sample = "maybe"})),
-                       "on_bad_sample must be 'auto', 'skip', 'replace' or 'fail', not 'maybe'",
-                       Error);
   CHECK_THROWS_AS(JpegDecodeStage(with_policy({.max_bad_fraction = 1.5})), Error);
-  CHECK(Registry::global().find("jpeg_decode") != nullptr);
+  // A config names the policy; any other name is refused with these (graph/options.hpp).
+  const StageInfo* info = Registry::global().find("jpeg_decode");
+  REQUIRE(info != nullptr);
+  CHECK(info->find_param("on_bad_sample")->choices ==
+        std::vector<std::string>{"auto", "skip", "replace", "fail"});
+  CHECK(info->find_param("on_bad_sample")->default_value == ParamValue(std::string("auto")));
 }
 
 TEST_CASE("Data.Decode.StageReadsPathsFreesBytesReusesPixels" * doctest::timeout(60)) {
@@ -771,7 +773,7 @@ TEST_CASE("Data.Decode.OnBadSampleFailIsOneStageError" * doctest::timeout(60)) {
   const std::size_t first_bad = 5;  // (2 * 0 + 1) * 60 / (2 * 6)
   REQUIRE(set.files[first_bad].broken == BrokenKind::kEmpty);
   try {
-    run_decode(std::make_unique<FileListSource>(set.files), with_policy({.on_bad_sample = "fail"}),
+    run_decode(std::make_unique<FileListSource>(set.files), with_policy({.on_bad_sample = OnBadSample::kFail}),
                /*concurrency=*/1);
     FAIL("the run did not fail");
   } catch (const StageError& e) {
@@ -815,7 +817,7 @@ TEST_CASE("Data.Decode.MaxBadFractionDoesNotDependOnScheduling") {
   BadSampleOptions options;
   const std::set<std::uint64_t> broken = {3, 45, 50, 140};  // 3 of 51 (5.9%) is the first > 5%
   auto outcome = [&](const std::vector<std::uint64_t>& order) {
-    BadSamplePolicy policy(options, nullptr);
+    BadSamplePolicy policy(options, JobPlacement{});
     try {
       for (const std::uint64_t seq : order) {
         ItemContext ctx(seq);
@@ -846,7 +848,7 @@ TEST_CASE("Data.Decode.MaxBadFractionDoesNotDependOnScheduling") {
   std::vector<std::uint64_t> gap(BadSamplePolicy::kLookahead + 50);
   std::iota(gap.begin(), gap.end(), 1);  // no 0
   options.max_bad_fraction = 1.0;
-  BadSamplePolicy policy(options, nullptr);
+  BadSamplePolicy policy(options, JobPlacement{});
   for (std::size_t i = 0; i < gap.size(); ++i) {
     if (i == BadSamplePolicy::kLookahead) CHECK(policy.seen() == 0);  // still waiting for 0
     ItemContext ctx(gap[i]);
@@ -879,7 +881,7 @@ TEST_CASE("Data.Decode.ReplaceKeepsTheCountWithTheSameStandIns" * doctest::timeo
     source.source.epochs = 2;
     pipeline.add<ImageFolderSource>("source", source);
     pipeline.add<JpegDecodeStage>(
-        "decode", with_policy({.on_bad_sample = "replace", .max_bad_fraction = 0.1}),
+        "decode", with_policy({.on_bad_sample = OnBadSample::kReplace, .max_bad_fraction = 0.1}),
         {.concurrency = 2});
     pipeline.add("record", std::make_unique<testing::ProbeSink<Sample>>([&](Sample&& s, ItemContext&) {
       std::lock_guard lock(mutex);
@@ -912,8 +914,8 @@ TEST_CASE("Data.Decode.FifoDeviceAndHugeFilesAreRefusedByName" * doctest::timeou
   std::filesystem::create_symlink("/dev/zero", zero);
   std::vector<std::uint8_t> buffer;
   std::span<const std::uint8_t> bytes;
-  CHECK(read_file(fifo, buffer, bytes) == "not a regular file (a FIFO)");
-  CHECK(read_file(zero, buffer, bytes) == "not a regular file (a character device)");
+  CHECK(read_file(fifo, buffer, bytes) == "it is a FIFO, not a regular file");
+  CHECK(read_file(zero, buffer, bytes) == "it is a character device, not a regular file");
   CHECK(read_file(set.files[0].path, buffer, bytes, 100) == "larger than max_file_bytes 100");
   CHECK(read_file(set.files[0].path, buffer, bytes).empty());
 
@@ -927,9 +929,10 @@ TEST_CASE("Data.Decode.FifoDeviceAndHugeFilesAreRefusedByName" * doctest::timeou
   REQUIRE(decode.drops.size() == 2);
   std::set<std::string> reasons;
   for (const DropRecord& drop : decode.drops) reasons.insert(drop.reason);
-  CHECK(reasons == std::set<std::string>{fifo + ": cannot read file: not a regular file (a FIFO)",
-                                         zero + ": cannot read file: not a regular file (a "
-                                                "character device)"});
+  CHECK(reasons ==
+        std::set<std::string>{fifo + ": cannot read file: it is a FIFO, not a regular file",
+                              zero + ": cannot read file: it is a character device, not a "
+                                     "regular file"});
 }
 
 // ---- synthetic data ----------------------------------------------------------------------------

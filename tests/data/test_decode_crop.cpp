@@ -409,18 +409,18 @@ TEST_CASE("Data.DecodeCrop.FilesCheckedWholeOnceGiveTheSameBatchesAndDrops" *
   for (std::uint64_t i = 0; i < 12; ++i) images.push_back(photo(160, 120, i));
   images[5] = with_marker_in_scan(images[5], 0.95);
   const std::vector<std::uint64_t> missing = {8};
-  const auto run = [&](const char* check, std::int64_t index_mb, std::size_t concurrency) {
+  const auto run = [&](CheckWholeFile check, std::int64_t index_mb, std::size_t concurrency) {
     return run_crop_path(std::make_unique<BytesSource>(images, missing, 3), concurrency, 8, 32,
                          [&](DecodeCropStage::Options& o) {
                            o.check_whole_file = check;
                            o.mcu_index_mb = index_mb;
                          });
   };
-  const Batches every_view = run("every_view", 1024, 1);
-  const Batches indexed = run("once", 1024, 1);
-  const Batches indexed_parallel = run("once", 1024, 2);
-  const Batches stopping = run("once", 0, 1);
-  const Batches stopping_parallel = run("once", 0, 2);
+  const Batches every_view = run(CheckWholeFile::kEveryView, 1024, 1);
+  const Batches indexed = run(CheckWholeFile::kOnce, 1024, 1);
+  const Batches indexed_parallel = run(CheckWholeFile::kOnce, 1024, 2);
+  const Batches stopping = run(CheckWholeFile::kOnce, 0, 1);
+  const Batches stopping_parallel = run(CheckWholeFile::kOnce, 0, 2);
   const auto result = [](const Batches& got, const char* name) {
     return testing::result(got.report, "crop", name);
   };

@@ -16,10 +16,10 @@
 #include "graph/error.hpp"
 #include "stages/train/files/bytes_reader.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/models/resnet.hpp"
-#include "stages/train/models/scripted_student.hpp"
 #include "stages/train/files/torch_error.hpp"
 #include "stages/train/files/zip_check.hpp"
+#include "stages/train/models/resnet.hpp"
+#include "stages/train/models/scripted_student.hpp"
 
 namespace flowtrain::train {
 

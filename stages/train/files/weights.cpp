@@ -20,13 +20,13 @@
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
-#include "stages/data/image_decode.hpp"
+#include "graph/read_file.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/models/resnet.hpp"
 #include "stages/train/files/torch_error.hpp"
-#include "stages/train/models/vit.hpp"
 #include "stages/train/files/weight_files.hpp"
 #include "stages/train/files/zip_check.hpp"
+#include "stages/train/models/resnet.hpp"
+#include "stages/train/models/vit.hpp"
 
 namespace flowtrain::train {
 
@@ -173,7 +173,7 @@ StateDict read_weights(const std::string& path) {
   std::vector<std::uint8_t> buffer;
   std::span<const std::uint8_t> bytes;
   if (const std::string problem =
-          data::read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
+          read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
       !problem.empty()) {
     throw Error(path + ": cannot read (" + problem + ")");
   }

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "graph/error.hpp"
-#include "stages/data/image_decode.hpp"
+#include "graph/read_file.hpp"
 
 namespace flowtrain::train {
 
@@ -218,7 +218,7 @@ void read_checked_archive(const std::string& path,
                           std::vector<std::uint8_t>& buffer,
                           std::span<const std::uint8_t>& bytes) {
   if (const std::string problem =
-          data::read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
+          read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
       !problem.empty()) {
     throw Error(path + ": cannot read (" + problem + ")");
   }

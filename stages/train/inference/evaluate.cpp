@@ -11,8 +11,8 @@
 #include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/inference/inference_model.hpp"
+#include "stages/train/models/compute.hpp"
 
 namespace flowtrain::train {
 

@@ -10,8 +10,8 @@
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/dataset.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/inference/inference_model.hpp"
+#include "stages/train/models/compute.hpp"
 
 namespace flowtrain::dist {
 class World;

@@ -7,10 +7,10 @@
 
 #include "graph/error.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/models/compute.hpp"
-#include "stages/train/partitioned/batch_runner.hpp"
 #include "stages/train/files/torchscript.hpp"
 #include "stages/train/files/weights.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/partitioned/batch_runner.hpp"
 
 namespace flowtrain::train {
 

@@ -37,7 +37,7 @@ struct Predictor::Impl {
   data::Image eval_view(const std::string& path, int size) const {
     std::vector<std::uint8_t> buffer;
     std::span<const std::uint8_t> bytes;
-    if (const std::string error = data::read_file(path, buffer, bytes); !error.empty()) {
+    if (const std::string error = read_file(path, buffer, bytes); !error.empty()) {
       throw Error("cannot read file: " + error);
     }
     data::Image decoded;

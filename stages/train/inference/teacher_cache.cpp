@@ -172,9 +172,8 @@ TeacherOutputCache& TeacherCacheStage::cache_for(const data::Batch& batch) {
                              (o_.autocast == "none" ? "" : ", " + o_.autocast) +
                              "), data recipe " + hex(recipe)};
   options.top_k = static_cast<std::uint32_t>(o_.top_k);
-  options.dtype =
-      o_.dtype == "bfloat16" ? EntryFormat::Dtype::kBFloat16 : EntryFormat::Dtype::kFloat16;
-  options.replace_on_mismatch = o_.on_mismatch == "replace";
+  options.dtype = o_.dtype;
+  options.replace_on_mismatch = o_.on_mismatch == OnCacheMismatch::kReplace;
   options.wait_timeout_s = o_.wait_timeout_s;
   options.read_only = read_only_;
   cache_ = std::make_shared<TeacherOutputCache>(std::move(options));

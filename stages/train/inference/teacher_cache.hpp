@@ -5,15 +5,31 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/inference/teacher_output_cache.hpp"
+#include "stages/train/models/compute.hpp"
 
 namespace flowtrain::train {
+
+/// How a teacher_cache stores outputs (param dtype).
+inline std::span<const EnumName<EntryFormat::Dtype>> enum_names(EntryFormat::Dtype) {
+  static constexpr EnumName<EntryFormat::Dtype> names[] = {
+      {EntryFormat::Dtype::kFloat16, "float16"}, {EntryFormat::Dtype::kBFloat16, "bfloat16"}};
+  return names;
+}
+
+/// What a teacher_cache filled by another teacher or data does (param on_mismatch).
+enum class OnCacheMismatch { kError, kReplace };
+inline std::span<const EnumName<OnCacheMismatch>> enum_names(OnCacheMismatch) {
+  static constexpr EnumName<OnCacheMismatch> names[] = {{OnCacheMismatch::kError, "error"},
+                                                        {OnCacheMismatch::kReplace, "replace"}};
+  return names;
+}
 
 /// The params of the `teacher_cache` stage.
 struct TeacherCacheOptions {
@@ -21,8 +37,8 @@ struct TeacherCacheOptions {
   std::string model;
   std::string autocast = "none";
   std::int64_t top_k = 100;
-  std::string dtype = "float16";
-  std::string on_mismatch = "error";
+  EntryFormat::Dtype dtype = EntryFormat::Dtype::kFloat16;
+  OnCacheMismatch on_mismatch = OnCacheMismatch::kError;
   double wait_timeout_s = 600;
   template <class Declare>
   void declare(Declare& d) {
@@ -35,10 +51,9 @@ struct TeacherCacheOptions {
     d(top_k, "top_k",
       "store every logit up to this many classes; above it the top_k and one value for the rest",
       {.min = 1, .max = 1 << 20});
-    d(dtype, "dtype", "how outputs are stored", {.choices = {"float16", "bfloat16"}});
+    d(dtype, "dtype", "how outputs are stored");
     d(on_mismatch, "on_mismatch",
-      "a cache filled by another teacher or from other data params: error, or replace it",
-      {.choices = {"error", "replace"}});
+      "a cache filled by another teacher or from other data params: error, or replace it");
     d(wait_timeout_s, "wait_timeout_s",
       "how long a batch waits for a view an earlier batch of the run computes", {.min = 0});
   }

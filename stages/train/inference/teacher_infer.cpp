@@ -12,10 +12,10 @@
 
 #include "distributed/job.hpp"
 #include "graph/error.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/inference/inference_model.hpp"
-#include "stages/train/partitioned/batch_runner.hpp"
 #include "stages/train/inference/teacher_cache.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/partitioned/batch_runner.hpp"
 
 namespace flowtrain::train {
 
@@ -72,7 +72,7 @@ std::pair<int, int> chunk_of(const TeacherInferOptions& options,
                 ", which cannot be split (a flowtrain checkpoint can)");
   }
   std::vector<int> splits = split_points_param(options.partition_splits);
-  const bool measured = options.partition_balance == "measured";
+  const bool measured = options.partition_balance == PartitionBalance::kMeasured;
   if (measured && !splits.empty()) {
     throw Error(
         "params 'partition_splits' and 'partition_balance: measured' both say where to "
@@ -92,7 +92,9 @@ std::pair<int, int> chunk_of(const TeacherInferOptions& options,
 }
 }  // namespace
 
-TeacherInferStage::TeacherInferStage(const Options& options, int partition)
+TeacherInferStage::TeacherInferStage(const Options& options,
+                                     const BuildContext& context,
+                                     int partition)
     : model_(options.inference.load(options.init)),
       model_path_(options.inference.model),
       init_(options.init),
@@ -100,7 +102,7 @@ TeacherInferStage::TeacherInferStage(const Options& options, int partition)
       intraop_threads_(options.inference.intraop_threads),
       partitions_(options.partitions) {
   const int k = options.ranks_per_shard;
-  skip_ = k > 1 && shard_group(job_placement_from_env(), k).member != k - 1;
+  skip_ = k > 1 && shard_group(job_placement(context), k).member != k - 1;
   if (options.partitions > 1 && dist::resolve_device(options.inference.device).is_cuda()) {
     throw Error("param 'device': a teacher in partitions runs on the CPU only; use device: cpu, "
                 "or partitions: 1 on a GPU");
@@ -120,7 +122,7 @@ StageDoc TeacherInferStage::describe() {
       option_specs<Options>(), "intraop_threads", /*threads_change_results=*/true};
 }
 
-std::vector<ExpandedNode> TeacherInferStage::expand(const Params& params) {
+std::vector<ExpandedNode> TeacherInferStage::expand(const Params& params, const RunOptions&) {
   const Options options = options_from<Options>(params);
   std::vector<ExpandedNode> nodes;
   for (int p = 1; p < options.partitions; ++p) {

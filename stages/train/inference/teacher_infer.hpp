@@ -9,8 +9,9 @@
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/inference/inference_model.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/partitioned/schedule.hpp"
 
 namespace flowtrain::train {
 
@@ -34,7 +35,7 @@ struct TeacherInferOptions {
   int ranks_per_shard = 1;
   int partitions = 1;
   std::vector<double> partition_splits;
-  std::string partition_balance = "blocks";
+  PartitionBalance partition_balance = PartitionBalance::kBlocks;
   template <class Declare>
   void declare(Declare& d) {
     inference.declare(d);
@@ -56,12 +57,12 @@ struct TeacherInferOptions {
       {.min = 1, .max = 256});
     d(partition_splits, "partition_splits",
       "with partitions: block indices where chunks begin, e.g. [6] (empty: as "
-      "partition_balance says)");
+      "partition_balance says)",
+      {.type = ParamType::kIntList});
     d(partition_balance, "partition_balance",
       "with partitions and no partition_splits: blocks (chunks of as equal a count of blocks "
       "as they divide) or measured (of as equal a cost: each piece's forward timed on a probe "
-      "batch of 16 when the first node is built, once per process for every node)",
-      {.choices = {"blocks", "measured"}});
+      "batch of 16 when the first node is built, once per process for every node)");
   }
 };
 
@@ -80,11 +81,15 @@ struct TeacherPartitionOptions {
 class TeacherInferStage : public Map<data::Batch, data::Batch> {
  public:
   using Options = TeacherInferOptions;
-  explicit TeacherInferStage(const Options& options, int partition = 0);
+  /// `context`: the run's services; its job placement says whether this rank's batches need
+  /// teacher outputs (ranks_per_shard).
+  explicit TeacherInferStage(const Options& options,
+                             const BuildContext& context = {},
+                             int partition = 0);
   ~TeacherInferStage() override;
   static StageDoc describe();
   /// With partitions, the nodes `<name>/partition1` ... (teacher_partition), always.
-  static std::vector<ExpandedNode> expand(const Params& params);
+  static std::vector<ExpandedNode> expand(const Params& params, const RunOptions& run);
 
   std::size_t threads_per_invocation() const override { return intraop_threads_; }
   bool intra_op_parallel() const override { return true; }
@@ -129,8 +134,8 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
 class TeacherPartitionStage final : public TeacherInferStage {
  public:
   using Options = TeacherPartitionOptions;
-  explicit TeacherPartitionStage(const Options& options)
-      : TeacherInferStage(options.teacher, options.partition) {}
+  explicit TeacherPartitionStage(const Options& options, const BuildContext& context = {})
+      : TeacherInferStage(options.teacher, context, options.partition) {}
   static StageDoc describe();
 };
 

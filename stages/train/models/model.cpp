@@ -6,12 +6,10 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "graph/error.hpp"
-#include "stages/train/models/resnet.hpp"
-#include "stages/train/models/scripted_student.hpp"
-#include "stages/train/models/vit.hpp"
 
 namespace flowtrain::train {
 
@@ -254,6 +252,22 @@ ModelConfig model_config(const std::string& preset, int image_size, int classes)
   throw Error("unknown model preset '" + preset + "' (known: " + known + ")");
 }
 
+ResNetLayout resnet_layout(const ModelConfig& config) {
+  ResNetLayout layout;
+  if (config.stem == "compact") layout = {.stem_kernel = 3, .stem_padding = 1, .stem_pool = false};
+  std::int64_t in = config.dim;
+  for (std::size_t s = 0; s < config.stage_blocks.size(); ++s) {
+    const std::int64_t width = std::int64_t{config.dim} << s;
+    std::vector<ResNetLayout::Block>& stage = layout.stages.emplace_back();
+    for (int b = 0; b < config.stage_blocks[s]; ++b) {
+      stage.push_back({"layer" + std::to_string(s + 1) + "." + std::to_string(b), in, width,
+                       b == 0 && s > 0 ? 2 : 1});
+      in = width;
+    }
+  }
+  return layout;
+}
+
 ImageModelImpl::ImageModelImpl(ModelConfig config) : config_(std::move(config)) {
   config_.validate();
 }
@@ -274,18 +288,26 @@ torch::Tensor ImageModelImpl::scale_regression(torch::Tensor regression) const {
   return config_.regression_scale == 1 ? regression : regression * config_.regression_scale;
 }
 
+namespace {
+std::map<std::string, ArchitectureMaker>& architectures() {
+  static std::map<std::string, ArchitectureMaker> makers;
+  return makers;
+}
+}  // namespace
+
+bool register_architecture(const char* arch, ArchitectureMaker make) {
+  architectures()[arch] = make;
+  return true;
+}
+
 ImageModel make_model(const ModelConfig& config) {
+  const auto it = architectures().find(config.arch);
+  if (it == architectures().end()) {
+    throw Error("model '" + config.arch + "': no such architecture is registered");
+  }
   // As the base class's pointer: ModuleHolder's other constructors would build an
   // ImageModelImpl itself.
-  std::shared_ptr<ImageModelImpl> model;
-  if (config.is_script()) {
-    model = make_scripted_model(config);
-  } else if (config.is_vit()) {
-    model = ViT(config).ptr();
-  } else {
-    model = ResNet(config).ptr();
-  }
-  return ImageModel(std::move(model));
+  return ImageModel(it->second(config));
 }
 
 torch::Tensor apply_linear(torch::nn::Linear& layer, const torch::Tensor& x) {

@@ -96,6 +96,24 @@ const std::vector<std::string>& model_presets();
 ///   config.regression_outputs = 1;
 ModelConfig model_config(const std::string& preset, int image_size, int classes);
 
+/// The shape a ResNet config gives: its stem and each basic block's widths and stride. One
+/// source for the model, its FLOPs and its TorchScript export.
+///
+///   for (const auto& stage : resnet_layout(config).stages)
+///     for (const ResNetLayout::Block& block : stage) ...  // "layer2.0": 32 -> 64, stride 2
+struct ResNetLayout {
+  struct Block {
+    std::string name;  // "layer2.0", its parameters' prefix
+    std::int64_t in = 0, out = 0, stride = 1;
+    /// A 1x1 convolution and BatchNorm on the shortcut, as the shape changes.
+    bool downsample() const { return stride != 1 || in != out; }
+  };
+  std::int64_t stem_kernel = 7, stem_padding = 3;  // the stem's convolution, stride 2
+  bool stem_pool = true;                           // then a max pool 3x3 stride 2
+  std::vector<std::vector<Block>> stages;          // "layer1", "layer2", ...
+};
+ResNetLayout resnet_layout(const ModelConfig& config);
+
 /// What a model's forward returns.
 struct ModelOutput {
   torch::Tensor logits;      // [B, classes]
@@ -150,6 +168,18 @@ class ConcreteModel : public torch::nn::ModuleHolder<Impl> {
     return ImageModel(std::shared_ptr<ImageModelImpl>(this->ptr()));
   }
 };
+
+/// How the models of one architecture are made. The file that defines an architecture registers
+/// its maker under the name ModelConfig::arch gives it ("vit", "resnet", "torchscript"), from a
+/// static initialiser, so make_model knows none of them:
+///
+///   [[maybe_unused]] const bool kRegistered =
+///       register_architecture("vit", [](const ModelConfig& c) -> std::shared_ptr<ImageModelImpl> {
+///         return ViT(c).ptr();
+///       });
+using ArchitectureMaker = std::shared_ptr<ImageModelImpl> (*)(const ModelConfig& config);
+/// Returns true (for the initialiser); a second maker for one name replaces the first.
+bool register_architecture(const char* arch, ArchitectureMaker make);
 
 /// The model `config.arch` names, its weights initialised from the global torch seed, so a
 /// model built after torch::manual_seed(s) is the same for the same s.

@@ -38,22 +38,6 @@ torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
   return torch::relu(y + (downsample_ ? downsample_->forward(x) : x));
 }
 
-ResNetLayout resnet_layout(const ModelConfig& config) {
-  ResNetLayout layout;
-  if (config.stem == "compact") layout = {.stem_kernel = 3, .stem_padding = 1, .stem_pool = false};
-  std::int64_t in = config.dim;
-  for (std::size_t s = 0; s < config.stage_blocks.size(); ++s) {
-    const std::int64_t width = std::int64_t{config.dim} << s;
-    std::vector<ResNetLayout::Block>& stage = layout.stages.emplace_back();
-    for (int b = 0; b < config.stage_blocks[s]; ++b) {
-      stage.push_back({"layer" + std::to_string(s + 1) + "." + std::to_string(b), in, width,
-                       b == 0 && s > 0 ? 2 : 1});
-      in = width;
-    }
-  }
-  return layout;
-}
-
 ResNetImpl::ResNetImpl(const ModelConfig& config) : ImageModelImpl(config) {
   if (config_.arch != "resnet") {
     throw Error("ResNet: config.arch is '" + config_.arch + "', not 'resnet'");
@@ -122,5 +106,11 @@ ModelOutput ResNetImpl::head(const torch::Tensor& features) {
   if (regression_head_) out.regression = scale_regression(apply_linear(regression_head_, x));
   return out;
 }
+
+namespace {
+// make_model's "resnet" (model.hpp).
+[[maybe_unused]] const bool kRegistered = register_architecture(
+    "resnet", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return ResNet(config).ptr(); });
+}  // namespace
 
 }  // namespace flowtrain::train

@@ -13,24 +13,6 @@
 
 namespace flowtrain::train {
 
-/// The shape a ResNet config gives: its stem and each basic block's widths and stride. One
-/// source for the model, its FLOPs and its TorchScript export.
-///
-///   for (const auto& stage : resnet_layout(config).stages)
-///     for (const ResNetLayout::Block& block : stage) ...  // "layer2.0": 32 -> 64, stride 2
-struct ResNetLayout {
-  struct Block {
-    std::string name;  // "layer2.0", its parameters' prefix
-    std::int64_t in = 0, out = 0, stride = 1;
-    /// A 1x1 convolution and BatchNorm on the shortcut, as the shape changes.
-    bool downsample() const { return stride != 1 || in != out; }
-  };
-  std::int64_t stem_kernel = 7, stem_padding = 3;  // the stem's convolution, stride 2
-  bool stem_pool = true;                           // then a max pool 3x3 stride 2
-  std::vector<std::vector<Block>> stages;          // "layer1", "layer2", ...
-};
-ResNetLayout resnet_layout(const ModelConfig& config);
-
 /// ResNet's basic block (He et al. 2016): conv 3x3 (stride) -> BatchNorm -> ReLU -> conv 3x3 ->
 /// BatchNorm, plus the input (through a 1x1 convolution and BatchNorm when the stride or the
 /// width changes), then ReLU. The second BatchNorm starts at zero scale, so each block starts

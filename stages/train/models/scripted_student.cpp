@@ -121,4 +121,10 @@ torch::jit::Module& scripted_module(const ImageModel& model) {
   return scripted->module();
 }
 
+namespace {
+// make_model's "torchscript" (model.hpp).
+[[maybe_unused]] const bool kRegistered = register_architecture(
+    "torchscript", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return make_scripted_model(config); });
+}  // namespace
+
 }  // namespace flowtrain::train

@@ -202,4 +202,10 @@ ModelOutput ViTImpl::head(const torch::Tensor& x) {
   return out;
 }
 
+namespace {
+// make_model's "vit" (model.hpp).
+[[maybe_unused]] const bool kRegistered = register_architecture(
+    "vit", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return ViT(config).ptr(); });
+}  // namespace
+
 }  // namespace flowtrain::train

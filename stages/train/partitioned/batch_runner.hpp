@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "distributed/partition_link.hpp"
-#include "stages/train/partitioned/schedule.hpp"
 #include "stages/train/models/vit.hpp"
+#include "stages/train/partitioned/schedule.hpp"
 
 namespace flowtrain::train {
 

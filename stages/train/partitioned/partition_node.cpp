@@ -30,7 +30,7 @@ void TrainPartitionStage::process(GradBucket&& bucket, Emitter<GradBucket>& out)
   Trainer& trainer = *session_->trainer;
   const bool last = options_.partition + 1 == options_.partitions;
   if (!last) out.emit(std::move(bucket));  // the next partition starts its part now
-  trainer.run_partition(options_.partition);
+  trainer.partitioned()->run_partition(options_.partition);
   if (!last) return;
   const std::size_t buckets = trainer.end_partitions();
   for (std::size_t b = 0; b < buckets; ++b) out.emit(GradBucket{session_, b, buckets});
@@ -39,7 +39,7 @@ void TrainPartitionStage::process(GradBucket&& bucket, Emitter<GradBucket>& out)
 std::vector<StageResult> TrainPartitionStage::results() const {
   const TrainingSession* s = published_.load(std::memory_order_acquire);
   if (!s || s->steps_this_run == 0) return {};
-  return {{"waited_ms", s->trainer->partition_wait_seconds(options_.partition) * 1e3 /
+  return {{"waited_ms", s->trainer->partitioned()->wait_seconds(options_.partition) * 1e3 /
                             static_cast<double>(s->steps_this_run)}};
 }
 
@@ -50,12 +50,12 @@ StageWait TrainPartitionStage::waiting() const {
 
 void TrainPartitionStage::cancel() {
   if (TrainingSession* s = published_.load(std::memory_order_acquire)) {
-    s->trainer->cancel_partitions();
+    s->trainer->partitioned()->cancel("the run failed in another stage");
   }
 }
 
 StageWait partition_wait(const TrainingSession& session, int partition, int microbatches) {
-  return {.seconds = session.trainer->partition_wait_seconds(partition),
+  return {.seconds = session.trainer->partitioned()->wait_seconds(partition),
           .what = "the other partitions' activations and gradients (the pipeline's bubble)",
           .param = "microbatches",
           .value = static_cast<double>(microbatches),

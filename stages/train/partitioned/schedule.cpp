@@ -41,25 +41,6 @@ std::vector<PartitionAction> interleaved(int rank, int ranks, int microbatches, 
 
 }  // namespace
 
-PartitionScheduleKind pipeline_schedule_kind(const std::string& name) {
-  if (name == "gpipe") return PartitionScheduleKind::kGPipe;
-  if (name == "1f1b") return PartitionScheduleKind::k1F1B;
-  if (name == "interleaved") return PartitionScheduleKind::kInterleaved;
-  throw Error("unknown pipeline schedule '" + name + "' (gpipe, 1f1b or interleaved)");
-}
-
-const char* to_string(PartitionScheduleKind kind) {
-  switch (kind) {
-    case PartitionScheduleKind::kGPipe:
-      return "gpipe";
-    case PartitionScheduleKind::k1F1B:
-      return "1f1b";
-    case PartitionScheduleKind::kInterleaved:
-      return "interleaved";
-  }
-  return "?";
-}
-
 PartitionSchedule make_partition_schedule(PartitionScheduleKind kind,
                                         int ranks,
                                         int microbatches,

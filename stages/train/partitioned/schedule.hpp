@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/options.hpp"
+
 namespace flowtrain::train {
 
 /// How the micro-batches of one batch flow through a model split into pipeline stages, as
@@ -17,9 +19,23 @@ namespace flowtrain::train {
 ///   times smaller, for more communication. M must be a multiple of P.
 enum class PartitionScheduleKind { kGPipe, k1F1B, kInterleaved };
 
-/// "gpipe", "1f1b", "interleaved"; throws Error naming the choices for anything else.
-PartitionScheduleKind pipeline_schedule_kind(const std::string& name);
-const char* to_string(PartitionScheduleKind kind);
+/// A config's names of them (param pipeline_schedule): gpipe, 1f1b, interleaved.
+inline std::span<const EnumName<PartitionScheduleKind>> enum_names(PartitionScheduleKind) {
+  static constexpr EnumName<PartitionScheduleKind> names[] = {
+      {PartitionScheduleKind::kGPipe, "gpipe"},
+      {PartitionScheduleKind::k1F1B, "1f1b"},
+      {PartitionScheduleKind::kInterleaved, "interleaved"}};
+  return names;
+}
+inline const char* to_string(PartitionScheduleKind kind) { return enum_name(kind); }
+
+/// Where a partitioned model is split without partition_splits (param partition_balance).
+enum class PartitionBalance { kBlocks, kMeasured };
+inline std::span<const EnumName<PartitionBalance>> enum_names(PartitionBalance) {
+  static constexpr EnumName<PartitionBalance> names[] = {{PartitionBalance::kBlocks, "blocks"},
+                                                         {PartitionBalance::kMeasured, "measured"}};
+  return names;
+}
 
 /// One action of a rank's schedule: the forward or the backward of one micro-batch through one
 /// pipeline stage that rank holds.

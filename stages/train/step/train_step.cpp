@@ -9,11 +9,11 @@
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/train/models/compute.hpp"
+#include "stages/train/partitioned/batch_runner.hpp"
+#include "stages/train/partitioned/partition_node.hpp"
 #include "stages/train/step/grad_sync_stage.hpp"
 #include "stages/train/step/optimizer_step.hpp"
-#include "stages/train/partitioned/batch_runner.hpp"
 #include "stages/train/step/step_writers.hpp"
-#include "stages/train/partitioned/partition_node.hpp"
 
 namespace flowtrain::train {
 
@@ -75,24 +75,20 @@ PartitionOptions PartitionStepOptions::config(int intraop_threads) const {
   PartitionOptions o;
   o.partitions = partitions;
   o.microbatches = microbatches;
-  o.schedule = pipeline_schedule_kind(pipeline_schedule);
+  o.schedule = pipeline_schedule;
   o.virtual_stages = virtual_stages;
   if (virtual_stages > 1 && o.schedule != PartitionScheduleKind::kInterleaved) {
     throw Error("param 'virtual_stages' (" + std::to_string(virtual_stages) +
                 ") needs pipeline_schedule: interleaved");
   }
   o.splits = split_points_param(partition_splits);
-  o.measured_balance = partition_balance == "measured";
+  o.measured_balance = partition_balance == PartitionBalance::kMeasured;
   if (o.measured_balance && !o.splits.empty()) {
     throw Error("params 'partition_splits' and 'partition_balance: measured' both say where to "
                 "split: give one of them");
   }
   o.threads = intraop_threads;  // each partition's: a node's in one process, a rank's in a job
   return o;
-}
-
-bool PartitionStepOptions::partition_nodes() const {
-  return partitions > 1 && !job_placement_from_env().distributed();
 }
 
 void TrainStepStage::check(const Options& options) {
@@ -104,11 +100,11 @@ void TrainStepStage::check(const Options& options) {
       options.checkpoint_dir.empty()) {
     throw Error("checkpoint_every, snapshot_every and resume need a checkpoint_dir");
   }
-  if (options.model.config().is_script() && options.pipeline.partitions > 1) {
+  if (options.model.config().is_script() && options.partitioned.partitions > 1) {
     throw Error("param 'partitions': a TorchScript model (" + options.model.model +
                 ") has no blocks to split between partitions; use partitions: 1");
   }
-  options.pipeline.config(options.intraop_threads);
+  options.partitioned.config(options.intraop_threads);
 }
 
 TrainStepStage::TrainStepStage(const Options& options, const BuildContext& context)
@@ -127,31 +123,23 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.loss.alpha = options.alpha;
   trainer.loss.temperature = options.temperature;
   trainer.loss.regression_weight = options.regression_weight;
-  trainer.loss.regression_l1 = options.regression_loss == "l1";
+  trainer.loss.regression_l1 = options.regression_loss == RegressionLoss::kL1;
   trainer.loss.label_smoothing = options.label_smoothing;
-  trainer.loss.hard = options.distillation == "hard";
+  trainer.loss.hard = options.distillation == Distillation::kHard;
   trainer.clip_grad_norm = options.clip_grad_norm;
   trainer.ema_decay = options.ema_decay;
-  trainer.skip_nonfinite = options.on_nonfinite == "skip";
+  trainer.skip_nonfinite = options.on_nonfinite == OnNonfinite::kSkip;
   trainer.device = dist::resolve_device(options.device);
   trainer.autocast = autocast_dtype(options.autocast, trainer.device);
-  trainer.zero = options.zero == "true"    ? 1
-                 : options.zero == "false" ? 0
-                                           : std::stoi(options.zero);
+  trainer.zero = static_cast<int>(options.zero);
   trainer.first_bucket_bytes = static_cast<std::int64_t>(options.first_bucket_mb * 1e6);
   trainer.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * 1e6);
   dist::World* world = context.find<dist::World>();
   const int rank = world ? world->rank() : 0;
   const int world_size = world ? world->size() : 1;
-  trainer.pipeline = options.pipeline.config(options.intraop_threads);
-  partition_nodes_ = options.pipeline.partition_nodes();
-  microbatches_ = options.pipeline.microbatches;
-  if (partition_nodes_ && world_size > 1) {
-    throw Error("this process is rank " + std::to_string(rank) + " of a job of " +
-                std::to_string(world_size) + ", but its environment (WORLD_SIZE) says it runs "
-                "alone, so its partitions were made nodes of its graph: start the ranks with "
-                "flowtrain run --nproc, torchrun or srun");
-  }
+  trainer.partitioned = options.partitioned.config(options.intraop_threads);
+  partition_nodes_ = options.partitioned.partition_nodes(static_cast<std::size_t>(world_size));
+  microbatches_ = options.partitioned.microbatches;
   // A rehearsal (autotune timing a layout) writes nothing, so it takes no lock either.
   if (!checkpoint_dir.empty() && !context.rehearsal()) {
     std::error_code ec;
@@ -188,14 +176,14 @@ StageDoc TrainStepStage::describe() {
       option_specs<Options>(), "intraop_threads", /*threads_change_results=*/true};
 }
 
-std::vector<ExpandedNode> TrainStepStage::expand(const Params& params) {
+std::vector<ExpandedNode> TrainStepStage::expand(const Params& params, const RunOptions& run) {
   const Options options = options_from<Options>(params);
   const std::string& dir = options.checkpoint_dir;
   // The rest of the step, always: in one process the model's partitions after the first,
   // then grad_sync, optimizer_step after it, whose token the entry's next forward waits for.
   std::vector<ExpandedNode> nodes;
-  const PartitionStepOptions& pipeline = options.pipeline;
-  if (pipeline.partition_nodes()) {
+  const PartitionStepOptions& pipeline = options.partitioned;
+  if (pipeline.partition_nodes(run.ranks)) {
     for (int p = 1; p < pipeline.partitions; ++p) {
       ExpandedNode node{"partition" + std::to_string(p), "train_partition",
                         to_params(TrainPartitionOptions{
@@ -260,7 +248,7 @@ void TrainStepStage::process(data::Batch&& batch, Emitter<GradBucket>& out) {
     // Partition 0 here, the others in the nodes after it, all at once; the last ends the step.
     trainer.begin_partitions(batch);
     out.emit(GradBucket{session_, 0, 1});
-    trainer.run_partition(0);
+    trainer.partitioned()->run_partition(0);
     return;
   }
   IntraOpThreads threads(session_->intraop_threads);
@@ -273,7 +261,9 @@ StageWait TrainStepStage::waiting() const {
 }
 
 void TrainStepStage::cancel() {
-  session_->trainer->cancel_partitions();
+  if (PartitionedModel* model = session_->trainer->partitioned()) {
+    model->cancel("the run failed in another stage");
+  }
 }
 
 std::vector<StageResult> TrainStepStage::live_results() const {
@@ -328,7 +318,7 @@ std::vector<StageResult> TrainStepStage::results() const {
                                    static_cast<double>(s.live_images.load()) /
                                    (s.forward_s + s.backward_s) / 1e9});
     }
-    if (s.trainer->pipelined()) {
+    if (s.trainer->partitioned()) {
       // Where the model was split: chunk c begins at block pipeline_split_c.
       const std::vector<int>& splits = state().pipeline_splits;
       for (std::size_t c = 0; c < splits.size(); ++c) {

@@ -2,16 +2,54 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "graph/options.hpp"
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
-#include "stages/train/models/compute.hpp"
 #include "stages/train/files/folder_lock.hpp"
+#include "stages/train/models/compute.hpp"
+#include "stages/train/partitioned/schedule.hpp"
 #include "stages/train/step/training_session.hpp"
 
 namespace flowtrain::train {
+
+/// How the student learns from the teacher's outputs (param distillation).
+enum class Distillation { kSoft, kHard };
+inline std::span<const EnumName<Distillation>> enum_names(Distillation) {
+  static constexpr EnumName<Distillation> names[] = {{Distillation::kSoft, "soft"},
+                                                     {Distillation::kHard, "hard"}};
+  return names;
+}
+
+/// The regression term (param regression_loss).
+enum class RegressionLoss { kMse, kL1 };
+inline std::span<const EnumName<RegressionLoss>> enum_names(RegressionLoss) {
+  static constexpr EnumName<RegressionLoss> names[] = {{RegressionLoss::kMse, "mse"},
+                                                       {RegressionLoss::kL1, "l1"}};
+  return names;
+}
+
+/// What a NaN or infinite loss or gradient does (param on_nonfinite).
+enum class OnNonfinite { kFail, kSkip };
+inline std::span<const EnumName<OnNonfinite>> enum_names(OnNonfinite) {
+  static constexpr EnumName<OnNonfinite> names[] = {{OnNonfinite::kFail, "fail"},
+                                                    {OnNonfinite::kSkip, "skip"}};
+  return names;
+}
+
+/// The ZeRO stage (param zero): what each rank of a data-parallel job shards.
+enum class ZeroStage { kNone = 0, kOptimizerState = 1, kGradients = 2 };
+inline std::span<const EnumName<ZeroStage>> enum_names(ZeroStage) {
+  static constexpr EnumName<ZeroStage> names[] = {{ZeroStage::kNone, "0"},
+                                                  {ZeroStage::kOptimizerState, "1"},
+                                                  {ZeroStage::kGradients, "2"},
+                                                  {ZeroStage::kNone, "false"},
+                                                  {ZeroStage::kOptimizerState, "true"}};
+  return names;
+}
 
 /// The model a training stage builds from its options: a preset (model, image_size, classes,
 /// regression_outputs) with optional overrides of its shape (patch_size, dim, depth, heads,
@@ -54,7 +92,7 @@ struct ModelOptions {
     d(depth, "depth", "ViT: number of blocks (0: the preset's)", {.min = 0, .max = 1024});
     d(heads, "heads", "ViT: attention heads (0: the preset's)", {.min = 0, .max = 1024});
     d(stage_blocks, "stage_blocks", "ResNet: basic blocks per stage, e.g. [2, 2, 2, 2] (empty: "
-      "the preset's)");
+      "the preset's)", {.type = ParamType::kIntList});
     d(stem, "stem",
       "ResNet: imagenet (conv 7x7/2 + max pool: the image / 4) or compact (conv 3x3/2: the "
       "image / 2, for small inputs); empty: imagenet",
@@ -83,17 +121,17 @@ struct ModelOptions {
 struct PartitionStepOptions {
   int partitions = 1;
   int microbatches = 1;
-  std::string pipeline_schedule = "1f1b";
+  PartitionScheduleKind pipeline_schedule = PartitionScheduleKind::k1F1B;
   int virtual_stages = 1;
   std::vector<double> partition_splits;
-  std::string partition_balance = "blocks";
+  PartitionBalance partition_balance = PartitionBalance::kBlocks;
 
   /// The Trainer's pipeline: each partition on `intraop_threads`. Throws Error for settings
   /// that do not fit together.
   PartitionOptions config(int intraop_threads) const;
-  /// True when the partitions run as nodes of this process's graph (partitions > 1, and the
-  /// process is not a rank of a job: there each rank runs one partition).
-  bool partition_nodes() const;
+  /// True when the partitions run as nodes of the graph of a job of `ranks` ranks (partitions
+  /// > 1 and one rank: in a job of several each rank runs one partition).
+  bool partition_nodes(std::size_t ranks) const { return partitions > 1 && ranks <= 1; }
 
   template <class Declare>
   void declare(Declare& d) {
@@ -109,20 +147,19 @@ struct PartitionStepOptions {
       {.min = 1, .max = 4096});
     d(pipeline_schedule, "pipeline_schedule",
       "pipeline parallelism: gpipe (all forwards, then all backwards), 1f1b (at most "
-      "partitions micro-batches in flight) or interleaved (virtual_stages chunks per partition)",
-      {.choices = {"gpipe", "1f1b", "interleaved"}});
+      "partitions micro-batches in flight) or interleaved (virtual_stages chunks per partition)");
     d(virtual_stages, "virtual_stages",
       "pipeline parallelism: model chunks per partition (interleaved schedule)",
       {.min = 1, .max = 64});
     d(partition_splits, "partition_splits",
       "pipeline parallelism: ViT block indices where chunks begin, e.g. [6] (empty: as "
-      "partition_balance says)");
+      "partition_balance says)",
+      {.type = ParamType::kIntList});
     d(partition_balance, "partition_balance",
       "pipeline parallelism without partition_splits: blocks (chunks of as equal a count of "
       "blocks as they divide) or measured (of as equal a cost, each block's forward and "
       "backward timed on a probe batch at the start, with the embedding and the heads; across "
-      "ranks rank 0 times them, and a resumed run keeps its checkpoint's splits)",
-      {.choices = {"blocks", "measured"}});
+      "ranks rank 0 times them, and a resumed run keeps its checkpoint's splits)");
   }
 };
 
@@ -133,9 +170,9 @@ struct TrainStepOptions {
   double alpha = 0.5;
   double temperature = 2.0;
   double regression_weight = 0.0;
-  std::string regression_loss = "mse";
+  RegressionLoss regression_loss = RegressionLoss::kMse;
   double label_smoothing = 0.0;
-  std::string distillation = "soft";
+  Distillation distillation = Distillation::kSoft;
   double lr = 1e-3;
   double min_lr = 1e-5;
   std::uint64_t warmup_steps = 0;
@@ -143,7 +180,7 @@ struct TrainStepOptions {
   double weight_decay = 0.05;
   double clip_grad_norm = 1.0;
   double ema_decay = 0.0;
-  std::string on_nonfinite = "fail";
+  OnNonfinite on_nonfinite = OnNonfinite::kFail;
   int intraop_threads = 1;
   std::string autocast = "none";
   std::string device = "auto";
@@ -154,8 +191,8 @@ struct TrainStepOptions {
   bool resume = false;
   double first_bucket_mb = 1.0;
   double bucket_mb = 25.0;
-  std::string zero = "0";
-  PartitionStepOptions pipeline;
+  ZeroStage zero = ZeroStage::kNone;
+  PartitionStepOptions partitioned;
   // Declared first (its keys lead the list), but the last field: as the first, GCC 12 at -O3
   // warns falsely (-Wmaybe-uninitialized) about its string in option_specs<TrainStepOptions>.
   ModelOptions model;
@@ -180,14 +217,12 @@ struct TrainStepOptions {
     d(regression_weight, "regression_weight", "weight of the regression term", {.min = 0});
     d(regression_loss, "regression_loss",
       "the regression term: mse (squared error, pulled by outliers) or l1 (absolute error: "
-      "what a mean absolute error rewards)",
-      {.choices = {"mse", "l1"}});
+      "what a mean absolute error rewards)");
     d(label_smoothing, "label_smoothing",
       "share of the label cross-entropy's target spread over all classes", {.min = 0, .max = 0.99});
     d(distillation, "distillation",
       "soft: T^2 KL of the softened teacher and student distributions (Hinton); hard: "
-      "cross-entropy against the teacher's top class (DeiT)",
-      {.choices = {"soft", "hard"}});
+      "cross-entropy against the teacher's top class (DeiT)");
     d(lr, "lr", "peak learning rate (AdamW)", {.min = 0});
     d(min_lr, "min_lr", "learning rate at the end of the cosine", {.min = 0});
     d(warmup_steps, "warmup_steps", "linear warm-up steps", {.min = 0});
@@ -202,8 +237,7 @@ struct TrainStepOptions {
       "teacher_infer use it (0: off)",
       {.min = 0, .max = 0.99999});
     d(on_nonfinite, "on_nonfinite",
-      "a NaN/infinite loss or gradient: stop the run, or skip the update and count it",
-      {.choices = {"fail", "skip"}});
+      "a NaN/infinite loss or gradient: stop the run, or skip the update and count it");
     declare_intraop_threads(d, intraop_threads);
     declare_autocast(d, autocast);
     declare_device(d, device);
@@ -224,9 +258,8 @@ struct TrainStepOptions {
     d(zero, "zero",
       "data-parallel ZeRO stage: 1 (or true) shards the optimizer state across the ranks (with "
       "pipelines side by side, a partition's among its replicas), 2 the gradients too; 0 (or "
-      "false): every rank holds all of both",
-      {.choices = {"0", "1", "2", "false", "true"}});
-    pipeline.declare(d);
+      "false): every rank holds all of both");
+    partitioned.declare(d);
   }
 };
 
@@ -256,7 +289,7 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   explicit TrainStepStage(const Options& options, const BuildContext& context = {});
   ~TrainStepStage() override;
   static StageDoc describe();
-  static std::vector<ExpandedNode> expand(const Params& params);
+  static std::vector<ExpandedNode> expand(const Params& params, const RunOptions& run);
   /// The model (its preset with the params over it), the pipeline params and the files' params
   /// make sense together; throws Error otherwise (what the constructor would refuse).
   static void check(const Options& options);

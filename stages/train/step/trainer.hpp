@@ -11,14 +11,14 @@
 #include "graph/stage.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/step/grad_scaler.hpp"
-#include "stages/train/models/kd_loss.hpp"
-#include "stages/train/step/optimizer.hpp"
-#include "stages/train/models/model.hpp"
-#include "stages/train/partitioned/schedule.hpp"
-#include "stages/train/models/vit.hpp"
-#include "stages/train/step/weight_average.hpp"
 #include "stages/train/files/weights.hpp"
+#include "stages/train/models/kd_loss.hpp"
+#include "stages/train/models/model.hpp"
+#include "stages/train/models/vit.hpp"
+#include "stages/train/partitioned/partitioned_model.hpp"
+#include "stages/train/step/grad_scaler.hpp"
+#include "stages/train/step/optimizer.hpp"
+#include "stages/train/step/weight_average.hpp"
 #include "stages/train/step/work_clock.hpp"
 
 namespace flowtrain::dist {
@@ -28,25 +28,6 @@ class World;
 }  // namespace flowtrain::dist
 
 namespace flowtrain::train {
-
-/// Pipeline model parallelism (a ViT only): the model split into partitions, each run by a
-/// thread of its own on `threads` intra-op threads (in one process) or by a rank of the job
-/// (across processes, partitions = ranks), and each batch into micro-batches that flow through
-/// them as `schedule` orders (stages/train/partitioned/batch_runner.hpp).
-struct PartitionOptions {
-  int partitions = 1;       // pipeline ranks (threads); 1 with 1 micro-batch: no pipeline
-  int virtual_stages = 1;   // model chunks per partition (schedule kInterleaved)
-  std::vector<int> splits;  // block indices where chunks begin (empty: balanced)
-  /// With no splits given: balance the chunks by each block's measured cost (piece_seconds;
-  /// across ranks, rank 0's measurement; resumed, the checkpoint's splits) instead of by their
-  /// count.
-  bool measured_balance = false;
-  int microbatches = 1;
-  PartitionScheduleKind schedule = PartitionScheduleKind::k1F1B;
-  int threads = 1;  // intra-op threads of each partition
-
-  bool enabled() const { return partitions > 1 || microbatches > 1; }
-};
 
 /// What a Trainer trains, and how.
 struct TrainerOptions {
@@ -60,7 +41,7 @@ struct TrainerOptions {
   /// GradScaler); float32: off.
   c10::ScalarType autocast = c10::kFloat;
   /// Where the model, its optimizer state, its gradients and buckets, and the loss live; a
-  /// batch elsewhere is copied there. Pipelines run on the CPU only.
+  /// batch elsewhere is copied there. A partitioned model runs on the CPU only.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   /// With float16 autocast: the loss scaler's settings.
   GradScalerOptions loss_scale;
@@ -76,8 +57,9 @@ struct TrainerOptions {
   int zero = 0;
   std::int64_t first_bucket_bytes = 1'000'000;  // first gradient bucket to all-reduce
   std::int64_t bucket_bytes = 25'000'000;       // the other buckets
-  /// With one process: partitions are threads of it; with a world: one partition per rank.
-  PartitionOptions pipeline;
+  /// A partitioned model: with one process, partitions are threads of it; with a world, one
+  /// partition per rank.
+  PartitionOptions partitioned;
 };
 
 /// One training step, as measured. `sync_end` is when the optimizer could start: every
@@ -89,13 +71,13 @@ struct StepOutcome {
   std::uint64_t correct = 0;  // training predictions that matched the label
   std::uint64_t seen = 0;     // samples in the batch
   std::uint64_t batch_number = 0;  // Batch::number of its batch
-  // With a pipeline: the share of partition-time idle in this step, the most micro-batches
+  // Partitioned: the share of partition-time idle in this step, the most micro-batches
   // whose activations a partition kept at once, and the most memory a partition of this
   // process held at once (PartitionedBatchResult::peak_bytes).
   double bubble = 0;
   int peak_in_flight = 0;
   std::int64_t peak_bytes = 0;
-  /// With a pipeline: each action this process ran ("F3" on track "partition 0"), its times on
+  /// Partitioned: each action this process ran ("F3" on track "partition 0"), its times on
   /// steady_clock (item unset: the step is numbered when applied).
   std::vector<TimelineSpan> timeline;
   std::chrono::steady_clock::time_point begin, forward_end, backward_end, sync_end, end;
@@ -140,24 +122,16 @@ class Trainer {
   /// all-reduce starts as it fills). Returns the buckets sync_bucket must complete: the
   /// group's buckets, or 1 without a group.
   std::size_t forward_backward(const data::Batch& batch);
-  /// forward_backward with the model's partitions as nodes of a graph (a pipeline in one
-  /// process, stages/train/partitioned/partition_node.hpp): begin_partitions opens the step; each
-  /// partition p then runs its actions in a oneTBB task of its own, run_partition(p), all at
-  /// once, a partition waiting for another's activation or gradient suspending its task; and
-  /// one of them ends the step, end_partitions, which waits for the others and returns the
-  /// buckets sync_bucket must complete. The same weights as forward_backward, bit for bit.
+  /// forward_backward with the model's partitions as nodes of a graph (stages/train/
+  /// partitioned/partition_node.hpp): begin_partitions opens the step; each partition p then
+  /// runs its actions in a oneTBB task of its own, partitioned()->run_partition(p), all at once,
+  /// a partition waiting for another's activation or gradient suspending its task; and one of
+  /// them ends the step, end_partitions, which waits for the others and returns the buckets
+  /// sync_bucket must complete. The same weights as forward_backward, bit for bit.
   void begin_partitions(const data::Batch& batch);
-  /// Partition p's part of the step begun; throws Error naming the partition, the stage and
-  /// the micro-batch if one of its actions fails (a partition stopped by another's failure
-  /// returns).
-  void run_partition(int partition);
   std::size_t end_partitions();
-  /// Stops a step whose partitions run as graph nodes: those waiting return, and
-  /// end_partitions throws `reason` (the run failed elsewhere).
-  void cancel_partitions(const std::string& reason = "the run failed in another stage");
-  /// Seconds partition p waited for the other partitions' tensors, summed over the steps of
-  /// this Trainer (its share of the pipeline's bubble).
-  double partition_wait_seconds(int partition) const;
+  /// The partitioned model (options.partitioned), or nullptr.
+  PartitionedModel* partitioned() const { return partitioned_.get(); }
   /// Waits for bucket b's all-reduce and writes its averaged gradients back (nothing without a
   /// group). Thread-safe for different buckets of the step.
   void sync_bucket(std::size_t b);
@@ -176,7 +150,6 @@ class Trainer {
   bool resumed() const { return resumed_; }
   /// What `init` loaded; nullopt without init, or when resumed.
   const std::optional<InitCounts>& init_counts() const { return init_counts_; }
-  bool pipelined() const { return pipelined_ != nullptr; }
   /// The gradient buckets of a step (forward_backward's count): the group's, or 1.
   std::size_t buckets_per_step() const;
   /// With a group: all-reduce time summed over the steps, first bucket's start to last's end.
@@ -235,24 +208,11 @@ class Trainer {
   /// The end of forward_backward, either way: backward done, the buckets the sync must complete.
   std::size_t end_step();
 
-  struct Pipelined;  // the schedule and the model's partitions
-  std::unique_ptr<Pipelined> pipelined_;
-  void build_pipeline(dist::World* world, const Checkpoint* resume_from);
-  /// Opens a pipelined step: the micro-batches, and the PartitionedBatch its ranks run.
-  void begin_pipeline(const data::Batch& batch, bool as_tasks);
-  /// Where build_pipeline splits the model: the given splits, else the checkpoint's or measured
-  /// ones (measured_balance), else as equal a count of blocks as they divide.
-  std::vector<int> pipeline_splits(ViT& vit,
-                                   int stages,
-                                   dist::World* world,
-                                   const Checkpoint* resume_from) const;
-  /// With partitions across ranks, after a step's pipeline: every rank learns the batch's loss
-  /// and accuracy (from the rank holding the last stage) and every rank's action times `spans`
-  /// (the step's bubble then counts all partitions).
-  void exchange_pipeline_step(bool has_loss,
-                              std::uint64_t& correct,
-                              std::vector<std::vector<std::pair<double, double>>>& spans,
-                              Pending& step);
+  std::unique_ptr<PartitionedModel> partitioned_;
+  /// The start and end of a partitioned step, either way (its partitions as graph nodes, or
+  /// on threads of their own): the micro-batches, then what the partitions did, into the step.
+  void begin_partitioned_step(const data::Batch& batch, bool as_tasks);
+  std::size_t end_partitioned_step();
   /// With sharded gradients: clips the gradient by its norm over every rank's share (the norm
   /// clip_grad_norm_ takes of the whole model's, bit for bit) and returns that norm.
   double clip_sharded_gradients(double max_norm);

@@ -8,10 +8,10 @@
 
 #include "graph/error.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/inference/inference_model.hpp"
 #include "stages/train/files/torchscript.hpp"
-#include "stages/train/step/trainer.hpp"
 #include "stages/train/files/weights.hpp"
+#include "stages/train/inference/inference_model.hpp"
+#include "stages/train/step/trainer.hpp"
 #include "tests/temp_dir.hpp"
 
 using namespace flowtrain;

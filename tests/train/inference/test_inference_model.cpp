@@ -5,13 +5,13 @@
 #include <memory>
 #include <string>
 
-#include "../temp_dir.hpp"
 #include "graph/error.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/models/compute.hpp"
-#include "stages/train/inference/inference_model.hpp"
 #include "stages/train/files/torchscript.hpp"
+#include "stages/train/inference/inference_model.hpp"
+#include "stages/train/models/compute.hpp"
 #include "stages/train/models/vit.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace flowtrain::train;
 using Precision = InferenceModel::Precision;

@@ -355,7 +355,7 @@ TEST_CASE("Train.TeacherCache.AnotherTeacherIsOneLineUnlessReplaced" * doctest::
                        doctest::Contains("views.ftc was filled by another teacher (it holds: "
                                          "teacher "),
                        StageError);
-  options.on_mismatch = "replace";
+  options.on_mismatch = OnCacheMismatch::kReplace;
   const RunReport replaced = run_cached(other, options, dir / "other.pt", 2);
   CHECK(results_of(replaced, "cache")["misses"] == 16);
   CHECK_FALSE(torch::equal(other.batches[0].teacher_logits, first.batches[0].teacher_logits));

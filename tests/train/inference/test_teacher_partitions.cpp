@@ -11,10 +11,10 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "stages/train/files/checkpoint.hpp"
-#include "stages/train/inference/inference_model.hpp"
-#include "stages/train/models/resnet.hpp"
-#include "stages/train/inference/teacher_infer.hpp"
 #include "stages/train/files/torchscript.hpp"
+#include "stages/train/inference/inference_model.hpp"
+#include "stages/train/inference/teacher_infer.hpp"
+#include "stages/train/models/resnet.hpp"
 #include "stages/train/models/vit.hpp"
 #include "tests/train/training_fixture.hpp"
 
@@ -210,7 +210,7 @@ TEST_CASE("Train.TeacherPartitions.MeasuredBalanceFollowsAnExpensiveHead" * doct
   config.distillation_token = false;
   save_teacher(dir / "teacher.pt", config);
   const TeacherInferOptions options{
-      .inference = {.model = dir / "teacher.pt"}, .partitions = 2, .partition_balance = "measured"};
+      .inference = {.model = dir / "teacher.pt"}, .partitions = 2, .partition_balance = PartitionBalance::kMeasured};
   Pipeline p;
   p.add("batches", [n = 0]() mutable -> std::optional<data::Batch> {
     if (n == 3) return std::nullopt;
@@ -235,7 +235,7 @@ TEST_CASE("Train.TeacherPartitions.MeasuredBalanceFollowsAnExpensiveHead" * doct
   CHECK_THROWS_WITH_AS(TeacherInferStage({.inference = {.model = dir / "teacher.pt"},
                                           .partitions = 2,
                                           .partition_splits = {1},
-                                          .partition_balance = "measured"}),
+                                          .partition_balance = PartitionBalance::kMeasured}),
                        "params 'partition_splits' and 'partition_balance: measured' both say "
                        "where to split: give one of them",
                        Error);

@@ -250,7 +250,7 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
 
 // train_step's pipeline keys, as a config gives them.
 TEST_CASE("Train.PipelineParallel.StepOptionsChecked") {
-  PartitionStepOptions o{.partitions = 2, .microbatches = 8, .pipeline_schedule = "interleaved",
+  PartitionStepOptions o{.partitions = 2, .microbatches = 8, .pipeline_schedule = PartitionScheduleKind::kInterleaved,
                         .virtual_stages = 2, .partition_splits = {2, 4, 6}};
   const PartitionOptions p = o.config(3);
   CHECK(p.partitions == 2);
@@ -258,7 +258,7 @@ TEST_CASE("Train.PipelineParallel.StepOptionsChecked") {
   CHECK(p.schedule == PartitionScheduleKind::kInterleaved);
   CHECK(p.splits == std::vector<int>{2, 4, 6});
 
-  o.pipeline_schedule = "1f1b";
+  o.pipeline_schedule = PartitionScheduleKind::k1F1B;
   CHECK_THROWS_WITH(o.config(2),
                     "param 'virtual_stages' (2) needs pipeline_schedule: interleaved");
   o.virtual_stages = 1;
@@ -305,7 +305,7 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
   b.images = torch::randn({8, 3, 16, 16});
   b.end_position = 8;
   TrainerOptions piped = options;
-  piped.pipeline = {.partitions = 2, .measured_balance = true, .microbatches = 2};
+  piped.partitioned = {.partitions = 2, .measured_balance = true, .microbatches = 2};
   Trainer trainer(piped), reference(options);
   CHECK(trainer.state().pipeline_splits == std::vector<int>{3});
   trainer.step(b);
@@ -319,8 +319,8 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
   // Resumed, it splits where its checkpoint says (each rank's optimizer state follows the
   // split), not where it would measure.
   TrainerOptions given = piped;
-  given.pipeline.measured_balance = false;
-  given.pipeline.splits = {2};
+  given.partitioned.measured_balance = false;
+  given.partitioned.splits = {2};
   Trainer at_two(given);
   at_two.step(b);
   write_file_atomically(dir / "step.pt", at_two.checkpoint(true));
@@ -330,6 +330,6 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
 
   // Both ways of saying where to split: refused.
   PartitionStepOptions both{.partitions = 2, .partition_splits = {2}};
-  both.partition_balance = "measured";
+  both.partition_balance = PartitionBalance::kMeasured;
   CHECK_THROWS_WITH(both.config(2), doctest::Contains("give one of them"));
 }

@@ -108,6 +108,7 @@ TEST_CASE("Train.PartitionSchedule.ADeadlockNamesTheRankAndAction") {
                        "the interleaved schedule needs micro-batches in multiples of the ranks (3 "
                        "micro-batches, 2 ranks)",
                        Error);
-  CHECK_THROWS_WITH_AS(pipeline_schedule_kind("zb"),
-                       "unknown pipeline schedule 'zb' (gpipe, 1f1b or interleaved)", Error);
+  CHECK_THROWS_WITH_AS(enum_value<Kind>("zb", "param 'pipeline_schedule'"),
+                       "param 'pipeline_schedule' must be one of gpipe, 1f1b, interleaved, got 'zb'",
+                       Error);
 }

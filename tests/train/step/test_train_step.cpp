@@ -17,9 +17,9 @@
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/train/files/checkpoint.hpp"
+#include "stages/train/models/vit.hpp"
 #include "stages/train/step/optimizer.hpp"
 #include "stages/train/step/train_step.hpp"
-#include "stages/train/models/vit.hpp"
 #include "tests/train/training_fixture.hpp"
 
 using namespace flowtrain;

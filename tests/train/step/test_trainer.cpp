@@ -170,9 +170,9 @@ TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::
   for (const Case& c : cases) {
     INFO(c.name);
     TrainerOptions piped = options;
-    piped.pipeline = c.pipeline;
+    piped.partitioned = c.pipeline;
     Trainer trainer(piped);
-    REQUIRE(trainer.pipelined());
+    REQUIRE(trainer.partitioned());
     StepOutcome last;
     for (const data::Batch& b : batches) last = trainer.step(b);
     CHECK(last.applied);
@@ -190,12 +190,12 @@ TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::
 TEST_CASE("Train.Trainer.PipelineRefusesWhatItCannotSplitExactly") {
   TrainerOptions options = tiny(3);
   options.model.depth = 4;
-  options.pipeline = {.partitions = 2, .microbatches = 2};
+  options.partitioned = {.partitions = 2, .microbatches = 2};
   TrainerOptions dropout = options;
   dropout.model.dropout = 0.1;
   CHECK_THROWS_WITH(Trainer{dropout}, doctest::Contains("needs dropout: 0 and drop_path: 0"));
   TrainerOptions splits = options;
-  splits.pipeline.splits = {1, 2};
+  splits.partitioned.splits = {1, 2};
   CHECK_THROWS_WITH(Trainer{splits},
                     "2 split points make 3 model chunks, but 2 partitions x 1 virtual stages "
                     "need 2");
@@ -228,7 +228,7 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
   for (const PartitionOptions& layout : layouts) {
     CAPTURE(to_string(layout.schedule));
     CAPTURE(layout.partitions);
-    options.pipeline = layout;
+    options.partitioned = layout;
     Trainer threads(options);
     for (std::uint64_t n = 0; n < 3; ++n) threads.step(batch(n));
     for (const int arena_threads : {1, 2}) {
@@ -242,8 +242,8 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
         arena.execute([&] {
           tasks.begin_partitions(b);
           tbb::task_group others;
-          for (int p = 1; p < layout.partitions; ++p) others.run([&tasks, p] { tasks.run_partition(p); });
-          tasks.run_partition(0);
+          for (int p = 1; p < layout.partitions; ++p) others.run([&tasks, p] { tasks.partitioned()->run_partition(p); });
+          tasks.partitioned()->run_partition(0);
           others.wait();
           buckets = tasks.end_partitions();
         });
@@ -258,7 +258,7 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
                                      layout.microbatches));
       CHECK(same_weights(tasks, threads));
       CHECK(tasks.state().step == 3);
-      CHECK(tasks.partition_wait_seconds(layout.partitions - 1) > 0);  // it waited for partition 0
+      CHECK(tasks.partitioned()->wait_seconds(layout.partitions - 1) > 0);  // it waited for partition 0
     }
   }
 }
@@ -269,7 +269,7 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
 TEST_CASE("Train.Trainer.CancelledPartitionsStopWaiting" * doctest::timeout(60)) {
   TrainerOptions options = tiny(5);
   options.model.depth = 4;
-  options.pipeline = {.partitions = 2, .microbatches = 4};
+  options.partitioned = {.partitions = 2, .microbatches = 4};
   Trainer trainer(options);
   tbb::task_arena arena(1);
   const data::Batch b = batch(0);
@@ -277,17 +277,17 @@ TEST_CASE("Train.Trainer.CancelledPartitionsStopWaiting" * doctest::timeout(60))
     trainer.begin_partitions(b);
     tbb::task_group canceller;
     // Runs once partition 1 has suspended (it needs partition 0's first activation).
-    canceller.run([&] { trainer.cancel_partitions("the run failed in another stage"); });
-    trainer.run_partition(1);  // returns: cancelled
+    canceller.run([&] { trainer.partitioned()->cancel("the run failed in another stage"); });
+    trainer.partitioned()->run_partition(1);  // returns: cancelled
     canceller.wait();
-    trainer.run_partition(0);  // returns at its first backward, which waits: cancelled
+    trainer.partitioned()->run_partition(0);  // returns at its first backward, which waits: cancelled
     CHECK_THROWS_WITH_AS(trainer.end_partitions(), "the run failed in another stage", Error);
   });
   // Later steps of a cancelled run are refused the same way.
   arena.execute([&] {
     trainer.begin_partitions(b);
-    trainer.run_partition(1);
-    trainer.run_partition(0);
+    trainer.partitioned()->run_partition(1);
+    trainer.partitioned()->run_partition(0);
     CHECK_THROWS_WITH_AS(trainer.end_partitions(), "the run failed in another stage", Error);
   });
 }

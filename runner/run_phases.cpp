@@ -1,4 +1,4 @@
-#include "distributed/run_phases.hpp"
+#include "runner/run_phases.hpp"
 
 #include <unistd.h>
 
@@ -18,7 +18,10 @@
 #include "graph/freed_memory.hpp"
 #include "graph/pipeline.hpp"
 
-namespace flowtrain::dist {
+namespace flowtrain::runner {
+
+using dist::World;
+using dist::WorldOptions;
 
 namespace {
 
@@ -89,17 +92,17 @@ PhasesOutcome run_phases(RunConfig& config,
   check_timeout(options.timeout_s);
   keep_freed_memory();  // a training step's activations, reused rather than faulted in again
   const std::vector<PipelineConfig*> phases = selected(config, options);
-  const JobPlacement placement = job_placement_from_env();
+  // Where this process stands in its job: read once, here, and handed to the stages.
+  JobPlacement placement = job_placement_from_env();
   for (PipelineConfig* phase : phases) {  // all, before any runs
-    plan_for_local_ranks(*phase, static_cast<std::size_t>(placement.local_world_size),
-                         static_cast<std::size_t>(placement.cpus_per_rank));
+    plan_for_job(*phase, placement);
   }
   World* world = nullptr;
   if (placement.distributed()) {
     WorldOptions world_options;
     world_options.timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1000));
-    world_options.config_hash = config_file_fingerprint(options.config_path, options.overrides);
+    world_options.config_hash = dist::config_file_fingerprint(options.config_path, options.overrides);
     world = World::init(placement, world_options);
   }
   PhasesOutcome outcome;
@@ -122,6 +125,7 @@ PhasesOutcome run_phases(RunConfig& config,
     }
     if (hooks.prepare) hooks.prepare(phase, leader);
     BuildContext context;
+    context.provide(placement);
     if (world) context.provide(*world);
     // Autotune fixes a training step's intra-op threads on rehearsals, before the phase is
     // built. Each rank would choose its own, so with several they stay as configured.
@@ -195,18 +199,21 @@ void check_timeout(double timeout_s) {
               std::to_string(static_cast<long long>(kMaxTimeoutS)) + ", got " + got);
 }
 
-void plan_for_local_ranks(PipelineConfig& phase, std::size_t local_ranks, std::size_t rank_cpus) {
+void plan_for_job(PipelineConfig& phase, const JobPlacement& job) {
   // Local ranks share the machine's cores: each gets its share, and `auto` threads fill it.
   // A launcher that grants each rank its CPUs (Slurm's --cpus-per-task) sets the machine's
   // cores where the config does not.
-  phase.run.local_ranks = local_ranks;
-  if (phase.run.cores == 0 && rank_cpus > 0) phase.run.cores = local_ranks * rank_cpus;
+  phase.run.ranks = static_cast<std::size_t>(job.world_size);
+  phase.run.local_ranks = static_cast<std::size_t>(job.local_world_size);
+  if (phase.run.cores == 0 && job.cpus_per_rank > 0) {
+    phase.run.cores = phase.run.local_ranks * static_cast<std::size_t>(job.cpus_per_rank);
+  }
   resolve_auto_threads(phase);
   check_thread_budget(phase);
 }
 
 int relaunch_as_ranks(int nproc, int argc, char** argv) {
-  return relaunch_as_ranks(nproc, args_without_nproc(argc, argv));
+  return relaunch_as_ranks(nproc, dist::args_without_nproc(argc, argv));
 }
 
 int relaunch_as_ranks(int nproc, std::vector<std::string> args) {
@@ -218,7 +225,7 @@ int relaunch_as_ranks(int nproc, std::vector<std::string> args) {
   }
   const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
   if (!args.empty()) args[0] = program;
-  return launch_local({.nproc = nproc, .program = program, .args = std::move(args)}, std::cerr);
+  return dist::launch_local({.nproc = nproc, .program = program, .args = std::move(args)}, std::cerr);
 }
 
-}  // namespace flowtrain::dist
+}  // namespace flowtrain::runner

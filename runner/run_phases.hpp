@@ -5,10 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "distributed/job.hpp"
 #include "graph/config.hpp"
 #include "graph/report.hpp"
 
-namespace flowtrain::dist {
+namespace flowtrain::runner {
 
 /// What an application adds to a run of phases; every hook is optional.
 struct PhaseHooks {
@@ -66,17 +67,17 @@ inline constexpr double kMaxTimeoutS = 1e6;
 ///   check_timeout(timeout_s);
 void check_timeout(double timeout_s);
 
-/// Plans `phase` for `local_ranks` ranks sharing this machine's cores (RunOptions::local_ranks;
-/// `auto` intra-op threads fill each rank's share) and throws Error if it needs more threads
-/// than a rank's share (check_thread_budget). `rank_cpus`: the CPUs the launcher grants each
-/// rank (JobPlacement::cpus_per_rank; 0: none said), which set the machine's `cores` where the
-/// config does not. run_phases does it for every phase before the first runs; a launcher does
-/// it before it starts the ranks, so that a config that cannot fit is one line rather than one
-/// from each rank.
-///   for (PipelineConfig& phase : config.phases) plan_for_local_ranks(phase, nproc);
-void plan_for_local_ranks(PipelineConfig& phase,
-                          std::size_t local_ranks,
-                          std::size_t rank_cpus = 0);
+/// Plans `phase` for a rank placed as `job` says: its ranks (RunOptions::ranks: an entry's
+/// expansion may depend on them), the ranks sharing this machine's cores (RunOptions::
+/// local_ranks; `auto` intra-op threads fill each rank's share) and the CPUs the launcher grants
+/// each rank (JobPlacement::cpus_per_rank, which set the machine's `cores` where the config does
+/// not); throws Error if it needs more threads than a rank's share (check_thread_budget).
+/// run_phases does it for every phase before the first runs; a launcher does it before it
+/// starts the ranks, as their rank 0, so that a config that cannot fit is one line rather than
+/// one from each rank.
+///   for (PipelineConfig& phase : config.phases)
+///     plan_for_job(phase, {.world_size = nproc, .local_world_size = nproc});
+void plan_for_job(PipelineConfig& phase, const JobPlacement& job);
 
 /// `PROGRAM ... --nproc N`: runs this program's command line again without --nproc as N local
 /// ranks of a job and returns the job's exit code. Throws Error if this process already is a
@@ -86,4 +87,4 @@ int relaunch_as_ranks(int nproc, int argc, char** argv);
 /// The same with the ranks' command line given: `args[0]` is the program (this executable).
 int relaunch_as_ranks(int nproc, std::vector<std::string> args);
 
-}  // namespace flowtrain::dist
+}  // namespace flowtrain::runner
