@@ -266,57 +266,53 @@ flowtrain::PipelineConfig* find_phase(flowtrain::RunConfig& config, const std::s
   return nullptr;
 }
 
-// Phase baseline is distill without the teacher: the same student, data and steps, trained on
-// the labels alone. Its stages must be distill's but the teacher's (teacher_cache, teacher_infer,
-// merge), and take distill's params but their own batch layout and cores (pool_size,
-// intraop_threads) and the student's own checkpoint_dir; the student learns from labels only
-// (alpha 1, no distillation token).
-void derive_baseline(const flowtrain::PipelineConfig& distill, flowtrain::PipelineConfig& baseline) {
-  std::vector<const flowtrain::StageConfig*> from;
-  for (const flowtrain::StageConfig& stage : distill.stages) {
-    if (stage.type != "teacher_cache" && stage.type != "teacher_infer" && stage.type != "merge") {
-      from.push_back(&stage);
-    }
+// student.model as the overrides of phase distill's student it stands for: the named model as
+// it is (distill's shape overrides and DeiT token were for its own ViT). As overrides, they
+// reach baseline, which extends distill, as any override of distill does. None when unset.
+std::vector<std::string> student_overrides(flowtrain::RunConfig& config,
+                                           const std::string& config_path,
+                                           const std::vector<std::string>& overrides) {
+  const std::string student = student_model(config, config_path, overrides);
+  flowtrain::PipelineConfig* distill = find_phase(config, "distill");
+  if (student.empty() || !distill) return {};
+  const flowtrain::StageConfig* step = find_stage(*distill, "train_step");
+  if (!step) throw Error("student.model: phase distill has no train_step stage to take it");
+  // Single-quoted YAML: a file name is taken as it is, whatever characters it holds.
+  std::string quoted = "'";
+  for (char c : student) quoted += c == '\'' ? std::string("''") : std::string(1, c);
+  const std::string key = "phases.distill.stages." + step->name + ".params.";
+  std::vector<std::string> out = {key + "model=" + quoted + "'"};
+  for (const char* shape : {"patch_size", "dim", "depth", "heads"}) {
+    out.push_back(key + shape + "=0");
   }
-  std::string expected, found;
-  for (const flowtrain::StageConfig* stage : from) {
-    expected += (expected.empty() ? "" : " -> ") + stage->type;
+  for (const char* unset : {"stage_blocks=[]", "stem=", "distillation_token=false"}) {
+    out.push_back(key + unset);
   }
-  for (const flowtrain::StageConfig& stage : baseline.stages) {
-    found += (found.empty() ? "" : " -> ") + stage.type;
-  }
-  if (expected != found) {
-    throw Error(baseline.origin + ": phase baseline must have phase distill's stages but the "
-                "teacher's (" + expected + "), has " + found);
-  }
-  for (std::size_t i = 0; i < from.size(); ++i) {
-    flowtrain::StageConfig& to = baseline.stages[i];
-    for (const auto& [key, value] : from[i]->params.values()) {
-      if (key != "pool_size" && key != "intraop_threads" && key != "checkpoint_dir") {
-        to.params.set(key, value);
-      }
-    }
-    if (to.type == "train_step" || to.type == "student_step") {
-      to.params.set("alpha", 1.0);
-      to.params.set("distillation_token", false);
-    }
-  }
+  return out;
 }
 
-// What foodtag derives so that one setting is never written twice: the user's own teacher
-// (teacher.model) replaces the trained teacher's checkpoint wherever a stage reads it, and
-// student.model replaces distill's student model; a teacher_cache keys its
-// entries by the teacher its phase's teacher_infer runs (its model and autocast); the
-// precompute phase fills the cache for the views distill will show (its data, cache and teacher
-// params become distill's, but the batch layout: batch_size, pool_size, intraop_threads; its
-// source runs views_per_image epochs). Returns which of `phases` run: without fixed views
-// (views_per_image 0) there is nothing to precompute.
+// The config the phases run: the file with `overrides` and those student.model stands for.
+flowtrain::RunConfig load_phases(const std::string& config_path,
+                                 std::vector<std::string> overrides) {
+  flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides, sections());
+  const std::vector<std::string> student = student_overrides(config, config_path, overrides);
+  if (student.empty()) return config;
+  overrides.insert(overrides.end(), student.begin(), student.end());
+  return flowtrain::load_run_config(config_path, overrides, sections());
+}
+
+// What foodtag derives that the config does not say (baseline and precompute say in the config
+// what they take from distill, with `extends`; student.model is overrides, load_phases):
+// - teacher.model, the user's own teacher, replaces the trained teacher's checkpoint wherever a
+//   stage reads it: a rule over every stage whose `model` is that file, which only exists
+//   after the config's `${output.dir}` is known;
+// - a teacher_cache keys its entries by the teacher its phase's teacher_infer runs (its model
+//   and autocast, after teacher.model), so the cache never serves another teacher's outputs;
+// - precompute runs views_per_image epochs, one per view, and none when it is 0 (its source's
+//   `epochs` cannot be 0, and a phase is not run by a key of the config).
+// Returns which of `phases` run.
 std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
-                                       const std::string& config_path,
-                                       const std::vector<std::string>& overrides,
                                        std::vector<std::string> phases) {
-  // teacher.model: every stage that would read the checkpoint phase teacher writes takes the
-  // user's teacher instead (precompute's and distill's teacher_infer, teacher_eval's evaluate).
   if (const std::string teacher = own_teacher(config.sections); !teacher.empty()) {
     const fs::path checkpoint =
         fs::path(config.sections.at("output").get_string("dir")) / "teacher" / "final.pt";
@@ -341,23 +337,6 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
   }
   flowtrain::PipelineConfig* pre = find_phase(config, "precompute");
   flowtrain::PipelineConfig* distill = find_phase(config, "distill");
-  // student.model: distill's student (and so baseline's, derived from it below).
-  if (const std::string student = student_model(config, config_path, overrides);
-      !student.empty() && distill) {
-    flowtrain::StageConfig* step = find_stage(*distill, "train_step");
-    if (!step) throw Error("student.model: phase distill has no train_step stage to take it");
-    // The named model as it is: distill's shape overrides and DeiT token were for its own ViT.
-    step->params.set("model", student);
-    for (const char* key : {"patch_size", "dim", "depth", "heads"}) {
-      step->params.set(key, std::int64_t{0});
-    }
-    step->params.set("stage_blocks", std::vector<double>{});
-    step->params.set("stem", std::string());
-    step->params.set("distillation_token", false);
-  }
-  if (flowtrain::PipelineConfig* baseline = find_phase(config, "baseline"); baseline && distill) {
-    derive_baseline(*distill, *baseline);
-  }
   flowtrain::StageConfig* views = distill ? find_stage(*distill, "decode_crop") : nullptr;
   const std::int64_t k = views ? views->params.get_int("views_per_image") : 0;
   if (pre == nullptr || k == 0) {
@@ -368,19 +347,6 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
     throw Error(distill->origin + ": phase distill has views_per_image " + std::to_string(k) +
                 " and a mixup stage: mixup pairs the rows of each batch, which precompute cannot "
                 "know in advance; remove mixup from distill or set views_per_image 0");
-  }
-  for (const char* type : {"decode_crop", "teacher_cache", "teacher_infer"}) {
-    flowtrain::StageConfig* from = find_stage(*distill, type);
-    flowtrain::StageConfig* to = find_stage(*pre, type);
-    if (!from || !to) {
-      throw Error("phase precompute and phase distill must both have a " + std::string(type) +
-                  " stage (views_per_image " + std::to_string(k) + " asks for precompute)");
-    }
-    for (const auto& [key, value] : from->params.values()) {
-      if (key != "batch_size" && key != "pool_size" && key != "intraop_threads") {
-        to->params.set(key, value);
-      }
-    }
   }
   pre->stages.front().params.set("epochs", k);
   return phases;
@@ -399,9 +365,8 @@ PhasePlan check_phases(const Context& ctx,
                        const std::vector<std::string>& overrides) {
   check_prepared(ctx);
   check_output_dir(ctx);
-  PhasePlan plan{flowtrain::load_run_config(ctx.in.config_path, overrides, sections()), {}};
-  plan.phases =
-      derive_phases(plan.config, ctx.in.config_path, overrides, command_phases().at(command));
+  PhasePlan plan{load_phases(ctx.in.config_path, overrides), {}};
+  plan.phases = derive_phases(plan.config, command_phases().at(command));
   const flowtrain::RunConfig& config = plan.config;
   const std::vector<std::string>& names = plan.phases;
   // A model a phase takes from an earlier command that has not run yet: say which command writes
@@ -540,9 +505,8 @@ void run_phases(const Context& ctx, const std::string& command) {
       tuned.push_back(phase.run.key_prefix + "autotune=false");
       std::vector<std::string> overrides = ctx.in.overrides;
       overrides.insert(overrides.end(), tuned.begin(), tuned.end());
-      flowtrain::write_file_atomically(
-          saved_config.string(),
-          flowtrain::load_run_config(ctx.in.config_path, overrides, sections()).effective_text);
+      flowtrain::write_file_atomically(saved_config.string(),
+                                       load_phases(ctx.in.config_path, overrides).effective_text);
       std::cout << saved_config.string() << ": saved with the layout autotune chose for phase "
                 << phase.name << " (autotune off there), to start the next run tuned\n"
                 << std::flush;
@@ -1088,12 +1052,10 @@ std::string value_text(const flowtrain::ParamValue& value) {
 // run options, then each stage with its options and every param, defaults included. A phase that
 // no command runs with this config (precompute at views_per_image 0) says so.
 int config_command(const Context& ctx) {
-  flowtrain::RunConfig config =
-      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  flowtrain::RunConfig config = load_phases(ctx.in.config_path, ctx.in.overrides);
   std::vector<std::string> names;
   for (const flowtrain::PipelineConfig& phase : config.phases) names.push_back(phase.name);
-  const std::vector<std::string> run =
-      derive_phases(config, ctx.in.config_path, ctx.in.overrides, names);
+  const std::vector<std::string> run = derive_phases(config, names);
   std::ostringstream out;
   for (const flowtrain::PipelineConfig& phase : config.phases) {
     const auto [threads, cores] = flowtrain::threads_and_cores(phase.run);
