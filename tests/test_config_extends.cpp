@@ -226,67 +226,70 @@ TEST_CASE("Config.Extends.ChainsAndForwardReferences") {
 }
 
 TEST_CASE("Config.Extends.Errors") {
-  SUBCASE("an unknown base") {
-    CHECK(error_of(replace(kComposed, "extends: full", "extends: ful")) ==
-          "kd.yaml:12: phase 'lean': extends 'ful', which is no phase of this config (did you "
-          "mean 'full'?)");
-  }
-  SUBCASE("a cycle") {
-    CHECK(error_of(replace(kComposed, "extends: full", "extends: lean")) ==
-          "kd.yaml:12: phase 'lean': extends 'lean', which comes back to it (lean -> lean): a "
-          "phase cannot extend itself, directly or not");
-    CHECK(error_of(kComposed, {"phases.full.extends=lean"}) ==
-          "kd.yaml:12: phase 'lean': extends 'full', which comes back to it (full -> lean -> "
-          "full): a phase cannot extend itself, directly or not");
-  }
-  SUBCASE("without names a stage the base lacks") {
-    CHECK(error_of(replace(kComposed, "[split, spin, merge]", "[split, spin, merg]")) ==
-          "kd.yaml:14: phase 'lean': without: phase 'full' has no stage 'merg' (did you mean "
-          "'merge'?)");
-  }
-  SUBCASE("a change names a stage the base lacks") {
-    CHECK(error_of(replace(kComposed, "      after: {", "      afte: {")) ==
-          "kd.yaml:16: phase 'lean': stage 'afte': phase 'full' has no stage 'afte' (did you "
-          "mean 'after'?); a stage to add gives its 'type'");
-    CHECK(error_of(kComposed, {"phases.lean.stages.numbrs.params.count=5"}) ==
-          "override 'phases.lean.stages.numbrs.params.count=5': phase 'lean': stage 'numbrs': "
-          "phase 'full' has no stage 'numbrs' (did you mean 'numbers'?); a stage to add gives its "
-          "'type'");
-  }
-  SUBCASE("a bad value in a change names its line") {
-    CHECK(error_of(replace(kComposed, "rounds: 7", "rounds: -7")) ==
-          "kd.yaml:16: phase 'lean': stage 'after' (knobs): param 'rounds' must be >= 0, got -7");
-    CHECK(error_of(replace(kComposed, "rounds: 7", "rouns: 7")) ==
-          "kd.yaml:16: phase 'lean': stage 'after' (knobs): unknown param 'rouns' (did you mean "
-          "'rounds'?)");
-  }
-  SUBCASE("the shape of the keys") {
-    CHECK(
-        error_of(replace(kComposed, "    stages:\n      after:", "    stages:\n      - after:")) ==
-        "kd.yaml:16: phase 'lean': a phase that extends another gives 'stages' as a map of stage "
-        "name to what changes (student: {params: {lr: 0.01}}), not a list");
-    CHECK(error_of(
-              replace(kComposed, "after: {concurrency: 2,", "after: {name: x, concurrency: 2,")) ==
-          "kd.yaml:16: phase 'lean': stage 'after': 'name' is not needed: the key is its name");
-    CHECK(error_of(replace(kComposed, "after: {concurrency: 2,", "after: {concurency: 2,")) ==
-          "kd.yaml:16: phase 'lean': stage 'after': unknown key 'concurency' (did you mean "
-          "'concurrency'?)");
-    CHECK(error_of(replace(kComposed, "after: {concurrency", "spin: {concurrency")) ==
-          "kd.yaml:16: phase 'lean': stage 'spin': 'without' drops it, and 'stages' changes it: "
-          "do one");
-    CHECK(error_of(kComposed, {"phases.full.without=[split]"}) ==
-          "override 'phases.full.without=[split]': phase 'full': 'without' drops stages of the "
-          "phase named by 'extends', which this phase does not have");
-    CHECK(error_of(kComposed, {"phases.lean.extends=[full]"}) ==
-          "override 'phases.lean.extends=[full]': phase 'lean': extends must name another phase, "
-          "got a list");
-  }
-  SUBCASE("what the composed phase is checked for as any phase") {
-    CHECK(error_of(kComposed, {"phases.lean.stages={}",
-                               "phases.lean.without=[split, spin, merge, after, discard]"}) ==
-          "kd.yaml:11: phase 'lean': 'stages' must be a list of at least a source and a sink");
-    CHECK(error_of(kComposed, {"phases.lean.without=[discard]"}) ==
-          "kd.yaml:11: phase 'lean': the last stage 'after' must be a sink, not a map");
+  // Each: kComposed with `from` replaced by `to` (none when `from` is empty), the overrides,
+  // and the one line it fails with.
+  struct Case {
+    const char* what;
+    const char* from;
+    const char* to;
+    std::vector<std::string> overrides;
+    std::string error;
+  };
+  // One case a few lines, as a table.
+  // clang-format off
+  const std::vector<Case> cases = {
+      {"an unknown base", "extends: full", "extends: ful", {},
+       "kd.yaml:12: phase 'lean': extends 'ful', which is no phase of this config (did you mean "
+       "'full'?)"},
+      {"a phase that extends itself", "extends: full", "extends: lean", {},
+       "kd.yaml:12: phase 'lean': extends 'lean', which comes back to it (lean -> lean): a phase "
+       "cannot extend itself, directly or not"},
+      {"a cycle through two phases", "", "", {"phases.full.extends=lean"},
+       "kd.yaml:12: phase 'lean': extends 'full', which comes back to it (full -> lean -> full): "
+       "a phase cannot extend itself, directly or not"},
+      {"extends is no name", "", "", {"phases.lean.extends=[full]"},
+       "override 'phases.lean.extends=[full]': phase 'lean': extends must name another phase, "
+       "got a list"},
+      {"without names a stage the base lacks", "[split, spin, merge]", "[split, spin, merg]", {},
+       "kd.yaml:14: phase 'lean': without: phase 'full' has no stage 'merg' (did you mean "
+       "'merge'?)"},
+      {"without in a phase that extends none", "", "", {"phases.full.without=[split]"},
+       "override 'phases.full.without=[split]': phase 'full': 'without' drops stages of the "
+       "phase named by 'extends', which this phase does not have"},
+      {"a change names a stage the base lacks", "      after: {", "      afte: {", {},
+       "kd.yaml:16: phase 'lean': stage 'afte': phase 'full' has no stage 'afte' (did you mean "
+       "'after'?); a stage to add gives its 'type'"},
+      {"an override names a stage the base lacks", "", "",
+       {"phases.lean.stages.numbrs.params.count=5"},
+       "override 'phases.lean.stages.numbrs.params.count=5': phase 'lean': stage 'numbrs': phase "
+       "'full' has no stage 'numbrs' (did you mean 'numbers'?); a stage to add gives its 'type'"},
+      {"a bad value in a change", "rounds: 7", "rounds: -7", {},
+       "kd.yaml:16: phase 'lean': stage 'after' (knobs): param 'rounds' must be >= 0, got -7"},
+      {"an unknown param in a change", "rounds: 7", "rouns: 7", {},
+       "kd.yaml:16: phase 'lean': stage 'after' (knobs): unknown param 'rouns' (did you mean "
+       "'rounds'?)"},
+      {"stages as a list", "    stages:\n      after:", "    stages:\n      - after:", {},
+       "kd.yaml:16: phase 'lean': a phase that extends another gives 'stages' as a map of stage "
+       "name to what changes (student: {params: {lr: 0.01}}), not a list"},
+      {"a name beside its key", "after: {concurrency: 2,", "after: {name: x, concurrency: 2,", {},
+       "kd.yaml:16: phase 'lean': stage 'after': 'name' is not needed: the key is its name"},
+      {"an unknown key in a change", "after: {concurrency: 2,", "after: {concurency: 2,", {},
+       "kd.yaml:16: phase 'lean': stage 'after': unknown key 'concurency' (did you mean "
+       "'concurrency'?)"},
+      {"a stage dropped and changed", "after: {concurrency", "spin: {concurrency", {},
+       "kd.yaml:16: phase 'lean': stage 'spin': 'without' drops it, and 'stages' changes it: do "
+       "one"},
+      {"no stages left", "", "",
+       {"phases.lean.stages={}", "phases.lean.without=[split, spin, merge, after, discard]"},
+       "kd.yaml:11: phase 'lean': 'stages' must be a list of at least a source and a sink"},
+      {"the composed graph checked as any", "", "", {"phases.lean.without=[discard]"},
+       "kd.yaml:11: phase 'lean': the last stage 'after' must be a sink, not a map"},
+  };
+  // clang-format on
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const std::string text = *c.from ? replace(kComposed, c.from, c.to) : std::string(kComposed);
+    CHECK(error_of(text, c.overrides) == c.error);
   }
 }
 
