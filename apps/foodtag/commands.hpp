@@ -20,8 +20,8 @@ struct Invocation {
   std::string program;     // this executable, to start the ranks of --nproc
 };
 
-/// Runs "prepare", "train-teacher", "distill", "eval", "export", "report", "sweep", "predict" or
-/// "run".
+/// Runs "prepare", "train-teacher", "distill", "baseline", "eval", "export", "report", "sweep",
+/// "predict", "config" or "run".
 /// Returns the exit code; throws flowtrain::Error with one line for any problem.
 int run_command(const std::string& command, Invocation in);
 

@@ -16,6 +16,7 @@
 //   foodtag report          report.html from what the run folder holds
 //   foodtag predict IMG...  top food groups and energy of photos
 //   foodtag run             all of the above but predict, in turn
+//   foodtag config          each phase as the commands run it: every stage's options and params
 //
 // Every command takes [-c CONFIG] and key.path=value overrides; errors print one line, exit 1.
 #include <unistd.h>
@@ -92,6 +93,8 @@ int main(int argc, char** argv) {
       ->required();
   predict->add_option("--model", in.model, "TorchScript model (default: OUTPUT/student.pt)");
   predict->add_option("--top", in.top, "Food groups shown per photo")->capture_default_str();
+  add_common(app.add_subcommand(
+      "config", "Print each phase as foodtag runs it: every stage's options and params"));
   CLI::App* keys = app.add_subcommand("keys", "List the app's own config keys");
   bool markdown = false;
   keys->add_flag("--markdown", markdown, "As the Markdown table in README.md");

