@@ -5,10 +5,12 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <thread>
@@ -99,6 +101,10 @@ int child_killed() {
 int child_watched() {
   dist::World* world = dist::World::init(job_placement_from_env(), child_options());
   const int rank = world->rank();
+  // Says it joined (TEST_JOINED_FILE): a test may wait for that before it stops this rank.
+  if (const std::string mark = env_or("TEST_JOINED_FILE", ""); !mark.empty()) {
+    std::ofstream(mark + std::to_string(rank)) << "joined\n";
+  }
   const int short_rank = std::stoi(env_or("TEST_SHORT_RANK", "-1"));
   const int steps = rank == short_rank ? 5 : std::stoi(env_or("TEST_STEPS", "100000"));
   try {
@@ -239,11 +245,25 @@ TEST_CASE("Dist.World.RankStepsShortNamedByTheOthers" * doctest::timeout(90)) {
 // A rank that stops (SIGSTOP: a debugger, a swapped-out machine) keeps its sockets open, so
 // Gloo would wait the whole timeout; World::wait sees its heartbeat stop.
 TEST_CASE("Dist.World.StoppedRankNamedWithinSeconds" * doctest::timeout(90)) {
-  std::vector<Process> ranks = start_ranks("stopped", "watched", 2, [](int) {
-    return std::vector<std::string>{"TEST_TIMEOUT_MS=60000"};
+  const std::string mark = log_path("stopped-joined", 0);
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Process> ranks = start_ranks("stopped", "watched", 2, [&mark](int) {
+    return std::vector<std::string>{"TEST_TIMEOUT_MS=60000", "TEST_JOINED_FILE=" + mark};
   });
-  std::this_thread::sleep_for(std::chrono::seconds(3));
+  // Stopped once both ranks have joined and are stepping (a fixed wait raced a slow start on a
+  // loaded machine: the rank was stopped before the rendezvous, which then timed out instead).
+  const auto joined = [&mark](int rank) {
+    return std::filesystem::exists(mark + std::to_string(rank));
+  };
+  for (int i = 0; i < 600 && !(joined(0) && joined(1)); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(joined(1));
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // a few steps into the all-reduces
   ::kill(ranks[1].pid, SIGSTOP);
+  // Seconds from the ranks' start to the stop (rank 0's exit counts from its start).
+  const double stopped_at =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const Exit r0 = wait_for(ranks[0], 80);
   ::kill(ranks[1].pid, SIGKILL);
   const Exit r1 = wait_for(ranks[1], 10);
@@ -251,7 +271,8 @@ TEST_CASE("Dist.World.StoppedRankNamedWithinSeconds" * doctest::timeout(90)) {
   CHECK(r0.code == 1);
   CHECK(r0.output.find("child: error: rank 0: rank 1 stopped responding") == 0);
   CHECK(r0.output.find("in the all-reduce of step ") != std::string::npos);
-  CHECK(r0.seconds < 20);
+  CHECK(r0.seconds - stopped_at < 20);  // named within seconds of the stop
+  for (int rank : {0, 1}) std::filesystem::remove(mark + std::to_string(rank));
 }
 
 TEST_CASE("Dist.World.KilledStoreHostNamedBySurvivor" * doctest::timeout(90)) {
