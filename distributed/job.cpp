@@ -106,6 +106,7 @@ JobPlacement job_placement_from_env() {
     p.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
     p.master_port = env_int("MASTER_PORT", 0, 0);
     p.agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+    p.restart = env_int("TORCHELASTIC_RESTART_COUNT", 0, 0);
     if (p.rank >= p.world_size) {
       throw Error("RANK=" + std::to_string(p.rank) + " must be below WORLD_SIZE=" +
                   std::to_string(p.world_size));

@@ -25,13 +25,17 @@ struct JobPlacement {
   /// torchrun's agent already hosts a store at MASTER_ADDR:MASTER_PORT
   /// (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects to it instead of hosting one.
   bool agent_store = false;
+  /// torchrun's restarts of this group so far (TORCHELASTIC_RESTART_COUNT under
+  /// `--max_restarts`): each attempt keeps its keys in the agent's store apart, as PyTorch's
+  /// workers do (`/worker/attempt_N/`).
+  int restart = 0;
 
   bool distributed() const { return world_size > 1; }
 };
 
 /// Reads the launcher's environment:
 ///  - torchrun / flowtrain --nproc: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-///    MASTER_PORT;
+///    MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT;
 ///  - Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, this node's tasks
 ///    (SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE at SLURM_NODEID), SLURM_CPUS_PER_TASK,
 ///    the first host of SLURM_JOB_NODELIST ("node[03-05,07]" -> "node03"), MASTER_PORT if set;

@@ -117,12 +117,13 @@ struct World::Impl {
   std::string host;
   int port = kDefaultPort;
   bool agent_store = false;  // torchrun's agent hosts the store: every rank is a client
+  int restart = 0;           // torchrun's restarts of the group: whose keys are this attempt's
   std::string backend;
   milliseconds timeout{300000};
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::Store> store;
   // A second connection for the heartbeat thread and diagnose(), so that neither waits behind
   // a long operation on the main one.
-  c10::intrusive_ptr<c10d::TCPStore> monitor;
+  c10::intrusive_ptr<c10d::Store> monitor;
   mutable std::mutex monitor_mutex;
   c10::intrusive_ptr<Group> group;
   c10::intrusive_ptr<Group> gpu_group;  // NCCL, on the first group_for a GPU
@@ -146,6 +147,12 @@ struct World::Impl {
   }
 
   std::string address() const { return host + ":" + std::to_string(port); }
+  // Who hosts the store, and what its loss means.
+  std::string store_host() const { return agent_store ? "torchrun's agent" : "rank 0"; }
+  std::string store_gone() const {
+    return agent_store ? "torchrun's agent exited, or its machine is down or unreachable"
+                       : "rank 0 exited, was killed, or its machine is down";
+  }
   std::string key(const std::string& prefix, int r) const {
     return prefix + "/" + std::to_string(r);
   }
@@ -166,6 +173,13 @@ struct World::Impl {
       options.isServer = false;
       options.numWorkers = {};
       monitor = c10::make_intrusive<c10d::TCPStore>(host, options);
+      if (agent_store) {
+        // The agent's store outlives a restart of the group (torchrun --max_restarts): each
+        // attempt's keys apart, under PyTorch's own prefix for its workers.
+        const std::string attempt = "/worker/attempt_" + std::to_string(restart);
+        store = c10::make_intrusive<c10d::PrefixStore>(attempt, store);
+        monitor = c10::make_intrusive<c10d::PrefixStore>(attempt, monitor);
+      }
     } catch (const std::exception& e) {
       if (options.isServer && !store) {
         throw WorldError("rank 0 cannot host the rendezvous store on port " + std::to_string(port) +
@@ -185,7 +199,7 @@ struct World::Impl {
       monitor->set(key("heartbeat", rank),
                    bytes(std::to_string(beats) + " " + std::to_string(unix_ms())));
     } catch (const std::exception&) {
-      // The store is gone (rank 0 exited): the failing collective and diagnose() will say so.
+      // The store is gone (its host exited): the failing collective and diagnose() will say so.
     }
   }
 
@@ -269,9 +283,8 @@ struct World::Impl {
   }
 
   WorldError store_lost(std::string_view what, const std::exception& e) const {
-    return WorldError("lost the store at " + address() + " hosted by rank 0 in " +
-                      std::string(what) + " (" + one_line(e) +
-                      "): rank 0 exited, was killed, or its machine is down");
+    return WorldError("lost the store at " + address() + " hosted by " + store_host() + " in " +
+                      std::string(what) + " (" + one_line(e) + "): " + store_gone());
   }
 
   void wait_for_all(const std::string& what, const std::string& prefix, bool watch) {
@@ -376,6 +389,7 @@ World* World::init(const JobPlacement& placement, const WorldOptions& options) {
   impl->host = placement.master_addr.empty() ? "127.0.0.1" : placement.master_addr;
   impl->port = placement.master_port > 0 ? placement.master_port : kDefaultPort;
   impl->agent_store = placement.agent_store;
+  impl->restart = placement.restart;
   impl->timeout = options.timeout;
   impl->backend = resolve_backend(options.backend);
   impl->connect();
@@ -534,8 +548,8 @@ std::string World::diagnose() const {
       if (now.count == before.count) found.push_back(w.stale_text(r, now));
     }
   } catch (const std::exception& e) {
-    return "cannot reach the store at " + w.address() + " hosted by rank 0 (" + one_line(e) +
-           "): rank 0 exited, was killed, or its machine is down";
+    return "cannot reach the store at " + w.address() + " hosted by " + w.store_host() + " (" +
+           one_line(e) + "): " + w.store_gone();
   }
   if (found.empty()) {
     return "every other rank is alive (heartbeats current): one may be stuck or much slower";

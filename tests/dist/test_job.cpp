@@ -18,7 +18,8 @@ struct Env {
     for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST",
                           "SLURM_NODELIST", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
-                          "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "LOCAL_WORLD_SIZE"}) {
+                          "SLURM_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "LOCAL_WORLD_SIZE",
+                          "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"}) {
       ::unsetenv(k);
     }
   }
@@ -44,6 +45,20 @@ TEST_CASE("Job.Placement.Torchrun") {
   CHECK(p.local_rank == 1);
   CHECK(p.master_addr == "node7");
   CHECK(p.master_port == 29500);
+  CHECK_FALSE(p.agent_store);
+  CHECK(p.restart == 0);
+}
+
+// torchrun's agent hosts the store and counts its restarts of the group (--max_restarts).
+TEST_CASE("Job.Placement.TorchrunAgentAndRestart") {
+  Env env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+           {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  const JobPlacement p = job_placement_from_env();
+  CHECK(p.agent_store);
+  CHECK(p.restart == 2);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "-1", 1);
+  CHECK_THROWS_WITH(job_placement_from_env(),
+                    doctest::Contains("TORCHELASTIC_RESTART_COUNT"));
 }
 
 TEST_CASE("Job.Placement.Slurm") {

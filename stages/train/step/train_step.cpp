@@ -153,7 +153,8 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
     }
   }
   std::optional<Checkpoint> checkpoint;
-  if (options.resume) {
+  // A group torchrun restarted (--max_restarts) continues the job it replaces.
+  if (options.resume || job_placement(context).restart > 0) {
     if (const std::optional<std::string> path = latest_checkpoint(checkpoint_dir, world_size)) {
       checkpoint.emplace(read_checkpoint(rank_file(*path, rank)));
     }

@@ -251,7 +251,9 @@ struct TrainStepOptions {
       "also write the model alone (no optimizer state) every N steps to "
       "checkpoint_dir/snapshots/, to validate along the training (0: never)",
       {.min = 0});
-    d(resume, "resume", "continue from the newest checkpoint in checkpoint_dir, if there is one");
+    d(resume, "resume",
+      "continue from the newest checkpoint in checkpoint_dir, if there is one (a group torchrun "
+      "restarted under --max_restarts always does)");
     d(first_bucket_mb, "first_bucket_mb",
       "data-parallel: size of the first gradient bucket to all-reduce (MB)", {.min = 0});
     d(bucket_mb, "bucket_mb", "data-parallel: size of the other gradient buckets (MB)", {.min = 0});
