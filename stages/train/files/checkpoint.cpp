@@ -318,9 +318,19 @@ ImageModel load_model(const Checkpoint& checkpoint) {
   return model;
 }
 
+void load_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& optimizer) {
+  damaged_is_an_error(checkpoint.path, [&] {
+    torch::serialize::InputArchive optimizer_state;
+    if (!checkpoint.archive.try_read("optimizer", optimizer_state)) {
+      throw Error(checkpoint.path + ": checkpoint has no optimizer state (a model-only file)");
+    }
+    optimizer.load(optimizer_state);
+  });
+}
+
 bool restore_training(const Checkpoint& checkpoint,
                       ImageModel model,
-                      torch::optim::Optimizer& optimizer,
+                      torch::optim::Optimizer* optimizer,
                       ImageModel* average,
                       const c10::Device& device) {
   if (std::string diff = config_difference(checkpoint.config, model->config()); !diff.empty()) {
@@ -329,12 +339,8 @@ bool restore_training(const Checkpoint& checkpoint,
   }
   load_weights(checkpoint, model);
   const bool averaged = average && load_weights(checkpoint, *average, kAverageKey, false);
+  if (optimizer) load_optimizer(checkpoint, *optimizer);
   damaged_is_an_error(checkpoint.path, [&] {
-    torch::serialize::InputArchive optimizer_state;
-    if (!checkpoint.archive.try_read("optimizer", optimizer_state)) {
-      throw Error(checkpoint.path + ": checkpoint has no optimizer state (a model-only file)");
-    }
-    optimizer.load(optimizer_state);
     torch::Tensor rng;
     if (checkpoint.archive.try_read("rng", rng)) {
       at::Generator generator = at::detail::getDefaultCPUGenerator();

@@ -79,14 +79,18 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path);
 /// weights when the file has them (training with ema_decay), else the trained ones.
 ImageModel load_model(const Checkpoint& checkpoint);
 
-/// Puts the checkpoint's weights into `model`, its state into `optimizer` (both then on the
-/// CPU), and restores the global CPU random generator, and a GPU `device`'s when the file has
-/// it. Throws Error if the model's shape differs from the file's. With `average`: the file's
-/// averaged weights go into it, and the result says whether the file had them (a run that did
-/// not average has not).
+/// Puts the checkpoint's optimizer state into `optimizer` (on the CPU), whose parameters must be
+/// those that wrote it, in the same groups; throws Error naming the file otherwise.
+void load_optimizer(const Checkpoint& checkpoint, torch::optim::Optimizer& optimizer);
+
+/// Puts the checkpoint's weights into `model`, its state into `optimizer` unless that is null
+/// (both then on the CPU), and restores the global CPU random generator, and a GPU `device`'s
+/// when the file has it. Throws Error if the model's shape differs from the file's. With
+/// `average`: the file's averaged weights go into it, and the result says whether the file had
+/// them (a run that did not average has not).
 bool restore_training(const Checkpoint& checkpoint,
                       ImageModel model,
-                      torch::optim::Optimizer& optimizer,
+                      torch::optim::Optimizer* optimizer,
                       ImageModel* average = nullptr,
                       const c10::Device& device = c10::Device(c10::DeviceType::CPU));
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "distributed/grad_sync.hpp"
 #include "distributed/sharding_plan.hpp"
@@ -32,6 +33,40 @@ void move_optimizer_state(torch::optim::AdamW& optimizer, const c10::Device& dev
     state.exp_avg(state.exp_avg().to(device));
     state.exp_avg_sq(state.exp_avg_sq().to(device));
     if (state.max_exp_avg_sq().defined()) state.max_exp_avg_sq(state.max_exp_avg_sq().to(device));
+  }
+}
+
+// The optimizer state of checkpoint `base` (rank 0's file) as `saved_shards` ranks wrote it
+// under ZeRO (rank r's file: the moments of the parameters partition_parameters gave it), or
+// whole in rank 0's file (0 shards), put into `optimizer`, which holds some of `named` (all of
+// them, or this rank's shard): a run resumed with ZeRO turned on or off, or re-split.
+void restore_resharded(const std::string& base,
+                       std::uint64_t saved_shards,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                       const OptimizerOptions& options,
+                       torch::optim::Optimizer& optimizer) {
+  std::vector<std::int64_t> numels;
+  for (const auto& item : named) numels.push_back(item.second.numel());
+  const int files = saved_shards > 0 ? static_cast<int>(saved_shards) : 1;
+  const std::vector<int> owners = dist::partition_parameters(numels, files);
+  std::set<std::string> held;  // the keys of optimizer.state(): its parameters' addresses
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& param : group.params()) {
+      held.insert(c10::guts::to_string(param.unsafeGetTensorImpl()));
+    }
+  }
+  for (int r = 0; r < files; ++r) {
+    std::vector<std::pair<std::string, torch::Tensor>> shard;
+    for (std::size_t k = 0; k < named.size(); ++k) {
+      if (owners[k] == r) shard.push_back(named[k]);
+    }
+    // The shard's optimizer as rank r made it, over the same parameters, so the file's state
+    // lands on them by position; then each entry goes to `optimizer` if it holds the parameter.
+    const std::unique_ptr<torch::optim::AdamW> saved = make_adamw(shard, options);
+    load_optimizer(read_checkpoint(rank_file(base, r)), *saved);
+    for (auto& [key, state] : saved->state()) {
+      if (held.count(key)) optimizer.state()[key] = std::move(state);
+    }
   }
 }
 
@@ -116,16 +151,30 @@ Trainer::Trainer(const TrainerOptions& options,
   bool average_restored = false;
   if (resume_from) {
     const TrainState& saved = resume_from->state;
-    if (saved.world_size != static_cast<std::uint64_t>(world_size_) ||
-        saved.zero_shards != shards || saved.pipeline_ranks != pipeline_ranks_count) {
+    // Pipeline partitions keep their own parameters' state; ZeRO's shards can be re-split.
+    const bool partitions_differ =
+        saved.pipeline_ranks != pipeline_ranks_count ||
+        (pipeline_ranks_count > 0 && saved.zero_shards != shards);
+    if (saved.world_size != static_cast<std::uint64_t>(world_size_) || partitions_differ) {
       throw Error(resume_from->path + " was written by " + std::to_string(saved.world_size) +
                   " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
                   (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
-                  "; resume it with the same number of ranks, zero and partitions settings");
+                  "; resume it with the same number of ranks and partitions settings");
     }
+    // The same shards: each rank's file holds its own state. Other ones (zero turned on or
+    // off): the state is gathered from every rank's file and each rank takes its part.
+    const bool same_shards = saved.zero_shards == shards;
     ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
-    average_restored = restore_training(*resume_from, model_, optimizer(),
+    average_restored = restore_training(*resume_from, model_, same_shards ? &optimizer() : nullptr,
                                         average_ ? &averaged : nullptr, device);
+    if (!same_shards) {
+      const std::string own = rank_file("", rank_);  // this rank's suffix of the file name
+      const std::string& path = resume_from->path;
+      std::vector<std::pair<std::string, torch::Tensor>> named;
+      for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
+      restore_resharded(path.substr(0, path.size() - own.size()), saved.zero_shards, named,
+                        options_.optimizer, optimizer());
+    }
     if (device.is_cuda()) {  // a checkpoint loads on the CPU
       model_->to(device);
       if (average_restored) averaged->to(device);

@@ -43,7 +43,7 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   torch::manual_seed(6);  // different initial weights
   ViT other(model->config());
   auto other_adamw = make_adamw(other, {});
-  restore_training(read, other, *other_adamw);
+  restore_training(read, other, other_adamw.get());
   const auto a = model->named_parameters(), b = other->named_parameters();
   for (const auto& item : a) CHECK(torch::equal(item.value(), b[item.key()]));
 
@@ -58,10 +58,10 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   ViT wider(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 32, .depth = 1, .heads = 2,
                       .classes = 3, .regression_outputs = 1});
   auto wider_adamw = make_adamw(wider, {});
-  CHECK_THROWS_WITH_AS(restore_training(read, wider, *wider_adamw),
+  CHECK_THROWS_WITH_AS(restore_training(read, wider, wider_adamw.get()),
                        doctest::Contains("dim 16 in the file, 32 configured"), Error);
   // A model-only file cannot resume training.
-  CHECK_THROWS_WITH_AS(restore_training(read_checkpoint(dir / "final.pt"), other, *other_adamw),
+  CHECK_THROWS_WITH_AS(restore_training(read_checkpoint(dir / "final.pt"), other, other_adamw.get()),
                        doctest::Contains("no optimizer state"), Error);
   // Files that are not checkpoints.
   std::ofstream(dir / "text.pt") << "hello";
