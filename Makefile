@@ -1,11 +1,12 @@
 # Thin wrapper: every target installs what is missing, then drives CMake (Release, into build/).
-#   make demo   run the main job end to end
-#   make test   build everything and run the whole test suite
+#   make demo         run the main job end to end
+#   make test         build everything and run the whole test suite
+#   make test-slurm   docs/distributed.md's srun and sbatch commands on a one-node Slurm cluster
 BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build demo demo-png test python-path fuzz bench bench-data bench-python bench-scripted bench-kd bench-kd-peer profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
+.PHONY: deps configure build demo demo-png test test-slurm python-path fuzz bench bench-data bench-python bench-scripted bench-kd bench-kd-peer profile-kd bench-dp bench-pipeline images-demo kd-demo graph-demo docs sanitize-address sanitize-thread clean
 
 deps:
 	@scripts/install-deps
@@ -35,6 +36,13 @@ graph-demo: build
 
 test: build python-path
 	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
+
+# docs/distributed.md's srun and sbatch commands on a one-node Slurm cluster that it starts and
+# stops (as root; installs slurm-wlm and munge if missing): the weights of --nproc 2, scancel,
+# a killed task, and each launcher's wall time (about a minute). `make test` runs it as
+# Dist.Slurm.SrunSbatchScancelAndKilledTask, skipped when it cannot start the cluster.
+test-slurm: build
+	scripts/test-slurm $(BUILD)/apps/flowtrain/flowtrain --install
 
 # Debian's python3 imports this build's package (python/) from anywhere: a .pth file naming
 # $(BUILD)/python in its site folder (as root; else PYTHONPATH=$(BUILD)/python).
