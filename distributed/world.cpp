@@ -9,15 +9,23 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -62,6 +70,30 @@ std::string one_line(const std::exception& e) {
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
   return message.substr(0, message.find('\n'));
+}
+
+// Bounds how long this process's connections to the store (those whose peer listens on `port`)
+// wait for the store's machine to acknowledge what they sent (TCP_USER_TIMEOUT): past it the
+// operation fails. Without it a cut link, or a machine gone without closing its connections,
+// leaves a store read waiting on the kernel's retransmissions for about 15 minutes. TCPStore
+// does not expose its sockets, so they are found among the process's open files.
+void bound_unacknowledged(std::uint16_t port, milliseconds timeout) {
+  const unsigned int ms = static_cast<unsigned int>(
+      std::min<std::int64_t>(timeout.count(), std::numeric_limits<unsigned int>::max()));
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
+    sockaddr_storage peer{};
+    socklen_t size = sizeof peer;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &size) != 0) continue;
+    const std::uint16_t peer_port =
+        peer.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in&>(peer).sin_port)
+        : peer.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6&>(peer).sin6_port)
+                                     : 0;
+    if (peer_port == port) ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+  }
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -173,6 +205,7 @@ struct World::Impl {
       options.isServer = false;
       options.numWorkers = {};
       monitor = c10::make_intrusive<c10d::TCPStore>(host, options);
+      bound_unacknowledged(options.port, timeout);
       if (agent_store) {
         // The agent's store outlives a restart of the group (torchrun --max_restarts): each
         // attempt's keys apart, under PyTorch's own prefix for its workers.
