@@ -325,7 +325,9 @@ std::string graph_problem(const std::vector<StageDecl>& stages) {
 
 namespace detail {
 
-std::size_t hardware_threads() { return static_cast<std::size_t>(tbb::info::default_concurrency()); }
+std::size_t hardware_threads() {
+  return static_cast<std::size_t>(tbb::info::default_concurrency());
+}
 
 // The cores of this machine a job's ranks share: the options', or one per hardware thread.
 std::size_t machine_cores(const RunOptions& options) {
@@ -409,7 +411,8 @@ std::string graph_text(const std::vector<StageDecl>& stages) {
     std::string kind = to_string(s.shape.kind);
     line += kind + std::string(10 - std::min<std::size_t>(9, kind.size()), ' ');
     std::string from;
-    for (const std::string& name : input_names(stages, i)) from += (from.empty() ? "" : ", ") + name;
+    for (const std::string& name : input_names(stages, i))
+      from += (from.empty() ? "" : ", ") + name;
     line += from.empty() ? "" : "<- " + from + "  ";
     line += "concurrency " + concurrency_text(s.options.concurrency);
     if (!pulled(s.shape.kind)) line += ", queue " + std::to_string(s.options.queue_capacity);

@@ -12,12 +12,25 @@
 
 namespace flowtrain {
 
-std::string read_file(const std::string& path,
-                      std::vector<std::uint8_t>& buffer,
-                      std::span<const std::uint8_t>& bytes,
-                      std::int64_t max_bytes) {
-  const auto last_error = [] { return std::string(std::strerror(errno)); };
-  const std::string too_big = "larger than max_file_bytes " + std::to_string(max_bytes);
+namespace {
+
+// Why a read failed: the system's errno, or a reason of our own (not a regular file, too large).
+struct ReadFailure {
+  int error = 0;       // errno, or 0
+  std::string reason;  // set when error is 0; empty when the read succeeded
+  bool too_big = false;
+  bool failed() const { return error != 0 || !reason.empty(); }
+};
+
+ReadFailure read_whole(const std::string& path,
+                       std::vector<std::uint8_t>& buffer,
+                       std::span<const std::uint8_t>& bytes,
+                       std::int64_t max_bytes) {
+  const auto last_error = [] { return ReadFailure{.error = errno}; };
+  const auto too_big = [max_bytes] {
+    return ReadFailure{.reason = "larger than max_file_bytes " + std::to_string(max_bytes),
+                       .too_big = true};
+  };
   // O_NONBLOCK: opening a FIFO must not wait for a writer (for a regular file it does nothing).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return last_error();
@@ -28,15 +41,15 @@ std::string read_file(const std::string& path,
   struct stat status {};
   if (::fstat(fd, &status) != 0) return last_error();
   if (!S_ISREG(status.st_mode)) {
-    return std::string("it is ") +
-           (S_ISDIR(status.st_mode)    ? "a folder"
-            : S_ISFIFO(status.st_mode) ? "a FIFO"
-            : S_ISCHR(status.st_mode)  ? "a character device"
-            : S_ISBLK(status.st_mode)  ? "a block device"
-                                       : "a socket") +
-           ", not a regular file";
+    return {.reason = std::string("it is ") +
+                      (S_ISDIR(status.st_mode)    ? "a folder"
+                       : S_ISFIFO(status.st_mode) ? "a FIFO"
+                       : S_ISCHR(status.st_mode)  ? "a character device"
+                       : S_ISBLK(status.st_mode)  ? "a block device"
+                                                  : "a socket") +
+                      ", not a regular file"};
   }
-  if (status.st_size > max_bytes) return too_big;
+  if (status.st_size > max_bytes) return too_big();
   // st_size is only a hint (files in /proc report 0, a file may grow meanwhile); the extra byte
   // lets the read that reports the end fit without growing the buffer.
   const auto hint = static_cast<std::size_t>(std::max<off_t>(status.st_size, 0)) + 1;
@@ -49,10 +62,20 @@ std::string read_file(const std::string& path,
     if (n < 0) return last_error();
     if (n == 0) break;
     size += static_cast<std::size_t>(n);
-    if (size > static_cast<std::size_t>(max_bytes)) return too_big;
+    if (size > static_cast<std::size_t>(max_bytes)) return too_big();
   }
   bytes = std::span<const std::uint8_t>(buffer.data(), size);
   return {};
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path,
+                      std::vector<std::uint8_t>& buffer,
+                      std::span<const std::uint8_t>& bytes,
+                      std::int64_t max_bytes) {
+  const ReadFailure failure = read_whole(path, buffer, bytes, max_bytes);
+  return failure.error != 0 ? std::string(std::strerror(failure.error)) : failure.reason;
 }
 
 std::string read_text_file(const std::string& path,
@@ -60,17 +83,20 @@ std::string read_text_file(const std::string& path,
                            std::int64_t max_bytes) {
   std::vector<std::uint8_t> buffer;
   std::span<const std::uint8_t> bytes;
-  std::string error = read_file(path, buffer, bytes, max_bytes);
-  if (error.empty()) return {bytes.begin(), bytes.end()};
-  if (error == std::strerror(ENOENT)) {
-    error = "no such file";
-  } else if (error == std::strerror(EACCES)) {
-    error = "permission denied";
-  } else if (error.rfind("larger than", 0) == 0) {
-    error = "it is larger than " + std::to_string(max_bytes >> 20) + " MiB, the most a " + what +
-            " may be";
+  const ReadFailure failure = read_whole(path, buffer, bytes, max_bytes);
+  if (!failure.failed()) return {bytes.begin(), bytes.end()};
+  std::string reason = failure.reason;
+  if (failure.error == ENOENT) {
+    reason = "no such file";
+  } else if (failure.error == EACCES) {
+    reason = "permission denied";
+  } else if (failure.error != 0) {
+    reason = std::strerror(failure.error);
+  } else if (failure.too_big) {
+    reason = "it is larger than " + std::to_string(max_bytes >> 20) + " MiB, the most a " + what +
+             " may be";
   }
-  throw Error("cannot read " + what + " '" + path + "': " + error);
+  throw Error("cannot read " + what + " '" + path + "': " + reason);
 }
 
 }  // namespace flowtrain

@@ -26,8 +26,9 @@ struct Pipeline::RunState {
   double earlier_wall_s = 0;                // of the paused runs before this one
 
   RunState(const std::vector<Node>& nodes, const RunOptions& options) : next_seq(nodes.size(), 0) {
-    const auto mix = std::find_if(nodes.begin(), nodes.end(),
-                                  [](const Node& n) { return n.shape.kind == StageShape::Kind::kMix; });
+    const auto mix = std::find_if(nodes.begin(), nodes.end(), [](const Node& n) {
+      return n.shape.kind == StageShape::Kind::kMix;
+    });
     if (mix != nodes.end()) source = static_cast<std::size_t>(mix - nodes.begin());
     if (!options.drops_path.empty()) drop_log.emplace(options.drops_path);
     for (const Node& node : nodes) {

@@ -140,7 +140,8 @@ class Pipeline::Runtime {
       }
     }
     // The same slots the thread budget and the checks count with.
-    for (std::size_t i = 0; i < nodes_.size(); ++i) out_capacity_.push_back(out_capacity(decls_, i));
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      out_capacity_.push_back(out_capacity(decls_, i));
     if (std::string problem = thread_budget_problem(decls_, options); !problem.empty()) {
       throw Error(problem);
     }
@@ -383,7 +384,8 @@ class Pipeline::Runtime {
     const std::vector<Consumer>& to = consumers_[i];
     m.from = static_cast<std::uint32_t>(i);
     if (to.size() > 1) {
-      m.sharers = std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
+      m.sharers =
+          std::make_shared<std::atomic<std::uint32_t>>(static_cast<std::uint32_t>(to.size()));
     }
     auto takes = [&](const Consumer& c) {
       return c.output == kAllOutputs || output == kAllOutputs || c.output == output;

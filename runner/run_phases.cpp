@@ -102,7 +102,8 @@ PhasesOutcome run_phases(RunConfig& config,
     WorldOptions world_options;
     world_options.timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1000));
-    world_options.config_hash = dist::config_file_fingerprint(options.config_path, options.overrides);
+    world_options.config_hash =
+        dist::config_file_fingerprint(options.config_path, options.overrides);
     world = World::init(placement, world_options);
   }
   PhasesOutcome outcome;
@@ -225,7 +226,8 @@ int relaunch_as_ranks(int nproc, std::vector<std::string> args) {
   }
   const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
   if (!args.empty()) args[0] = program;
-  return dist::launch_local({.nproc = nproc, .program = program, .args = std::move(args)}, std::cerr);
+  return dist::launch_local({.nproc = nproc, .program = program, .args = std::move(args)},
+                            std::cerr);
 }
 
 }  // namespace flowtrain::runner

@@ -87,6 +87,8 @@ class Loader {
   const std::optional<RunReport>& last_report() const { return report_; }
 
  private:
+  // What the stages it builds are handed: placement_.
+  BuildContext context();
   std::unique_ptr<Pipeline> build(std::uint32_t epochs, std::uint64_t from, HandoffSink** sink);
   void start();
   // Joins the run's thread; keeps its report, or returns its error.
@@ -101,7 +103,6 @@ class Loader {
   LoaderOptions options_;
   PipelineConfig phase_;            // the stages `output` depends on
   JobPlacement placement_;          // where this process stands in its job, for the stages
-  BuildContext context();           // what the stages it builds are handed: placement_
   std::size_t source_ = 0;          // index of the source entry in phase_.stages
   bool epochs_ = false;             // see has_epochs
   std::uint32_t epochs_total_ = 1;  // the source's epochs

@@ -262,7 +262,8 @@ TEST_CASE("Data.Collate.InFlightBatchesNeverExceedThePool" * doctest::timeout(12
   std::atomic<std::int64_t> alive{0}, peak{0};
   Pipeline p;
   p.add("source", std::make_unique<ImageSource>(80));
-  p.add<AugmentStage>("augment", augment_options(AugmentPolicy::Mode::kTrain, 16), {.concurrency = 2});
+  p.add<AugmentStage>("augment", augment_options(AugmentPolicy::Mode::kTrain, 16),
+                      {.concurrency = 2});
   p.add("collate", std::move(collate));
   // The sink's queue could hold 4 batches: more than the pool, so collate must wait for
   // buffers to come back rather than allocate.

@@ -773,7 +773,8 @@ TEST_CASE("Data.Decode.OnBadSampleFailIsOneStageError" * doctest::timeout(60)) {
   const std::size_t first_bad = 5;  // (2 * 0 + 1) * 60 / (2 * 6)
   REQUIRE(set.files[first_bad].broken == BrokenKind::kEmpty);
   try {
-    run_decode(std::make_unique<FileListSource>(set.files), with_policy({.on_bad_sample = OnBadSample::kFail}),
+    run_decode(std::make_unique<FileListSource>(set.files),
+               with_policy({.on_bad_sample = OnBadSample::kFail}),
                /*concurrency=*/1);
     FAIL("the run did not fail");
   } catch (const StageError& e) {

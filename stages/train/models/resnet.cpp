@@ -110,7 +110,9 @@ ModelOutput ResNetImpl::head(const torch::Tensor& features) {
 namespace {
 // make_model's "resnet" (model.hpp).
 [[maybe_unused]] const bool kRegistered = register_architecture(
-    "resnet", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return ResNet(config).ptr(); });
+    "resnet", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> {
+      return ResNet(config).ptr();
+    });
 }  // namespace
 
 }  // namespace flowtrain::train

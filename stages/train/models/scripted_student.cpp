@@ -124,7 +124,9 @@ torch::jit::Module& scripted_module(const ImageModel& model) {
 namespace {
 // make_model's "torchscript" (model.hpp).
 [[maybe_unused]] const bool kRegistered = register_architecture(
-    "torchscript", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return make_scripted_model(config); });
+    "torchscript", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> {
+      return make_scripted_model(config);
+    });
 }  // namespace
 
 }  // namespace flowtrain::train

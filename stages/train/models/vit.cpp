@@ -205,7 +205,8 @@ ModelOutput ViTImpl::head(const torch::Tensor& x) {
 namespace {
 // make_model's "vit" (model.hpp).
 [[maybe_unused]] const bool kRegistered = register_architecture(
-    "vit", [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return ViT(config).ptr(); });
+    "vit",
+    [](const ModelConfig& config) -> std::shared_ptr<ImageModelImpl> { return ViT(config).ptr(); });
 }  // namespace
 
 }  // namespace flowtrain::train

@@ -106,8 +106,8 @@ class ViTImpl : public ImageModelImpl {
   explicit ViTImpl(const ModelConfig& config);
   ModelOutput forward(const torch::Tensor& images) override;
 
-  /// The pieces of forward (ImageModelImpl), for pipeline stages (stages/train/partitioned/batch_runner.hpp).
-  /// The transformer blocks: config().depth.
+  /// The pieces of forward (ImageModelImpl), for pipeline stages
+  /// (stages/train/partitioned/batch_runner.hpp). The transformer blocks: config().depth.
   int blocks() const override { return static_cast<int>(config_.depth); }
   /// Patch embedding, tokens, position embedding -> [B, tokens, dim].
   torch::Tensor embed(const torch::Tensor& images) override;

@@ -58,7 +58,8 @@ struct PartitionedBatchResult {
 /// `Wait::kSuspend` a rank waiting for another's tensor suspends its task (oneTBB's resumable
 /// tasks), so the thread runs other work (the data stages) meanwhile instead of blocking.
 ///
-///   PartitionedBatch batch(schedule, stages, input_of, 1, {}, nullptr, PartitionedBatch::Wait::kSuspend);
+///   PartitionedBatch batch(schedule, stages, input_of, 1, {}, nullptr,
+///   PartitionedBatch::Wait::kSuspend);
 ///   // each rank r, in a task of its own: batch.run_rank(r);
 ///   batch.wait_ranks();                        // in any of them
 ///   const PartitionedBatchResult r = batch.finish();
@@ -104,13 +105,13 @@ class PartitionedBatch {
 };
 
 /// Runs one batch through a pipeline in one call: every rank of this process on a thread of its
-/// own (PartitionedBatch::run), then PartitionedBatch::finish. With a `transport`, this process runs
-/// only the actions of its rank, and the tensors to and from the other ranks' stages go through
-/// it (every rank calls this with the same schedule).
+/// own (PartitionedBatch::run), then PartitionedBatch::finish. With a `transport`, this process
+/// runs only the actions of its rank, and the tensors to and from the other ranks' stages go
+/// through it (every rank calls this with the same schedule).
 ///
-///   const PartitionSchedule schedule = make_partition_schedule(PartitionScheduleKind::k1F1B, 2, 4);
-///   const std::vector<ModelStageFn> stages = vit_model_stages(model, {2}, loss_of);
-///   const PartitionedBatchResult r = run_partitioned_batch(schedule, stages, input_of, 1);
+///   const PartitionSchedule schedule = make_partition_schedule(PartitionScheduleKind::k1F1B, 2,
+///   4); const std::vector<ModelStageFn> stages = vit_model_stages(model, {2}, loss_of); const
+///   PartitionedBatchResult r = run_partitioned_batch(schedule, stages, input_of, 1);
 ///   optimizer.step();
 PartitionedBatchResult run_partitioned_batch(const PartitionSchedule& schedule,
                                        const std::vector<ModelStageFn>& stages,

@@ -30,8 +30,8 @@ struct TrainPartitionOptions {
 /// entry with `partitions` P > 1 brings `<name>/partition1` .. `<name>/partition<P-1>`, the
 /// entry running partition 0. Each gets the step (a GradBucket, from the entry or the partition
 /// before) and runs its partition's forwards and backwards of the step's micro-batches in the
-/// order its schedule gives (PartitionedModel::run_partition), on its own intraop_threads; a node that
-/// is not the last hands the step on first, so that every partition works at once. Activations
+/// order its schedule gives (PartitionedModel::run_partition), on its own intraop_threads; a node
+/// that is not the last hands the step on first, so that every partition works at once. Activations
 /// go forward and their gradients back between the partitions in memory; a partition waiting
 /// for one suspends its task (oneTBB's resumable tasks), so its graph thread runs other stages
 /// meanwhile. The last partition's node then waits for the others and ends the step

@@ -29,10 +29,15 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(
                                                torch::optim::AdamWOptions(options.lr));
 }
 
-std::unique_ptr<torch::optim::AdamW> make_adamw(const ImageModel& model, const OptimizerOptions& options) {
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const ImageModel& model) {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (const auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
-  return make_adamw(params, options);
+  return params;
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(const ImageModel& model,
+                                                const OptimizerOptions& options) {
+  return make_adamw(named_parameters(model), options);
 }
 
 double scheduled_lr(const OptimizerOptions& options, std::uint64_t step, std::uint64_t total_steps) {

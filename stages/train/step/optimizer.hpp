@@ -23,6 +23,10 @@ struct OptimizerOptions {
   double eps = 1e-8;
 };
 
+/// The model's parameters by name, in registration order: what make_adamw and ZeRO's shards
+/// take.
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const ImageModel& model);
+
 /// AdamW over the model's parameters in two groups, as timm and most ViT recipes do: weight
 /// decay on the >= 2-D weights (linear and patch projections), none on biases, LayerNorm
 /// parameters, the class token and the position embedding.

@@ -116,8 +116,8 @@ struct ModelOptions {
 /// intra-op threads: in one process, nodes of the graph (the entry and `<name>/partition1` ..,
 /// TrainPartitionStage), in a job one per rank (each run of `partitions` consecutive ranks a
 /// pipeline, the pipelines data-parallel); each batch flows through them as `microbatches`
-/// micro-batches in the order `pipeline_schedule` gives (stages/train/partitioned/batch_runner.hpp). A group of
-/// TrainStepOptions, its keys flat in YAML.
+/// micro-batches in the order `pipeline_schedule` gives
+/// (stages/train/partitioned/batch_runner.hpp). A group of TrainStepOptions, its keys flat in YAML.
 struct PartitionStepOptions {
   int partitions = 1;
   int microbatches = 1;

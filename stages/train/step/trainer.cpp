@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
 
 #include "distributed/grad_sync.hpp"
@@ -36,15 +37,17 @@ void move_optimizer_state(torch::optim::AdamW& optimizer, const c10::Device& dev
   }
 }
 
-// The optimizer state of checkpoint `base` (rank 0's file) as `saved_shards` ranks wrote it
-// under ZeRO (rank r's file: the moments of the parameters partition_parameters gave it), or
-// whole in rank 0's file (0 shards), put into `optimizer`, which holds some of `named` (all of
-// them, or this rank's shard): a run resumed with ZeRO turned on or off, or re-split.
-void restore_resharded(const std::string& base,
+// The optimizer state of the checkpoint whose rank `rank` file is `own`, as its `saved_shards`
+// ranks wrote it under ZeRO (rank r's file: the moments of the parameters partition_parameters
+// gave it), or whole in rank 0's file (0 shards), put into `optimizer`, which holds some of
+// `named` (all of them, or this rank's shard): a run resumed with ZeRO turned on or off.
+void restore_resharded(const Checkpoint& own,
+                       int rank,
                        std::uint64_t saved_shards,
                        const std::vector<std::pair<std::string, torch::Tensor>>& named,
                        const OptimizerOptions& options,
                        torch::optim::Optimizer& optimizer) {
+  const std::string base = own.path.substr(0, own.path.size() - rank_file("", rank).size());
   std::vector<std::int64_t> numels;
   for (const auto& item : named) numels.push_back(item.second.numel());
   const int files = saved_shards > 0 ? static_cast<int>(saved_shards) : 1;
@@ -63,7 +66,8 @@ void restore_resharded(const std::string& base,
     // The shard's optimizer as rank r made it, over the same parameters, so the file's state
     // lands on them by position; then each entry goes to `optimizer` if it holds the parameter.
     const std::unique_ptr<torch::optim::AdamW> saved = make_adamw(shard, options);
-    load_optimizer(read_checkpoint(rank_file(base, r)), *saved);
+    std::optional<Checkpoint> other;  // another rank's file; this rank's is read already
+    load_optimizer(r == rank ? own : other.emplace(read_checkpoint(rank_file(base, r))), *saved);
     for (auto& [key, state] : saved->state()) {
       if (held.count(key)) optimizer.state()[key] = std::move(state);
     }
@@ -130,10 +134,8 @@ Trainer::Trainer(const TrainerOptions& options,
   grad_held_ = std::move(plan.grad_held);
   grad_group_ = plan.grad_group;
   if (!plan.levels.empty()) {
-    std::vector<std::pair<std::string, torch::Tensor>> named;
-    for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     zero_ = std::make_unique<dist::ShardedOptimizer>(
-        named, std::move(plan.levels),
+        named_parameters(model_), std::move(plan.levels),
         [this](const auto& shard) { return make_adamw(shard, options_.optimizer); }, world);
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
@@ -168,11 +170,7 @@ Trainer::Trainer(const TrainerOptions& options,
     average_restored = restore_training(*resume_from, model_, same_shards ? &optimizer() : nullptr,
                                         average_ ? &averaged : nullptr, device);
     if (!same_shards) {
-      const std::string own = rank_file("", rank_);  // this rank's suffix of the file name
-      const std::string& path = resume_from->path;
-      std::vector<std::pair<std::string, torch::Tensor>> named;
-      for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-      restore_resharded(path.substr(0, path.size() - own.size()), saved.zero_shards, named,
+      restore_resharded(*resume_from, rank_, saved.zero_shards, named_parameters(model_),
                         options_.optimizer, optimizer());
     }
     if (device.is_cuda()) {  // a checkpoint loads on the CPU

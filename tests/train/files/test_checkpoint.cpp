@@ -61,8 +61,9 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   CHECK_THROWS_WITH_AS(restore_training(read, wider, wider_adamw.get()),
                        doctest::Contains("dim 16 in the file, 32 configured"), Error);
   // A model-only file cannot resume training.
-  CHECK_THROWS_WITH_AS(restore_training(read_checkpoint(dir / "final.pt"), other, other_adamw.get()),
-                       doctest::Contains("no optimizer state"), Error);
+  CHECK_THROWS_WITH_AS(
+      restore_training(read_checkpoint(dir / "final.pt"), other, other_adamw.get()),
+      doctest::Contains("no optimizer state"), Error);
   // Files that are not checkpoints.
   std::ofstream(dir / "text.pt") << "hello";
   CHECK_FALSE(is_checkpoint(dir / "text.pt"));
@@ -152,7 +153,8 @@ TEST_CASE("Train.Checkpoint.UnwritableFolderNamesPath") {
   ViT model(ModelConfig{.image_size = 32, .patch_size = 8, .dim = 16, .depth = 1, .heads = 2,
                       .classes = 3});
   CHECK_THROWS_WITH_AS(save_checkpoint("/nonexistent-folder/x.pt", model, nullptr, {}),
-                       doctest::Contains("cannot write /nonexistent-folder/x.pt: cannot create"), Error);
+                       doctest::Contains("cannot write /nonexistent-folder/x.pt: cannot create"),
+                       Error);
 }
 
 // The teacher learns the synthetic classes; a smaller student distilled from it gets close.

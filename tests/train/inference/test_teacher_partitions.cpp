@@ -209,8 +209,9 @@ TEST_CASE("Train.TeacherPartitions.MeasuredBalanceFollowsAnExpensiveHead" * doct
   config.classes = 50000;
   config.distillation_token = false;
   save_teacher(dir / "teacher.pt", config);
-  const TeacherInferOptions options{
-      .inference = {.model = dir / "teacher.pt"}, .partitions = 2, .partition_balance = PartitionBalance::kMeasured};
+  const TeacherInferOptions options{.inference = {.model = dir / "teacher.pt"},
+                                    .partitions = 2,
+                                    .partition_balance = PartitionBalance::kMeasured};
   Pipeline p;
   p.add("batches", [n = 0]() mutable -> std::optional<data::Batch> {
     if (n == 3) return std::nullopt;

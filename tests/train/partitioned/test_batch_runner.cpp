@@ -210,7 +210,9 @@ TEST_CASE("Train.PipelineParallel.ARankCountsTheActivationsItReceives" * doctest
       }
       Loopback::Wire wire;
       Loopback first(wire, 0), second(wire, 1);
-      std::thread other([&] { peaks[1] = run_partitioned_batch(schedule, stages, input, 1, {}, &second).peak_bytes[1]; });
+      std::thread other([&] {
+        peaks[1] = run_partitioned_batch(schedule, stages, input, 1, {}, &second).peak_bytes[1];
+      });
       peaks[0] = run_partitioned_batch(schedule, stages, input, 1, {}, &first).peak_bytes[0];
       other.join();
     }
@@ -250,8 +252,11 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
 
 // train_step's pipeline keys, as a config gives them.
 TEST_CASE("Train.PipelineParallel.StepOptionsChecked") {
-  PartitionStepOptions o{.partitions = 2, .microbatches = 8, .pipeline_schedule = PartitionScheduleKind::kInterleaved,
-                        .virtual_stages = 2, .partition_splits = {2, 4, 6}};
+  PartitionStepOptions o{.partitions = 2,
+                         .microbatches = 8,
+                         .pipeline_schedule = PartitionScheduleKind::kInterleaved,
+                         .virtual_stages = 2,
+                         .partition_splits = {2, 4, 6}};
   const PartitionOptions p = o.config(3);
   CHECK(p.partitions == 2);
   CHECK(p.threads == 3);  // each partition's, as a node or a rank

@@ -73,7 +73,8 @@ TEST_CASE("Train.PartitionSchedule.BubbleAndActivationsAsTheTextbookSays") {
       CAPTURE(m);
       const PartitionTimeline gpipe =
           simulate_pipeline(make_partition_schedule(Kind::kGPipe, ranks, m));
-      const PartitionTimeline one = simulate_pipeline(make_partition_schedule(Kind::k1F1B, ranks, m));
+      const PartitionTimeline one =
+          simulate_pipeline(make_partition_schedule(Kind::k1F1B, ranks, m));
       CHECK(gpipe.bubble == doctest::Approx(textbook_bubble(ranks, m)));
       CHECK(one.bubble == doctest::Approx(textbook_bubble(ranks, m)));
       CHECK(simulate_pipeline(make_partition_schedule(Kind::k1F1B, ranks, m), 1, 1).bubble ==
@@ -108,7 +109,7 @@ TEST_CASE("Train.PartitionSchedule.ADeadlockNamesTheRankAndAction") {
                        "the interleaved schedule needs micro-batches in multiples of the ranks (3 "
                        "micro-batches, 2 ranks)",
                        Error);
-  CHECK_THROWS_WITH_AS(enum_value<Kind>("zb", "param 'pipeline_schedule'"),
-                       "param 'pipeline_schedule' must be one of gpipe, 1f1b, interleaved, got 'zb'",
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      enum_value<Kind>("zb", "param 'pipeline_schedule'"),
+      "param 'pipeline_schedule' must be one of gpipe, 1f1b, interleaved, got 'zb'", Error);
 }

@@ -357,7 +357,8 @@ TEST_CASE("Dist.Resume.ZeroTurnedOnOrOffKeepsTheOptimizerState" * doctest::timeo
     run(whole, to);
     run(cut, from);  // then cut back to its step-6 files, and resumed with the other setting
     for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
-      for (const std::string& file : {name, name + ".rank1"}) REQUIRE(fs::remove(dir / (cut + "/" + file)));
+      for (const std::string& file : {name, name + ".rank1"})
+        REQUIRE(fs::remove(dir / (cut + "/" + file)));
     }
     CHECK(run(cut, to).find("resumed_at 6") != std::string::npos);
     const double difference =

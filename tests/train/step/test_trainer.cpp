@@ -242,7 +242,8 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
         arena.execute([&] {
           tasks.begin_partitions(b);
           tbb::task_group others;
-          for (int p = 1; p < layout.partitions; ++p) others.run([&tasks, p] { tasks.partitioned()->run_partition(p); });
+          for (int p = 1; p < layout.partitions; ++p)
+            others.run([&tasks, p] { tasks.partitioned()->run_partition(p); });
           tasks.partitioned()->run_partition(0);
           others.wait();
           buckets = tasks.end_partitions();
@@ -258,7 +259,8 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
                                      layout.microbatches));
       CHECK(same_weights(tasks, threads));
       CHECK(tasks.state().step == 3);
-      CHECK(tasks.partitioned()->wait_seconds(layout.partitions - 1) > 0);  // it waited for partition 0
+      CHECK(tasks.partitioned()->wait_seconds(layout.partitions - 1) >
+            0);  // it waited for partition 0
     }
   }
 }
@@ -280,7 +282,8 @@ TEST_CASE("Train.Trainer.CancelledPartitionsStopWaiting" * doctest::timeout(60))
     canceller.run([&] { trainer.partitioned()->cancel("the run failed in another stage"); });
     trainer.partitioned()->run_partition(1);  // returns: cancelled
     canceller.wait();
-    trainer.partitioned()->run_partition(0);  // returns at its first backward, which waits: cancelled
+    trainer.partitioned()->run_partition(
+        0);  // returns at its first backward, which waits: cancelled
     CHECK_THROWS_WITH_AS(trainer.end_partitions(), "the run failed in another stage", Error);
   });
   // Later steps of a cancelled run are refused the same way.
