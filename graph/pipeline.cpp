@@ -127,53 +127,74 @@ Pipeline::Node& Pipeline::node_to_change(const std::string& stage) {
 
 void Pipeline::prepare() {
   // Resume: every stage that restored a checkpoint must agree on where the source restarts.
-  std::optional<std::uint64_t> position;
+  std::optional<ResumePosition> resume;
   std::string asked_by;
   for (const Node& node : nodes_) {
-    const std::optional<std::uint64_t> p = node.stage->resume_position();
+    const std::optional<ResumePosition> p = node.stage->resume_position();
     if (!p) continue;
-    if (position && *p != *position) {
+    if (resume && *p != *resume) {
       throw Error("stages '" + asked_by + "' and '" + node.name +
-                  "' resume from different source positions (" + std::to_string(*position) +
-                  " and " + std::to_string(*p) + "); their checkpoints are from different runs");
+                  "' resume from different source positions (" + std::to_string(resume->items) +
+                  " and " + std::to_string(p->items) +
+                  "); their checkpoints are from different runs");
     }
-    position = p;
+    resume = p;
     asked_by = node.name;
   }
   const auto mix = std::find_if(nodes_.begin(), nodes_.end(),
                                 [](const Node& n) { return n.shape.kind == Kind::kMix; });
+  const std::string resumes_from =
+      resume
+          ? "stage '" + asked_by + "' resumes from source position " + std::to_string(resume->items)
+          : "";
   if (mix != nodes_.end()) {
     const auto& stage = static_cast<const MixStage&>(*mix->stage);
     stage.check_inputs(mix->name, mix->inputs.size());
-    if (position && *position > 0) {
+    if (resume && resume->resized) {
+      const std::string why = "' cannot: its order is counted per rank; resume on the "
+                              "checkpoint's number of ranks or start without it";
+      throw Error("stage '" + asked_by + "' resumes a checkpoint written by another number of " +
+                  "ranks, but mix '" + mix->name + why);
+    }
+    if (resume && resume->items > 0) {
       // Replay the mix's choices to find how far each input had gone.
       std::vector<std::optional<std::uint64_t>> sizes;
       for (const InputLink& link : mix->inputs) {
         sizes.push_back(nodes_[link.stage].stage->plan(std::nullopt));
       }
       const std::vector<std::uint64_t> taken =
-          stage.split(*position, sizes).value_or(std::vector<std::uint64_t>(sizes.size()));
+          stage.split(resume->items, sizes).value_or(std::vector<std::uint64_t>(sizes.size()));
       for (std::size_t k = 0; k < mix->inputs.size(); ++k) {
         const Node& input = nodes_[mix->inputs[k].stage];
         if (!sizes[k] || (taken[k] > 0 && !input.stage->seek(taken[k]))) {
-          throw Error("stage '" + asked_by + "' resumes from source position " +
-                      std::to_string(*position) + ", but source '" + input.name + "' of mix '" +
-                      mix->name + "' cannot seek" + (sizes[k] ? "" : " (its size is unknown)") +
+          throw Error(resumes_from + ", but source '" + input.name + "' of mix '" + mix->name +
+                      "' cannot seek" + (sizes[k] ? "" : " (its size is unknown)") +
                       "; use dataset sources or start without the checkpoint");
         }
       }
-      mix->stage->seek(*position);
+      mix->stage->seek(resume->items);
     }
-  } else if (position && *position > 0 && !nodes_[0].stage->seek(*position)) {
-    const std::string at = "stage '" + asked_by + "' resumes from source position " +
-                           std::to_string(*position) + ", but source '" + nodes_[0].name + "' ";
-    if (const std::optional<std::uint64_t> total = nodes_[0].stage->plan(std::nullopt);
-        total && *position > *total) {
-      throw Error(at + "has only " + std::to_string(*total) +
-                  " items: the checkpoint is from a run over more data; give the run that data "
-                  "or start without the checkpoint");
+  } else if (resume) {
+    Stage& source = *nodes_[0].stage;
+    const std::string at = resumes_from + ", but source '" + nodes_[0].name + "' ";
+    // The shared position where the source has one: it means the same on any number of ranks.
+    const bool shared = resume->shared && source.seek_shared(*resume->shared);
+    if (!shared && resume->resized) {
+      throw Error(resumes_from + " (written by another number of ranks), but source '" +
+                  nodes_[0].name + "' cannot " +
+                  (resume->shared ? "reach its shared position " + std::to_string(*resume->shared)
+                                  : std::string("say where that is in the order the ranks share")) +
+                  "; resume on the checkpoint's number of ranks or start without it");
     }
-    throw Error(at + "cannot seek; use a dataset source or start without the checkpoint");
+    if (!shared && resume->items > 0 && !source.seek(resume->items)) {
+      if (const std::optional<std::uint64_t> total = source.plan(std::nullopt);
+          total && resume->items > *total) {
+        throw Error(at + "has only " + std::to_string(*total) +
+                    " items: the checkpoint is from a run over more data; give the run that data "
+                    "or start without the checkpoint");
+      }
+      throw Error(at + "cannot seek; use a dataset source or start without the checkpoint");
+    }
   }
   expected_ = planned_items().value_or(0);
 }

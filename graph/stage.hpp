@@ -131,6 +131,20 @@ struct TimelineSpan {
   double begin_s = 0, end_s = 0;
 };
 
+/// Where a resumed run's source starts (Stage::resume_position): the place a checkpoint's run
+/// had reached in its source.
+struct ResumePosition {
+  std::uint64_t items = 0;  // source items this process had consumed
+  /// The same place in the order the data-parallel ranks share, where the source has one (a
+  /// dataset source: epoch x dataset size + the items of that epoch the ranks took together).
+  /// The same on every rank, and for any number of ranks; seek_shared starts there.
+  std::optional<std::uint64_t> shared;
+  /// The checkpoint was written by another number of ranks: `items` counts another share of
+  /// the data, and only `shared` can say where to start.
+  bool resized = false;
+  bool operator==(const ResumePosition&) const = default;
+};
+
 /// Base of every stage. Derive from one of the typed bases below, never from this directly.
 class Stage {
  public:
@@ -167,12 +181,17 @@ class Stage {
   /// another teacher). Pipeline::check and run refuse the graph with it, before any item.
   virtual std::string input_problem(const Stage& /*input*/) const { return {}; }
 
-  /// The source position this stage asks the run to start from: the count of source items a
-  /// restored checkpoint had consumed. The pipeline seeks its source there before the run.
-  virtual std::optional<std::uint64_t> resume_position() const { return std::nullopt; }
+  /// The source position this stage asks the run to start from: where the source stood when
+  /// a restored checkpoint was taken. The pipeline seeks its source there before the run.
+  virtual std::optional<ResumePosition> resume_position() const { return std::nullopt; }
 
   /// Sources that can resume: skip the first `position` items of the run. False if unsupported.
   virtual bool seek(std::uint64_t /*position*/) { return false; }
+
+  /// Sources whose order data-parallel ranks share: start at `position` of that order
+  /// (ResumePosition::shared), this run's ranks dividing the rest between them. False if
+  /// unsupported or past the end.
+  virtual bool seek_shared(std::uint64_t /*position*/) { return false; }
 
   /// What the stage reports after the run, in display order (printed under the stage table).
   virtual std::vector<StageResult> results() const { return {}; }

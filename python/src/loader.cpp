@@ -79,8 +79,8 @@ class HandoffSink final : public SerialSink<data::Batch> {
  public:
   HandoffSink(std::shared_ptr<Handoff> handoff, std::uint64_t position)
       : handoff_(std::move(handoff)), position_(position) {}
-  std::optional<std::uint64_t> resume_position() const override {
-    return position_ > 0 ? std::optional(position_) : std::nullopt;
+  std::optional<ResumePosition> resume_position() const override {
+    return position_ > 0 ? std::optional(ResumePosition{.items = position_}) : std::nullopt;
   }
   Handoff& handoff() { return *handoff_; }
 

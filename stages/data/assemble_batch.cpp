@@ -27,7 +27,9 @@ void AssembleBatchStage::process(BatchRow&& row, Emitter<Batch>& out) {
                 " rows; give both stages the same batch_size");
   }
   // Drops took the last rows of the batch being assembled: it is complete.
-  if (batch_.open() && row.batch != number_) out.emit(batch_.take(start_position_ + batch_size_));
+  if (batch_.open() && row.batch != number_) {
+    out.emit(batch_.take(start_position_ + batch_size_, origin_));
+  }
   if (!batch_.open()) {
     batch_.start(std::move(row.buffers), batch_size_);
     number_ = row.batch;
@@ -37,11 +39,14 @@ void AssembleBatchStage::process(BatchRow&& row, Emitter<Batch>& out) {
   if (row.row != to) move_row(batch_.buffers(), row.row, to);  // close a gap left by a drop
   batch_.add(row.view, std::move(row.path));
   last_position_ = row.position;
-  if (row.row == batch_size_ - 1) out.emit(batch_.take(start_position_ + batch_size_));
+  origin_ = row.origin;
+  if (row.row == batch_size_ - 1) out.emit(batch_.take(start_position_ + batch_size_, origin_));
 }
 
 void AssembleBatchStage::finish(Emitter<Batch>& out) {
-  if (batch_.open() && !drop_last_ && !out.stopped()) out.emit(batch_.take(last_position_ + 1));
+  if (batch_.open() && !drop_last_ && !out.stopped()) {
+    out.emit(batch_.take(last_position_ + 1, origin_));
+  }
   batch_.discard();
 }
 

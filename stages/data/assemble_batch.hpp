@@ -50,6 +50,7 @@ class AssembleBatchStage final : public FlatMap<BatchRow, Batch> {
   std::uint64_t number_ = 0;          // decode_crop's number of the batch being assembled
   std::uint64_t start_position_ = 0;  // source position of its first row, dropped or not
   std::uint64_t last_position_ = 0;   // of the last row added
+  const SampleOrigin* origin_ = nullptr;  // its source
 };
 
 }  // namespace flowtrain::data

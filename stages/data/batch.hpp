@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct BatchRow {
   std::int64_t row = 0;          // row in that batch: the sequence % batch_size
   std::int64_t batch_size = 0;   // rows of a full batch
   std::uint64_t position = 0;    // the sample's source position
+  const SampleOrigin* origin = nullptr;  // its source (for Batch::end_shared_position)
   ViewKey view;
   std::string path;
   std::shared_ptr<BatchBuffers> buffers;  // the batch's buffers, shared by its rows
@@ -80,6 +82,9 @@ struct DeviceCopy {
 struct Batch {
   std::uint64_t number = 0;    // batch number in the run, in order
   std::uint64_t end_position = 0;  // source position after its last sample: where to resume
+  /// The same in the order the data-parallel ranks share (SampleOrigin::shared_position):
+  /// where a job resumed on another number of ranks starts; std::nullopt where unknown.
+  std::optional<std::uint64_t> end_shared_position;
   at::Tensor images;           // [N, C, H, W] float32, normalized
   at::Tensor labels;           // [N] int64
   at::Tensor targets;          // [N, T] float32 (T = 0 without numeric targets)

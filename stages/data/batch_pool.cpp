@@ -104,10 +104,11 @@ void BatchFiller::discard() {
   paths_ = {};
 }
 
-Batch BatchFiller::take(std::uint64_t end_position) {
+Batch BatchFiller::take(std::uint64_t end_position, const SampleOrigin* origin) {
   Batch batch;
   batch.number = next_number_++;
   batch.end_position = end_position;
+  if (origin) batch.end_shared_position = origin->shared_position(end_position);
   batch.views = std::move(views_);
   batch.paths = std::move(paths_);
   std::shared_ptr<BatchBuffers> buffers = std::move(buffers_);

@@ -88,9 +88,10 @@ class BatchFiller {
   /// Counts the row just written, with its view key and path.
   void add(const ViewKey& view, std::string path);
 
-  /// The rows added so far as a Batch that resumes at source position `end_position`, holding
-  /// the lease; closes the batch (stage_to_device then copies it to a GPU).
-  Batch take(std::uint64_t end_position);
+  /// The rows added so far as a Batch that resumes at source position `end_position` of
+  /// `origin` (nullptr: a source that cannot say its shared position), holding the lease;
+  /// closes the batch (stage_to_device then copies it to a GPU).
+  Batch take(std::uint64_t end_position, const SampleOrigin* origin);
   /// Drops the batch being filled, if any (its buffers go back to the pool).
   void discard();
 

@@ -57,7 +57,8 @@ void CollateStage::process(Sample&& sample, Emitter<Batch>& out) {
   batch_.add({sample.index, sample.epoch, sample.augment, recipe_ ^ splitmix64(sample.recipe)},
              std::move(sample.path));
   end_position_ = sample.position + 1;
-  if (batch_.rows() == batch_size_) out.emit(batch_.take(end_position_));
+  origin_ = sample.origin;
+  if (batch_.rows() == batch_size_) out.emit(batch_.take(end_position_, origin_));
 }
 
 std::optional<std::uint64_t> CollateStage::plan(std::optional<std::uint64_t> samples) {
@@ -67,7 +68,7 @@ std::optional<std::uint64_t> CollateStage::plan(std::optional<std::uint64_t> sam
 }
 
 void CollateStage::finish(Emitter<Batch>& out) {
-  if (batch_.open() && !drop_last_ && !out.stopped()) out.emit(batch_.take(end_position_));
+  if (batch_.open() && !drop_last_ && !out.stopped()) out.emit(batch_.take(end_position_, origin_));
   batch_.discard();
 }
 

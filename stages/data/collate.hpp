@@ -63,6 +63,7 @@ class CollateStage final : public FlatMap<Sample, Batch> {
 
   BatchFiller batch_;
   std::uint64_t end_position_ = 0;  // source position after the last sample taken
+  const SampleOrigin* origin_ = nullptr;  // that sample's source
   // Shape fixed by the first sample.
   std::int64_t height_ = 0, width_ = 0, targets_ = -1;
 };

@@ -234,14 +234,30 @@ EpochOrder::EpochOrder(std::size_t size, Options options) : size_(size), options
   }
 }
 
-std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch) const {
-  std::vector<std::uint64_t> out;
-  if (per_rank_ == 0) return out;
-  out.reserve(per_rank_);
+std::size_t EpochOrder::per_rank(std::size_t start) const {
+  if (start == 0) return per_rank_;
+  const std::size_t rest = start < size_ ? size_ - start : 0;
   const std::size_t w = options_.world_size;
-  const std::size_t r = options_.rank;
+  switch (options_.uneven) {
+    case Uneven::kPad:
+      return (rest + w - 1) / w;
+    case Uneven::kDrop:
+      return rest / w;
+    case Uneven::kSplit:
+      break;
+  }
+  return rest / w + (options_.rank < rest % w ? 1 : 0);
+}
+
+std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch, std::size_t start) const {
+  std::vector<std::uint64_t> out;
+  const std::size_t count = per_rank(start);
+  if (count == 0) return out;
+  out.reserve(count);
+  const std::size_t w = options_.world_size;
+  const std::size_t first = start + options_.rank;
   if (!options_.shuffle) {
-    for (std::size_t k = 0; k < per_rank_; ++k) out.push_back((r + k * w) % size_);
+    for (std::size_t k = 0; k < count; ++k) out.push_back((first + k * w) % size_);
     return out;
   }
   std::vector<std::uint64_t> perm(size_);
@@ -249,7 +265,7 @@ std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch) const {
   std::mt19937_64 rng(options_.seed + epoch);
   portable_shuffle(perm, rng);
   // Position p of the padded order is perm[p % size]: padding repeats from the start.
-  for (std::size_t k = 0; k < per_rank_; ++k) out.push_back(perm[(r + k * w) % size_]);
+  for (std::size_t k = 0; k < count; ++k) out.push_back(perm[(first + k * w) % size_]);
   return out;
 }
 
@@ -298,7 +314,7 @@ const std::string& required_path(const std::string& path, const std::string& nam
 }
 
 EpochCursor::EpochCursor(std::size_t size, const SourceOptions& options)
-    : order_(size, options.order), epochs_(options.epochs) {}
+    : order_(size, options.order), epochs_(options.epochs), first_{.count = order_.per_rank()} {}
 
 std::optional<EpochCursor::Position> EpochCursor::next() {
   while (pos_ == indices_.size()) {
@@ -310,20 +326,61 @@ std::optional<EpochCursor::Position> EpochCursor::next() {
   return Position{indices_[pos_++], next_epoch_ - 1};
 }
 
+std::uint64_t EpochCursor::total() const {
+  if (first_.epoch >= epochs_) return first_.ordinal;
+  return first_.ordinal + first_.count +
+         static_cast<std::uint64_t>(order_.per_rank()) * (epochs_ - first_.epoch - 1);
+}
+
+void EpochCursor::begin_at(const FirstEpoch& first) {
+  first_ = first;
+  indices_.clear();
+  pos_ = 0;
+  next_epoch_ = first.epoch;
+  if (first.epoch < epochs_) indices_ = order_.indices(next_epoch_++, first.start);
+  ordinal_ = first.ordinal;
+}
+
 bool EpochCursor::seek(std::uint64_t ordinal) {
   const std::uint64_t per_epoch = order_.per_rank();
   if (ordinal > total()) return false;
   if (per_epoch == 0 || ordinal == ordinal_) return true;
+  // A resume on the ranks that reached it: the epoch's order from this rank's next row on.
   const std::uint64_t epoch = ordinal / per_epoch;
-  next_epoch_ = static_cast<std::uint32_t>(epoch);
-  indices_.clear();
-  pos_ = 0;
-  if (epoch < epochs_) {
-    indices_ = order_.indices(next_epoch_++);
-    pos_ = static_cast<std::size_t>(ordinal % per_epoch);
-  }
-  ordinal_ = ordinal;
+  const std::uint64_t rows = ordinal % per_epoch;
+  begin_at({.ordinal = ordinal,
+            .epoch = static_cast<std::uint32_t>(epoch),
+            .start = static_cast<std::size_t>(rows * order_.options().world_size),
+            .count = per_epoch - rows});
   return true;
+}
+
+bool EpochCursor::seek_shared(std::uint64_t position) {
+  const std::uint64_t size = order_.size();
+  if (size == 0) return position == 0;
+  const std::uint64_t epoch = position / size;
+  const auto start = static_cast<std::size_t>(position % size);
+  if (epoch > epochs_ || (epoch == epochs_ && start > 0)) return false;
+  // Numbered as seek() numbers it where the ranks that reached it resume (a whole number of
+  // rows of this run's ranks); elsewhere, the count only has to run on from there.
+  begin_at({.ordinal = epoch * order_.per_rank() + start / order_.options().world_size,
+            .epoch = static_cast<std::uint32_t>(epoch),
+            .start = start,
+            .count = epoch < epochs_ ? order_.per_rank(start) : 0});
+  return true;
+}
+
+std::optional<std::uint64_t> EpochCursor::shared_position(std::uint64_t ordinal) const {
+  if (order_.options().uneven == Uneven::kSplit || ordinal < first_.ordinal) return std::nullopt;
+  const std::uint64_t size = order_.size();
+  const std::uint64_t ranks = order_.options().world_size;
+  std::uint64_t taken = ordinal - first_.ordinal;  // by this rank, and so by each
+  if (taken < first_.count) return first_.epoch * size + first_.start + taken * ranks;
+  if (first_.epoch >= epochs_) return first_.epoch * size;  // began at the end
+  // Past the first epoch: whole epochs of per_rank() items each.
+  taken -= first_.count;
+  const std::uint64_t per_epoch = std::max<std::uint64_t>(order_.per_rank(), 1);
+  return (first_.epoch + 1 + taken / per_epoch) * size + taken % per_epoch * ranks;
 }
 
 bool DatasetSource::seek(std::uint64_t position) { return cursor_.seek(position); }

@@ -119,13 +119,20 @@ class EpochOrder {
   /// Throws Error unless world_size >= 1 and rank < world_size.
   EpochOrder(std::size_t size, Options options);
 
-  /// Dataset indices this rank visits in `epoch`, in visiting order; per_rank() of them.
-  std::vector<std::uint64_t> indices(std::uint32_t epoch) const;
+  /// Dataset indices this rank visits in `epoch`, in visiting order, from position `start` of
+  /// the epoch's shared order on: positions start + rank, start + rank + world_size, ... of the
+  /// padded or truncated order; per_rank(start) of them. A start other than 0 is where a job
+  /// resumed on another number of ranks takes up an epoch begun by the others (the rest of the
+  /// order is padded or truncated as a whole epoch would be).
+  std::vector<std::uint64_t> indices(std::uint32_t epoch, std::size_t start = 0) const;
 
   /// Samples per rank and epoch: ceil(size / world_size) with kPad, floor with kDrop, either
   /// with kSplit.
   std::size_t per_rank() const { return per_rank_; }
+  /// The same of the rest of an epoch from position `start` of its shared order on.
+  std::size_t per_rank(std::size_t start) const;
   std::size_t size() const { return size_; }
+  const Options& options() const { return options_; }
 
  private:
   std::size_t size_;
@@ -193,6 +200,11 @@ const std::string& required_path(const std::string& path, const std::string& nam
 
 /// Walks epoch 0 .. epochs-1 of this rank's EpochOrder: the iteration every dataset source
 /// shares. One epoch's index list is held at a time, computed when the epoch starts.
+///
+/// Where a run stands is said two ways. The ordinal counts this rank's items; it suits a resume
+/// on the same ranks. The shared position, epoch x size + the items of that epoch's shared order
+/// the ranks took together, is the same on every rank and means the same on any number of
+/// ranks: a job resumed on another number takes up the epoch there (seek_shared).
 class EpochCursor {
  public:
   struct Position {
@@ -211,14 +223,36 @@ class EpochCursor {
   /// changes nothing) if `ordinal` is past the end. Only the epoch it lands in is shuffled.
   bool seek(std::uint64_t ordinal);
 
-  /// Items this rank produces over all epochs.
-  std::uint64_t total() const { return static_cast<std::uint64_t>(order_.per_rank()) * epochs_; }
+  /// Skips to shared position `position`, on this run's ranks: this rank visits its share of
+  /// the rest of that epoch (EpochOrder::indices from there), then the later epochs whole.
+  /// Returns false (and changes nothing) if `position` is past the end. On the ranks that
+  /// reached it, the same as seek() to the ordinal they had.
+  bool seek_shared(std::uint64_t position);
+
+  /// The shared position once every rank has taken its items up to ordinal `ordinal` (from
+  /// where this run began, a seek included): std::nullopt with uneven: split, whose ranks take
+  /// different counts. A finished epoch is the next one's start.
+  std::optional<std::uint64_t> shared_position(std::uint64_t ordinal) const;
+
+  /// Items this rank produces over the run: the ordinal after the last one.
+  std::uint64_t total() const;
   /// Positions returned so far (including skipped ones): the ordinal of the next one.
   std::uint64_t ordinal() const { return ordinal_; }
 
  private:
+  // The epoch the run begins in, maybe part-way (after a seek): `count` items from position
+  // `start` of its shared order, numbered from `ordinal`. The epochs after it are whole.
+  struct FirstEpoch {
+    std::uint64_t ordinal = 0;
+    std::uint32_t epoch = 0;
+    std::size_t start = 0;
+    std::uint64_t count = 0;
+  };
+  void begin_at(const FirstEpoch& first);
+
   EpochOrder order_;
   std::uint32_t epochs_;
+  FirstEpoch first_;
   std::uint32_t next_epoch_ = 0;  // the epoch whose indices load next
   std::vector<std::uint64_t> indices_;
   std::size_t pos_ = 0;
@@ -233,7 +267,11 @@ class DatasetSource : public Source<Sample>, public SampleOrigin {
   std::uint64_t total() const { return cursor_.total() - cursor_.ordinal(); }
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t>) override { return total(); }
   bool seek(std::uint64_t position) override;
+  bool seek_shared(std::uint64_t position) override { return cursor_.seek_shared(position); }
   Sample stand_in(const Sample& bad, std::uint32_t attempt) const final;
+  std::optional<std::uint64_t> shared_position(std::uint64_t end) const final {
+    return cursor_.shared_position(end);
+  }
 
  protected:
   DatasetSource(std::size_t size, const SourceOptions& options)

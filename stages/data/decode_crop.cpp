@@ -137,6 +137,7 @@ std::optional<BatchRow> DecodeCropStage::process(Sample&& sample, ItemContext& c
   row.row = static_cast<std::int64_t>(ctx.seq() % static_cast<std::uint64_t>(batch_size_));
   row.batch_size = batch_size_;
   row.position = sample.position;
+  row.origin = sample.origin;
   row.buffers = buffers_for(row.batch, sample);
   BatchBuffers& buffers = *row.buffers;
   render_view_normalized(scratch.decoded, scratch.crop, sample.augment, size_, scratch.resample,

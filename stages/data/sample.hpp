@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -87,6 +88,11 @@ class SampleOrigin {
   /// drawn from (seed, bad.epoch, bad.index, attempt), with bad's epoch and position, so every
   /// run and every rank makes the same choice.
   virtual Sample stand_in(const Sample& bad, std::uint32_t attempt) const = 0;
+
+  /// Where the data-parallel ranks stand in the order they share once each has taken the
+  /// source's items before position `end` (EpochCursor::shared_position): what a job resumed on
+  /// another number of ranks starts from. std::nullopt where the ranks take different counts.
+  virtual std::optional<std::uint64_t> shared_position(std::uint64_t end) const = 0;
 
  protected:
   ~SampleOrigin() = default;

@@ -284,6 +284,128 @@ TEST_CASE("Data.Dataset.EpochOrderRejectsBadRank") {
         "param 'uneven' must be one of pad, drop, split, got 'even'");
 }
 
+// ------------------------------------------------------------------------------ EpochCursor
+
+namespace {
+
+// A job on `worlds[0]` ranks that each take `takes[0]` items, resumed on `worlds[1]` ranks at
+// the shared position they reached, which take `takes[1]`, and so on (the last: to the end).
+// Returns the dataset indices each epoch saw, over all ranks and all parts of the job.
+std::vector<std::multiset<std::uint64_t>> resized_job(std::size_t n,
+                                                      Uneven uneven,
+                                                      const std::vector<std::size_t>& worlds,
+                                                      const std::vector<std::uint64_t>& takes) {
+  constexpr std::uint32_t kEpochs = 3;
+  std::vector<std::multiset<std::uint64_t>> seen(kEpochs);
+  std::uint64_t shared = 0;
+  for (std::size_t part = 0; part < worlds.size(); ++part) {
+    const bool last = part + 1 == worlds.size();
+    std::optional<std::uint64_t> reached;
+    std::uint64_t planned = 0;
+    for (std::size_t rank = 0; rank < worlds[part]; ++rank) {
+      EpochCursor cursor(
+          n, {.epochs = kEpochs,
+              .order = {.seed = 5, .rank = rank, .world_size = worlds[part], .uneven = uneven}});
+      REQUIRE(cursor.seek_shared(shared));
+      const std::uint64_t begin = cursor.ordinal();
+      // Every rank of a part plans the same count.
+      if (rank == 0) planned = cursor.total() - begin;
+      CHECK(cursor.total() - begin == planned);
+      std::uint64_t taken = 0;
+      while (last || taken < takes[part]) {
+        const std::optional<EpochCursor::Position> at = cursor.next();
+        if (!at) break;
+        seen[at->epoch].insert(at->index);
+        ++taken;
+      }
+      if (last) CHECK(cursor.ordinal() == cursor.total());
+      // Where the ranks stand in the shared order: the same on every one.
+      const std::optional<std::uint64_t> position = cursor.shared_position(begin + taken);
+      REQUIRE(position.has_value());
+      if (reached) CHECK(*position == *reached);
+      reached = position;
+    }
+    shared = *reached;
+  }
+  CHECK(shared == kEpochs * n);  // the job ran to the end of its last epoch
+  return seen;
+}
+
+}  // namespace
+
+// A job resumed on another number of ranks takes up the epoch where its ranks stood in the
+// order they share: within the epoch no sample is seen twice or skipped, beyond what pad
+// (repeats, fewer than a rank count) and drop (a tail shorter than a rank count left out) do
+// to any epoch; resized twice as well. On the same number of ranks, a shared-position resume
+// is the ordinal seek: the same indices, epochs and ordinals.
+TEST_CASE("Data.Dataset.EpochCursorResumedOnAnotherNumberOfRanks") {
+  for (const std::size_t n : {10, 11, 12}) {
+    for (const Uneven uneven : {Uneven::kPad, Uneven::kDrop}) {
+      for (const std::vector<std::size_t>& worlds : std::vector<std::vector<std::size_t>>{
+               {2, 1}, {1, 2}, {2, 3}, {3, 2}, {4, 3}, {2, 3, 1}, {3, 1, 2}}) {
+        for (std::uint64_t take = 0; take < 12; take += 1) {
+          CAPTURE(n);
+          CAPTURE(static_cast<int>(uneven));
+          CAPTURE(worlds.size());
+          CAPTURE(worlds[0]);
+          CAPTURE(worlds[1]);
+          CAPTURE(take);
+          // Stops mid-epoch, at an epoch's end, and in the next epoch.
+          const std::vector<std::multiset<std::uint64_t>> seen =
+              resized_job(n, uneven, worlds, std::vector<std::uint64_t>(worlds.size(), take));
+          for (const std::multiset<std::uint64_t>& epoch : seen) {
+            const std::set<std::uint64_t> distinct(epoch.begin(), epoch.end());
+            for (const std::uint64_t i : distinct) CHECK(i < n);
+            if (uneven == Uneven::kPad) {
+              CHECK(distinct.size() == n);  // none skipped
+              CHECK(epoch.size() - n < 4);  // repeats: padding only
+            } else {
+              CHECK(distinct.size() == epoch.size());  // none twice
+              CHECK(n - epoch.size() < 4);             // left out: a tail only
+            }
+          }
+        }
+      }
+    }
+  }
+  // The same number of ranks: seek_shared to where they stood is seek to their ordinal.
+  for (const std::size_t world : {1, 2, 3}) {
+    for (const Uneven uneven : {Uneven::kPad, Uneven::kDrop}) {
+      for (std::uint64_t ordinal = 0; ordinal <= 3 * (11 / world + 1); ++ordinal) {
+        CAPTURE(world);
+        CAPTURE(ordinal);
+        for (std::size_t rank = 0; rank < world; ++rank) {
+          const SourceOptions options = {
+              .epochs = 3,
+              .order = {.seed = 8, .rank = rank, .world_size = world, .uneven = uneven}};
+          EpochCursor by_ordinal(11, options);
+          if (!by_ordinal.seek(ordinal)) break;
+          const std::optional<std::uint64_t> shared = by_ordinal.shared_position(ordinal);
+          REQUIRE(shared.has_value());
+          EpochCursor by_shared(11, options);
+          REQUIRE(by_shared.seek_shared(*shared));
+          CHECK(by_shared.ordinal() == ordinal);
+          CHECK(by_shared.total() == by_ordinal.total());
+          while (const std::optional<EpochCursor::Position> a = by_ordinal.next()) {
+            const std::optional<EpochCursor::Position> b = by_shared.next();
+            REQUIRE(b.has_value());
+            CHECK(b->index == a->index);
+            CHECK(b->epoch == a->epoch);
+            CHECK(by_shared.shared_position(by_shared.ordinal()) ==
+                  by_ordinal.shared_position(by_ordinal.ordinal()));
+          }
+          CHECK_FALSE(by_shared.next().has_value());
+        }
+      }
+    }
+  }
+  // Past the end: refused; split: its ranks' counts differ, so there is no shared position.
+  EpochCursor cursor(10, {.epochs = 2});
+  CHECK(cursor.seek_shared(20));
+  CHECK_FALSE(cursor.seek_shared(21));
+  CHECK_FALSE(EpochCursor(10, {.order = {.uneven = Uneven::kSplit}}).shared_position(3));
+}
+
 // ---------------------------------------------------------------------------- image folders
 
 TEST_CASE("Data.Dataset.ScanImageFolderSortsClassesAndFiles") {

@@ -17,13 +17,21 @@ using namespace flowtrain::testing;
 namespace {
 
 // The integers first, first+1, ..., first+count-1; can resume (seek) and knows its size.
+// `shared`: it also takes a shared position, as a source whose order data-parallel ranks share
+// (here: the integer to go on from).
 class Range final : public Source<std::uint64_t> {
  public:
-  Range(std::uint64_t first, std::uint64_t count) : next_(first), end_(first + count) {}
+  Range(std::uint64_t first, std::uint64_t count, bool shared = false)
+      : next_(first), end_(first + count), shared_(shared) {}
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t>) override { return end_ - next_; }
   bool seek(std::uint64_t position) override {
     next_ += position;
     return next_ <= end_;
+  }
+  bool seek_shared(std::uint64_t position) override {
+    if (!shared_ || position > end_) return false;
+    next_ = position;
+    return true;
   }
 
  protected:
@@ -35,28 +43,29 @@ class Range final : public Source<std::uint64_t> {
  private:
   std::uint64_t next_;
   std::uint64_t end_;
+  bool shared_;
 };
 
 // A sink that keeps what it gets in order and may ask the run to resume at `resume_at`.
 class Keep final : public SerialSink<std::uint64_t> {
  public:
-  explicit Keep(std::vector<std::uint64_t>& out, std::optional<std::uint64_t> resume_at = {})
+  explicit Keep(std::vector<std::uint64_t>& out, std::optional<ResumePosition> resume_at = {})
       : out_(out), resume_at_(resume_at) {}
-  std::optional<std::uint64_t> resume_position() const override { return resume_at_; }
+  std::optional<ResumePosition> resume_position() const override { return resume_at_; }
 
  protected:
   void consume(std::uint64_t&& v, ItemContext&) override { out_.push_back(v); }
 
  private:
   std::vector<std::uint64_t>& out_;
-  std::optional<std::uint64_t> resume_at_;
+  std::optional<ResumePosition> resume_at_;
 };
 
 // Food (0..999) and extra (100000..100299) mixed 3:1, through a map of `concurrency` workers.
 std::vector<std::uint64_t> mixed(std::size_t threads,
                                  std::size_t concurrency,
                                  MixOptions options = {.weights = {3, 1}, .seed = 7},
-                                 std::optional<std::uint64_t> resume_at = {}) {
+                                 std::optional<ResumePosition> resume_at = {}) {
   std::vector<std::uint64_t> out;
   Pipeline p;
   auto food = p.add("food", std::make_unique<Range>(0, 1000));
@@ -112,10 +121,46 @@ TEST_CASE("Pipeline.Mix.ResumeContinuesTheSameOrder" * doctest::timeout(60)) {
   const std::vector<std::uint64_t> full = mixed(2, 2);
   // Past the end of `extra` too: the replay must find it exhausted where the run did.
   for (const std::uint64_t at : {std::uint64_t{1}, std::uint64_t{517}, std::uint64_t{1250}}) {
-    const std::vector<std::uint64_t> rest = mixed(2, 2, {.weights = {3, 1}, .seed = 7}, at);
+    const std::vector<std::uint64_t> rest =
+        mixed(2, 2, {.weights = {3, 1}, .seed = 7}, ResumePosition{.items = at});
     REQUIRE(rest.size() == full.size() - at);
     CHECK(std::equal(rest.begin(), rest.end(), full.begin() + static_cast<std::ptrdiff_t>(at)));
   }
+}
+
+// A resume on another number of ranks than wrote the checkpoint (`resized`) can only start at
+// the shared position: a source that takes one starts there (and does on the same ranks too);
+// one that cannot, or a mix (whose inputs count per rank), is refused in one line.
+TEST_CASE("Pipeline.Resume.AnotherNumberOfRanksStartsAtTheSharedPosition" * doctest::timeout(60)) {
+  const auto run = [](bool shared_source, ResumePosition at) {
+    std::vector<std::uint64_t> out;
+    Pipeline p;
+    p.add("numbers", std::make_unique<Range>(0, 100, shared_source));
+    p.add("keep", std::make_unique<Keep>(out, at));
+    p.run({.threads = 2});
+    return out;
+  };
+  for (const bool resized : {false, true}) {
+    const std::vector<std::uint64_t> out =
+        run(true, {.items = 5, .shared = 40, .resized = resized});
+    REQUIRE(out.size() == 60);
+    CHECK(out.front() == 40);
+  }
+  // Without a shared position the source goes by the items, on the same ranks only.
+  CHECK(run(false, {.items = 5, .shared = 40}).front() == 5);
+  CHECK(run(true, {.items = 5}).front() == 5);
+  CHECK_THROWS_WITH_AS(
+      run(false, {.items = 5, .shared = 40, .resized = true}),
+      "stage 'keep' resumes from source position 5 (written by another number of ranks), but "
+      "source 'numbers' cannot reach its shared position 40; resume on the checkpoint's number "
+      "of ranks or start without it",
+      Error);
+  CHECK_THROWS_WITH_AS(mixed(2, 2, {.weights = {3, 1}, .seed = 7},
+                             ResumePosition{.items = 5, .shared = 40, .resized = true}),
+                       "stage 'keep' resumes a checkpoint written by another number of ranks, "
+                       "but mix 'mix' cannot: its order is counted per rank; resume on the "
+                       "checkpoint's number of ranks or start without it",
+                       Error);
 }
 
 TEST_CASE("Pipeline.Mix.ChecksItsInputs") {

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <mutex>
 #include <span>
@@ -120,6 +121,10 @@ std::string checkpoint_bytes(const ImageModel& model,
     }
   }
   archive.write("state.epoch", c10::IValue(std::int64_t{state.epoch}));
+  if (state.shared_data_position) {
+    archive.write("state.shared_data_position",
+                  c10::IValue(static_cast<std::int64_t>(*state.shared_data_position)));
+  }
   if (state.loss_scale > 0) {
     archive.write("state.loss_scale", c10::IValue(state.loss_scale));
     archive.write("state.loss_scale_growth",
@@ -248,6 +253,12 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
     }
     checkpoint.state.epoch =
         static_cast<std::uint32_t>(read_int(checkpoint.archive, "state.epoch", path));
+    if (c10::IValue shared; checkpoint.archive.try_read("state.shared_data_position", shared)) {
+      if (!shared.isInt() || shared.toInt() < 0) {
+        throw Error(path + ": checkpoint's 'state.shared_data_position' is damaged");
+      }
+      checkpoint.state.shared_data_position = static_cast<std::uint64_t>(shared.toInt());
+    }
     if (c10::IValue scale; checkpoint.archive.try_read("state.loss_scale", scale)) {
       c10::IValue growth;
       if (!scale.isDouble() || !(scale.toDouble() > 0) ||
@@ -386,7 +397,7 @@ bool written_by_every_rank(const std::string& path, int world_size) {
 
 }  // namespace
 
-std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size) {
+std::optional<Checkpoint> latest_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
   // Newest first: final.pt, then the step files by falling step.
@@ -394,7 +405,11 @@ std::optional<std::string> latest_checkpoint(const std::string& dir, int world_s
   std::reverse(paths.begin(), paths.end());
   paths.insert(paths.begin(), (fs::path(dir) / "final.pt").string());
   for (const std::string& path : paths) {
-    if (written_by_every_rank(path, world_size)) return path;
+    if (!fs::is_regular_file(path, ec)) continue;
+    Checkpoint checkpoint = read_checkpoint(path);
+    if (written_by_every_rank(path, static_cast<int>(checkpoint.state.world_size))) {
+      return checkpoint;
+    }
   }
   return std::nullopt;
 }
@@ -415,11 +430,30 @@ std::vector<std::string> stale_step_checkpoints(const std::string& dir,
   if (complete < keep) return {};
   // Fixed-width names: the rank's files named below it are older ("step-N.pt.rankR" keeps
   // rank 0's name as its prefix).
+  const auto older = [&](const std::string& path) {
+    return fs::path(path).filename().string().substr(0, oldest_kept.size()) < oldest_kept;
+  };
   std::vector<std::string> out;
   for (const std::string& path : step_checkpoints(dir, rank)) {
-    if (fs::path(path).filename().string().substr(0, oldest_kept.size()) < oldest_kept) {
-      out.push_back(path);
+    if (older(path)) out.push_back(path);
+  }
+  if (rank == 0) {
+    // And the files of ranks this job does not have, left by a job on more ranks it resumed.
+    std::vector<std::string> gone;
+    std::error_code ec;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      const std::size_t at = name.rfind(".pt.rank");
+      if (name.rfind("step-", 0) != 0 || at == std::string::npos) continue;
+      const char* end = name.data() + name.size();
+      int other = 0;
+      if (std::from_chars(name.data() + at + 8, end, other).ptr == end && other >= world_size &&
+          older(name)) {
+        gone.push_back(entry.path().string());
+      }
     }
+    std::sort(gone.begin(), gone.end());
+    out.insert(out.end(), gone.begin(), gone.end());
   }
   return out;
 }

@@ -20,6 +20,9 @@ struct TrainState {
   std::uint64_t total_steps = 0;    // length of the learning-rate schedule
   std::uint32_t epoch = 0;          // epoch of the last sample trained on
   std::uint64_t data_position = 0;  // source items consumed: the resumed run starts here
+  /// The same in the order the data-parallel ranks share (data::EpochCursor::shared_position),
+  /// where the source has one: what a job resumed on another number of ranks starts from.
+  std::optional<std::uint64_t> shared_data_position;
   std::uint64_t skipped_steps = 0;  // batches skipped for a non-finite loss
   std::uint64_t world_size = 1;     // data-parallel ranks that trained (each writes its file)
   std::uint64_t zero_shards = 0;    // optimizer state in this many shards (ZeRO, partitions)
@@ -98,15 +101,18 @@ bool restore_training(const Checkpoint& checkpoint,
 /// oldest first; empty if none or no folder.
 std::vector<std::string> step_checkpoints(const std::string& dir, int rank = 0);
 
-/// The newest checkpoint in `dir`: "final.pt" if present, else the "step-N.pt" with the
-/// highest N; std::nullopt if there is none (or no folder). With world_size > 1 only a
-/// checkpoint whose files exist for every rank counts (a rank may have died before writing).
-std::optional<std::string> latest_checkpoint(const std::string& dir, int world_size = 1);
+/// The newest checkpoint in `dir` whose files exist for every rank that wrote it (a rank may
+/// have died before writing), as read from rank 0's file: "final.pt" if so, else the
+/// "step-N.pt" with the highest N; std::nullopt if there is none (or no folder). The number of
+/// ranks is the file's, since a job may resume on another number. Throws Error for a damaged
+/// file.
+std::optional<Checkpoint> latest_checkpoint(const std::string& dir);
 
 /// The step files of rank `rank` in `dir` that are older than the newest `keep` checkpoints
 /// every rank of `world_size` completed, oldest first: what the rank may delete and still
 /// leave a step all ranks can resume from (a rank stopped early writes a step the others never
-/// reach; its older files must outlive it).
+/// reach; its older files must outlive it). Rank 0's list also has the older files of ranks
+/// above the job's, left by a job on more ranks that this one resumed.
 std::vector<std::string> stale_step_checkpoints(const std::string& dir,
                                                 int rank,
                                                 int world_size,

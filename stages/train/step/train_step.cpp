@@ -155,8 +155,10 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   std::optional<Checkpoint> checkpoint;
   // A group torchrun restarted (--max_restarts) continues the job it replaces.
   if (options.resume || job_placement(context).restart > 0) {
-    if (const std::optional<std::string> path = latest_checkpoint(checkpoint_dir, world_size)) {
-      checkpoint.emplace(read_checkpoint(rank_file(*path, rank)));
+    checkpoint = latest_checkpoint(checkpoint_dir);  // rank 0's file
+    // Each rank reads its own; one the job that wrote it did not have keeps rank 0's.
+    if (checkpoint && rank > 0 && static_cast<std::uint64_t>(rank) < checkpoint->state.world_size) {
+      checkpoint.emplace(read_checkpoint(rank_file(checkpoint->path, rank)));
     }
   }
   session_->trainer = std::make_unique<Trainer>(trainer, world,
@@ -238,9 +240,12 @@ std::optional<std::uint64_t> TrainStepStage::plan(std::optional<std::uint64_t> b
   return *batches * trainer.buckets_per_step();
 }
 
-std::optional<std::uint64_t> TrainStepStage::resume_position() const {
-  if (!session_->trainer->resumed()) return std::nullopt;
-  return state().data_position;
+std::optional<ResumePosition> TrainStepStage::resume_position() const {
+  const Trainer& trainer = *session_->trainer;
+  if (!trainer.resumed()) return std::nullopt;
+  return ResumePosition{.items = state().data_position,
+                        .shared = state().shared_data_position,
+                        .resized = trainer.resized()};
 }
 
 void TrainStepStage::process(data::Batch&& batch, Emitter<GradBucket>& out) {
@@ -283,7 +288,12 @@ std::vector<TimelineSpan> TrainStepStage::timeline() const {
 std::vector<StageResult> TrainStepStage::results() const {
   const TrainingSession& s = *session_;
   std::vector<StageResult> out = {{"steps", static_cast<double>(state().step)}};
-  if (s.trainer->resumed()) out.push_back({"resumed_at", static_cast<double>(state().step - s.steps_this_run)});
+  if (s.trainer->resumed()) {
+    out.push_back({"resumed_at", static_cast<double>(state().step - s.steps_this_run)});
+  }
+  if (s.trainer->resized()) {
+    out.push_back({"resumed_from_ranks", static_cast<double>(s.trainer->resumed_ranks())});
+  }
   if (const std::optional<InitCounts>& init = s.trainer->init_counts()) {
     out.push_back({"init_loaded", static_cast<double>(init->loaded)});
     out.push_back({"init_skipped", static_cast<double>(init->skipped)});

@@ -301,7 +301,7 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
   bool intra_op_parallel() const override { return true; }
   /// The buckets of each batch.
   std::optional<std::uint64_t> plan(std::optional<std::uint64_t> batches) override;
-  std::optional<std::uint64_t> resume_position() const override;
+  std::optional<ResumePosition> resume_position() const override;
   std::vector<StageResult> results() const override;
   std::vector<TimelineSpan> timeline() const override;
   /// With partition nodes: partition 0's wait for the others' tensors.

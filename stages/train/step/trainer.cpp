@@ -37,17 +37,18 @@ void move_optimizer_state(torch::optim::AdamW& optimizer, const c10::Device& dev
   }
 }
 
-// The optimizer state of the checkpoint whose rank `rank` file is `own`, as its `saved_shards`
-// ranks wrote it under ZeRO (rank r's file: the moments of the parameters partition_parameters
-// gave it), or whole in rank 0's file (0 shards), put into `optimizer`, which holds some of
-// `named` (all of them, or this rank's shard): a run resumed with ZeRO turned on or off.
+// The optimizer state of the checkpoint whose rank `own_rank` file is `own`, as its
+// `saved_shards` ranks wrote it under ZeRO (rank r's file: the moments of the parameters
+// partition_parameters gave it), or whole in rank 0's file (0 shards), put into `optimizer`,
+// which holds some of `named` (all of them, or this rank's shard): a run resumed with ZeRO
+// turned on or off, or with ZeRO on another number of ranks.
 void restore_resharded(const Checkpoint& own,
-                       int rank,
+                       int own_rank,
                        std::uint64_t saved_shards,
                        const std::vector<std::pair<std::string, torch::Tensor>>& named,
                        const OptimizerOptions& options,
                        torch::optim::Optimizer& optimizer) {
-  const std::string base = own.path.substr(0, own.path.size() - rank_file("", rank).size());
+  const std::string base = own.path.substr(0, own.path.size() - rank_file("", own_rank).size());
   std::vector<std::int64_t> numels;
   for (const auto& item : named) numels.push_back(item.second.numel());
   const int files = saved_shards > 0 ? static_cast<int>(saved_shards) : 1;
@@ -67,7 +68,8 @@ void restore_resharded(const Checkpoint& own,
     // lands on them by position; then each entry goes to `optimizer` if it holds the parameter.
     const std::unique_ptr<torch::optim::AdamW> saved = make_adamw(shard, options);
     std::optional<Checkpoint> other;  // another rank's file; this rank's is read already
-    load_optimizer(r == rank ? own : other.emplace(read_checkpoint(rank_file(base, r))), *saved);
+    load_optimizer(r == own_rank ? own : other.emplace(read_checkpoint(rank_file(base, r))),
+                   *saved);
     for (auto& [key, state] : saved->state()) {
       if (held.count(key)) optimizer.state()[key] = std::move(state);
     }
@@ -153,24 +155,30 @@ Trainer::Trainer(const TrainerOptions& options,
   bool average_restored = false;
   if (resume_from) {
     const TrainState& saved = resume_from->state;
-    // Pipeline partitions keep their own parameters' state; ZeRO's shards can be re-split.
-    const bool partitions_differ =
-        saved.pipeline_ranks != pipeline_ranks_count ||
-        (pipeline_ranks_count > 0 && saved.zero_shards != shards);
-    if (saved.world_size != static_cast<std::uint64_t>(world_size_) || partitions_differ) {
+    resumed_ranks_ = saved.world_size;
+    const bool resized = saved.world_size != static_cast<std::uint64_t>(world_size_);
+    // Pipeline partitions keep their own parameters' state, on their own ranks; ZeRO's shards
+    // and plain data parallelism's copies can be re-split over any number of ranks.
+    const bool pipelines = saved.pipeline_ranks > 0 || pipeline_ranks_count > 0;
+    if (pipelines &&
+        (resized || saved.pipeline_ranks != pipeline_ranks_count || saved.zero_shards != shards)) {
       throw Error(resume_from->path + " was written by " + std::to_string(saved.world_size) +
                   " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
                   (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
-                  "; resume it with the same number of ranks and partitions settings");
+                  "; pipeline partitions resume with the same number of ranks and partitions "
+                  "settings");
     }
-    // The same shards: each rank's file holds its own state. Other ones (zero turned on or
-    // off): the state is gathered from every rank's file and each rank takes its part.
-    const bool same_shards = saved.zero_shards == shards;
+    // The same shards: each rank's file holds its own state (unsharded: all of it, in the file
+    // of rank 0 for a rank the job did not have). Other ones (zero turned on or off, ZeRO on
+    // another number of ranks): the state is gathered from every rank's file and each rank
+    // takes its part.
+    const bool same_shards = saved.zero_shards == shards && (shards == 0 || !resized);
     ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
     average_restored = restore_training(*resume_from, model_, same_shards ? &optimizer() : nullptr,
                                         average_ ? &averaged : nullptr, device);
     if (!same_shards) {
-      restore_resharded(*resume_from, rank_, saved.zero_shards, named_parameters(model_),
+      const int own_rank = rank_ < static_cast<int>(saved.world_size) ? rank_ : 0;
+      restore_resharded(*resume_from, own_rank, saved.zero_shards, named_parameters(model_),
                         options_.optimizer, optimizer());
     }
     if (device.is_cuda()) {  // a checkpoint loads on the CPU
@@ -233,6 +241,7 @@ torch::Tensor Trainer::begin_step(const data::Batch& batch) {
   p.out.begin = clock_->start();
   p.out.batch_number = batch.number;
   p.end_position = batch.end_position;
+  p.end_shared_position = batch.end_shared_position;
   if (!batch.views.empty()) p.epoch = batch.views.back().epoch;
   p.out.seen = static_cast<std::uint64_t>(batch.size());
   model_->train();
@@ -394,6 +403,7 @@ StepOutcome Trainer::apply() {
           : torch::nn::utils::clip_grad_norm_(model_->parameters(), clip > 0 ? clip : INFINITY);
 
   state_.data_position = p.end_position;
+  state_.shared_data_position = p.end_shared_position;
   if (p.epoch) state_.epoch = *p.epoch;
   if (scaler_ && !std::isfinite(grad_norm)) {
     // The loss scale was too high for float16: skip the step and back off, as GradScaler.

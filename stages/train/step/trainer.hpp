@@ -148,6 +148,12 @@ class Trainer {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   bool resumed() const { return resumed_; }
+  /// The ranks that wrote the checkpoint it resumed (0: not resumed).
+  std::uint64_t resumed_ranks() const { return resumed_ranks_; }
+  /// Resumed from a checkpoint another number of ranks wrote.
+  bool resized() const {
+    return resumed_ && resumed_ranks_ != static_cast<std::uint64_t>(world_size_);
+  }
   /// What `init` loaded; nullopt without init, or when resumed.
   const std::optional<InitCounts>& init_counts() const { return init_counts_; }
   /// The gradient buckets of a step (forward_backward's count): the group's, or 1.
@@ -191,6 +197,7 @@ class Trainer {
   int world_size_ = 1;
   TrainState state_;
   bool resumed_ = false;
+  std::uint64_t resumed_ranks_ = 0;
   std::optional<InitCounts> init_counts_;
 
   // The step between forward_backward and apply.
@@ -198,6 +205,7 @@ class Trainer {
     StepOutcome out;
     KdLoss loss;
     std::uint64_t end_position = 0;
+    std::optional<std::uint64_t> end_shared_position;
     std::optional<std::uint32_t> epoch;  // of the batch's last view, when it has views
   };
   std::optional<Pending> pending_;

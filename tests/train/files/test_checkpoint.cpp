@@ -27,7 +27,11 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   // One step, so the optimizer has state to save.
   model->forward(torch::randn({2, 3, 32, 32})).logits.sum().backward();
   adamw->step();
-  const TrainState state{.step = 7, .total_steps = 30, .epoch = 2, .data_position = 224,
+  const TrainState state{.step = 7,
+                         .total_steps = 30,
+                         .epoch = 2,
+                         .data_position = 224,
+                         .shared_data_position = 448,
                          .skipped_steps = 1};
   save_checkpoint(dir / step_checkpoint_name(7), model, adamw.get(), state);
   CHECK_FALSE(fs::exists(dir / (step_checkpoint_name(7) + ".tmp")));
@@ -37,6 +41,7 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
   CHECK(read.state.total_steps == 30);
   CHECK(read.state.epoch == 2);
   CHECK(read.state.data_position == 224);
+  CHECK(read.state.shared_data_position == 448);
   CHECK(read.state.skipped_steps == 1);
   CHECK(config_difference(read.config, model->config()).empty());
 
@@ -49,9 +54,16 @@ TEST_CASE("Train.Checkpoint.RoundTripAndLatest" * doctest::timeout(60)) {
 
   // The newest step file wins; final.pt wins over any step.
   save_checkpoint(dir / step_checkpoint_name(12), model, adamw.get(), state);
-  CHECK(latest_checkpoint(dir.path()) == dir / step_checkpoint_name(12));
+  CHECK(latest_checkpoint(dir.path())->path == dir / step_checkpoint_name(12));
+  // A step of two ranks counts once both wrote it, whatever the ranks resuming it.
+  TrainState two_ranks = state;
+  two_ranks.world_size = 2;
+  save_checkpoint(dir / step_checkpoint_name(14), model, adamw.get(), two_ranks);
+  CHECK(latest_checkpoint(dir.path())->path == dir / step_checkpoint_name(12));
+  save_checkpoint(rank_file(dir / step_checkpoint_name(14), 1), model, adamw.get(), two_ranks);
+  CHECK(latest_checkpoint(dir.path())->path == dir / step_checkpoint_name(14));
   save_checkpoint(dir / "final.pt", model, nullptr, state);
-  CHECK(latest_checkpoint(dir.path()) == dir / "final.pt");
+  CHECK(latest_checkpoint(dir.path())->path == dir / "final.pt");
   CHECK_FALSE(latest_checkpoint(dir / "missing").has_value());
 
   // A different shape is refused with what differs.

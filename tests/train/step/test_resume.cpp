@@ -68,7 +68,7 @@ void check_interrupted_run_resumes_exactly(int signal) {
     CHECK(stop.output.find("stopped by SIGINT") != std::string::npos);
   }
   REQUIRE_FALSE(fs::exists(dir / "stopped/final.pt"));  // it really stopped mid-run
-  const Checkpoint stopped_at = read_checkpoint(*latest_checkpoint(dir / "stopped"));
+  const Checkpoint stopped_at = *latest_checkpoint(dir / "stopped");
   CHECK(stopped_at.state.data_position == stopped_at.state.step * 32);
 
   const Exit resumed_run =

@@ -606,3 +606,33 @@ TEST_CASE("Train.Resume.PastTheEndOfTheDataSaysSo" * doctest::timeout(120)) {
                         "items: the checkpoint is from a run over more data"),
       Error);
 }
+
+// Pipeline partitions on ranks keep their own parameters' optimizer state: a job of them
+// resumes on its own number of ranks only, and another is refused before anything runs.
+TEST_CASE("Train.Resume.PipelineRanksOnAnotherNumberOfRanksIsRefused" * doctest::timeout(120)) {
+  TempDir dir;
+  const PipelineConfig config = parse_pipeline_config(
+      "threads: 2\nstages:\n" + data_stages("train", 1, true) +
+          "  - {type: train_step, params: {" + tiny_vit(32, 1, 2) +
+          ", alpha: 1, checkpoint_every: 5, resume: true, checkpoint_dir: " + (dir / "run") +
+          "}}\n",
+      "job.yaml");
+  build_pipeline(config)->run(config.run);
+  // Step 5 as 2 pipeline ranks would have written it.
+  Checkpoint step = read_checkpoint(dir / "run/step-00000005.pt");
+  step.state.world_size = 2;
+  step.state.pipeline_ranks = 2;
+  step.state.zero_shards = 2;
+  for (const int rank : {0, 1}) {
+    save_checkpoint(rank_file(dir / "run/step-00000005.pt", rank), load_model(step), nullptr,
+                    step.state);
+  }
+  for (const std::string name : {"final.pt", "step-00000010.pt"}) {
+    REQUIRE(fs::remove(dir / ("run/" + name)));
+  }
+  CHECK_THROWS_WITH_AS(build_pipeline(config),
+                       doctest::Contains("step-00000005.pt was written by 2 rank(s) as pipeline "
+                                         "partitions; pipeline partitions resume with the same "
+                                         "number of ranks and partitions settings"),
+                       Error);
+}
