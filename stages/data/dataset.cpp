@@ -314,7 +314,7 @@ const std::string& required_path(const std::string& path, const std::string& nam
 }
 
 EpochCursor::EpochCursor(std::size_t size, const SourceOptions& options)
-    : order_(size, options.order), epochs_(options.epochs), first_{.count = order_.per_rank()} {}
+    : order_(size, options.order), epochs_(options.epochs) {}
 
 std::optional<EpochCursor::Position> EpochCursor::next() {
   while (pos_ == indices_.size()) {
@@ -328,7 +328,7 @@ std::optional<EpochCursor::Position> EpochCursor::next() {
 
 std::uint64_t EpochCursor::total() const {
   if (first_.epoch >= epochs_) return first_.ordinal;
-  return first_.ordinal + first_.count +
+  return first_.ordinal + first_count() +
          static_cast<std::uint64_t>(order_.per_rank()) * (epochs_ - first_.epoch - 1);
 }
 
@@ -350,8 +350,7 @@ bool EpochCursor::seek(std::uint64_t ordinal) {
   const std::uint64_t rows = ordinal % per_epoch;
   begin_at({.ordinal = ordinal,
             .epoch = static_cast<std::uint32_t>(epoch),
-            .start = static_cast<std::size_t>(rows * order_.options().world_size),
-            .count = per_epoch - rows});
+            .start = static_cast<std::size_t>(rows * order_.options().world_size)});
   return true;
 }
 
@@ -365,8 +364,7 @@ bool EpochCursor::seek_shared(std::uint64_t position) {
   // rows of this run's ranks); elsewhere, the count only has to run on from there.
   begin_at({.ordinal = epoch * order_.per_rank() + start / order_.options().world_size,
             .epoch = static_cast<std::uint32_t>(epoch),
-            .start = start,
-            .count = epoch < epochs_ ? order_.per_rank(start) : 0});
+            .start = start});
   return true;
 }
 
@@ -375,10 +373,11 @@ std::optional<std::uint64_t> EpochCursor::shared_position(std::uint64_t ordinal)
   const std::uint64_t size = order_.size();
   const std::uint64_t ranks = order_.options().world_size;
   std::uint64_t taken = ordinal - first_.ordinal;  // by this rank, and so by each
-  if (taken < first_.count) return first_.epoch * size + first_.start + taken * ranks;
+  const std::uint64_t first = first_count();
+  if (taken < first) return first_.epoch * size + first_.start + taken * ranks;
   if (first_.epoch >= epochs_) return first_.epoch * size;  // began at the end
   // Past the first epoch: whole epochs of per_rank() items each.
-  taken -= first_.count;
+  taken -= first;
   const std::uint64_t per_epoch = std::max<std::uint64_t>(order_.per_rank(), 1);
   return (first_.epoch + 1 + taken / per_epoch) * size + taken % per_epoch * ranks;
 }

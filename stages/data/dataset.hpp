@@ -240,15 +240,18 @@ class EpochCursor {
   std::uint64_t ordinal() const { return ordinal_; }
 
  private:
-  // The epoch the run begins in, maybe part-way (after a seek): `count` items from position
-  // `start` of its shared order, numbered from `ordinal`. The epochs after it are whole.
+  // The epoch the run begins in, maybe part-way (after a seek): from position `start` of its
+  // shared order, numbered from `ordinal`. The epochs after it are whole.
   struct FirstEpoch {
     std::uint64_t ordinal = 0;
     std::uint32_t epoch = 0;
     std::size_t start = 0;
-    std::uint64_t count = 0;
   };
   void begin_at(const FirstEpoch& first);
+  // The items this rank takes of that first epoch.
+  std::uint64_t first_count() const {
+    return first_.epoch < epochs_ ? order_.per_rank(first_.start) : 0;
+  }
 
   EpochOrder order_;
   std::uint32_t epochs_;

@@ -187,7 +187,6 @@ Trainer::Trainer(const TrainerOptions& options,
       move_optimizer_state(optimizer(), device);
     }
     state_ = saved;
-    resumed_ = true;
     if (scaler_ && saved.loss_scale > 0) {
       scaler_->restore(saved.loss_scale, static_cast<std::int64_t>(saved.loss_scale_growth));
     }

@@ -147,12 +147,12 @@ class Trainer {
   ImageModel& model() { return model_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
-  bool resumed() const { return resumed_; }
+  bool resumed() const { return resumed_ranks_ > 0; }
   /// The ranks that wrote the checkpoint it resumed (0: not resumed).
   std::uint64_t resumed_ranks() const { return resumed_ranks_; }
   /// Resumed from a checkpoint another number of ranks wrote.
   bool resized() const {
-    return resumed_ && resumed_ranks_ != static_cast<std::uint64_t>(world_size_);
+    return resumed() && resumed_ranks_ != static_cast<std::uint64_t>(world_size_);
   }
   /// What `init` loaded; nullopt without init, or when resumed.
   const std::optional<InitCounts>& init_counts() const { return init_counts_; }
@@ -196,8 +196,7 @@ class Trainer {
   int rank_ = 0;
   int world_size_ = 1;
   TrainState state_;
-  bool resumed_ = false;
-  std::uint64_t resumed_ranks_ = 0;
+  std::uint64_t resumed_ranks_ = 0;  // that wrote the checkpoint it resumed; 0: not resumed
   std::optional<InitCounts> init_counts_;
 
   // The step between forward_backward and apply.

@@ -46,6 +46,38 @@ std::vector<std::string> args(const std::string& config,
   return out;
 }
 
+// Runs `config` on `ranks` ranks of 32 / ranks images a step into `dir`, under ZeRO stage
+// `zero`, checkpointing every 2 steps and resuming from the newest checkpoint there; returns
+// its output.
+std::string resumable_run(const std::string& config,
+                          const std::string& dir,
+                          int ranks,
+                          int zero,
+                          const std::vector<std::string>& extra) {
+  std::vector<std::string> options = {"--nproc", std::to_string(ranks),
+                                      "stages.student_step.params.zero=" + std::to_string(zero),
+                                      "stages.student_step.params.checkpoint_every=2",
+                                      "stages.student_step.params.resume=true"};
+  options.insert(options.end(), extra.begin(), extra.end());
+  const Exit out = run_cli(args(config, dir, 32 / ranks, options));
+  INFO(out.output);
+  REQUIRE(out.code == 0);
+  return out.output;
+}
+
+// Removes every rank's checkpoints in `dir` after step `step`, final.pt included: as if the job
+// had stopped there.
+void cut_back_to(const std::string& dir, std::uint64_t step) {
+  const std::string last = step_checkpoint_name(step);
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("final.pt", 0) == 0 ||
+        (file.rfind("step-", 0) == 0 && file.substr(0, last.size()) > last)) {
+      REQUIRE(fs::remove(entry.path()));
+    }
+  }
+}
+
 }  // namespace
 
 // Two ranks averaging gradients over 16 samples each end where one rank with the combined 32
@@ -101,9 +133,7 @@ TEST_CASE("Dist.DataParallel.TwoRanksMatchOneRankAndZero" * doctest::timeout(600
 
   // Resume the ZeRO run from its step-6 files (each rank reads its own optimizer shard).
   fs::copy_file(dir / "zero/final.pt", dir / "zero-whole.pt");
-  for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
-    for (const std::string& file : {name, name + ".rank1"}) REQUIRE(fs::remove(dir / ("zero/" + file)));
-  }
+  cut_back_to(dir / "zero", 6);
   const Exit resumed = run_cli(args(config, dir / "zero", 16, zero_args));
   REQUIRE(resumed.code == 0);
   CHECK(resumed.output.find("resumed_at 6") != std::string::npos);
@@ -344,15 +374,8 @@ TEST_CASE("Dist.Resume.ZeroTurnedOnOrOffKeepsTheOptimizerState" * doctest::timeo
   TempDir dir("zero-switch");
   const std::string config = write_config(dir);
   const auto run = [&](const std::string& name, int zero) {
-    const Exit out = run_cli(args(config, dir / name, 16,
-                                  {"--nproc", "2", "stages.student_step.params.zero=" +
-                                                       std::to_string(zero),
-                                   "stages.student_step.params.checkpoint_every=2",
-                                   "stages.student_step.params.keep_checkpoints=3",
-                                   "stages.student_step.params.resume=true"}));
-    INFO(out.output);
-    REQUIRE(out.code == 0);
-    return out.output;
+    return resumable_run(config, dir / name, 2, zero,
+                         {"stages.student_step.params.keep_checkpoints=3"});
   };
   for (const auto& [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
     CAPTURE(from);
@@ -360,10 +383,7 @@ TEST_CASE("Dist.Resume.ZeroTurnedOnOrOffKeepsTheOptimizerState" * doctest::timeo
     const std::string cut = "switched" + std::to_string(from) + std::to_string(to);
     run(whole, to);
     run(cut, from);  // then cut back to its step-6 files, and resumed with the other setting
-    for (const std::string name : {"final.pt", "step-00000010.pt", "step-00000008.pt"}) {
-      for (const std::string& file : {name, name + ".rank1"})
-        REQUIRE(fs::remove(dir / (cut + "/" + file)));
-    }
+    cut_back_to(dir / cut, 6);
     CHECK(run(cut, to).find("resumed_at 6") != std::string::npos);
     const double difference =
         max_weight_difference(dir / (whole + "/final.pt"), dir / (cut + "/final.pt"));
@@ -385,26 +405,9 @@ TEST_CASE("Dist.Resume.AnotherNumberOfRanksTrainsTheSameSamples" * doctest::time
   TempDir dir("resize");
   const std::string config = write_config(dir);
   const auto run = [&](const std::string& name, int ranks, int zero) {
-    const Exit out =
-        run_cli(args(config, dir / name, 32 / ranks,
-                     {"--nproc", std::to_string(ranks), "stages.source.params.epochs=2",
-                      "stages.student_step.params.zero=" + std::to_string(zero),
-                      "stages.student_step.params.checkpoint_every=2",
-                      "stages.student_step.params.keep_checkpoints=20",
-                      "stages.student_step.params.resume=true"}));
-    INFO(out.output);
-    REQUIRE(out.code == 0);
-    return out.output;
-  };
-  // Back to the job's step-6 files, as if it had stopped there.
-  const auto cut_to_step_6 = [&](const std::string& name) {
-    for (const fs::directory_entry& entry : fs::directory_iterator(dir / name)) {
-      const std::string file = entry.path().filename().string();
-      if (file.rfind("final.pt", 0) == 0 ||
-          (file.rfind("step-", 0) == 0 && file.substr(0, 16) > "step-00000006.pt")) {
-        REQUIRE(fs::remove(entry.path()));
-      }
-    }
+    return resumable_run(config, dir / name, ranks, zero,
+                         {"stages.source.params.epochs=2",
+                          "stages.student_step.params.keep_checkpoints=20"});
   };
   run("one", 1, 0);
   run("two", 2, 0);
@@ -413,7 +416,7 @@ TEST_CASE("Dist.Resume.AnotherNumberOfRanksTrainsTheSameSamples" * doctest::time
     CAPTURE(from);
     const std::string resized = "resized" + std::to_string(from) + std::to_string(to);
     run(resized, from, zero_from);
-    cut_to_step_6(resized);
+    cut_back_to(dir / resized, 6);
     const std::string resumed = run(resized, to, zero_to);
     CHECK(resumed.find("resumed_at 6 resumed_from_ranks " + std::to_string(from)) !=
           std::string::npos);
