@@ -61,6 +61,11 @@ struct GradSync::Impl {
   // This step: when the first bucket's reduction started, when the last one finished.
   std::chrono::steady_clock::time_point first_launch;
   std::atomic<std::int64_t> last_done_ns{0};
+  // Averaging over the whole world: the ranks' stop votes, exchanged once a step (StopVote).
+  bool votes = false;
+  torch::Tensor vote = torch::zeros({1}, torch::kInt);
+  c10::intrusive_ptr<c10d::Work> vote_work;
+  bool stop_agreed = false;
 
   Impl(World& w, Group& g) : world(w), group(g) {}
 
@@ -139,6 +144,8 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
     ++index;
   }
   if (s.params.empty()) throw Error("GradSync: no parameters selected");
+  // A pipeline partition's replicas step with the other partitions, which do not vote.
+  s.votes = options.group == nullptr;
   s.owners = std::move(options.owners);
   if (s.sharded() && s.owners.size() != s.params.size()) {
     throw Error("GradSync: " + std::to_string(s.owners.size()) + " owners for " +
@@ -209,9 +216,11 @@ GradSync::GradSync(torch::nn::Module& model, World& world, Options options)
     s.hooks.push_back(
         s.params[k].register_hook([impl, k](torch::Tensor grad) { impl->on_gradient(k, grad); }));
   }
+  if (s.votes) world.stop_vote().hold();
 }
 
 GradSync::~GradSync() {
+  if (impl_->votes) impl_->world.stop_vote().release();
   for (std::size_t k = 0; k < impl_->hooks.size(); ++k) {
     impl_->params[k].remove_hook(impl_->hooks[k]);
   }
@@ -243,6 +252,11 @@ void GradSync::end_backward() {
                   "needs every parameter to take part");
     }
   }
+  if (s.votes) {  // behind the buckets' reductions, waited for by end_step
+    s.vote.fill_(s.world.stop_vote().vote());
+    std::vector<torch::Tensor> one = {s.vote};
+    s.vote_work = s.world.group().allreduce(one, c10d::AllreduceOptions{c10d::ReduceOp::MAX});
+  }
 }
 
 void GradSync::complete(std::size_t b) {
@@ -264,6 +278,15 @@ void GradSync::complete(std::size_t b) {
 
 void GradSync::end_step() {
   Impl& s = *impl_;
+  if (s.vote_work) {
+    s.world.wait(*s.vote_work, "the all-reduce of the ranks' stop votes");
+    s.vote_work.reset();
+    const int signal = s.vote.item<int>();
+    if (signal != 0 && !s.stop_agreed) {
+      s.stop_agreed = true;
+      s.world.stop_vote().agreed(signal);
+    }
+  }
   const std::chrono::steady_clock::time_point last_done{
       std::chrono::steady_clock::duration(s.last_done_ns.load())};
   if (last_done > s.first_launch) {
@@ -273,6 +296,7 @@ void GradSync::end_step() {
 }
 
 const std::vector<Bucket>& GradSync::buckets() const { return impl_->buckets; }
+bool GradSync::stop_agreed() const { return impl_->stop_agreed; }
 double GradSync::comm_seconds() const { return impl_->comm_s; }
 std::uint64_t GradSync::reduced_bytes() const { return impl_->bytes; }
 

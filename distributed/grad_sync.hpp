@@ -47,6 +47,11 @@ std::vector<Bucket> assign_buckets(const std::vector<std::int64_t>& numels,
 /// this rank owns, freeing the others and the bucket's buffer. After the step a rank then holds
 /// about 1/world of the gradients instead of all of them, and no bucket buffers.
 ///
+/// Averaging over the whole world, it holds the world's StopVote: `end_backward()` starts an
+/// all-reduce of the ranks' votes behind the buckets', `end_step()` waits for it, and once any
+/// rank voted (got SIGINT or SIGTERM) every rank learns it in the same step, and
+/// `stop_agreed()` says so from then on (graph/stop_vote.hpp).
+///
 ///   GradSync sync(model, *world, {.first_bucket_bytes = 1 << 20});
 ///   loss.backward();  // buckets start reducing as they fill
 ///   sync.end_backward();
@@ -84,8 +89,12 @@ class GradSync {
   /// Waits for bucket b's reduction and writes its averaged gradients to the parameters (with
   /// owners: to this rank's, the others' gradients are freed). Thread-safe for different buckets.
   void complete(std::size_t b);
-  /// After every bucket completed: accounts the step's communication time, readies the next.
+  /// After every bucket completed: accounts the step's communication time, readies the next;
+  /// learns the ranks' stop votes.
   void end_step();
+  /// Whether the ranks agreed to stop after a step that ended (every rank learns it after the
+  /// same one): its caller trains no further batch.
+  bool stop_agreed() const;
 
   const std::vector<Bucket>& buckets() const;
   /// Communication time, summed over steps: from the start of a step's first reduction to the

@@ -162,6 +162,7 @@ struct World::Impl {
   std::map<std::vector<int>, c10::intrusive_ptr<Group>> subgroups;
   int sequence = 0;  // of barriers and gathers, which every rank calls in the same order
   std::atomic<int> phases_finished{0};  // finished_phase() calls: the phase this rank is in
+  StopVote stop_vote;
 
   std::thread beat_thread;
   std::mutex beat_mutex;
@@ -482,6 +483,7 @@ Group& World::subgroup(const std::vector<int>& ranks) {
 }
 
 c10d::Store& World::store() { return *impl_->store; }
+StopVote& World::stop_vote() { return impl_->stop_vote; }
 std::chrono::milliseconds World::timeout() const { return impl_->timeout; }
 
 void World::barrier(const std::string& what) {

@@ -12,6 +12,7 @@
 #include "distributed/job.hpp"
 #include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
+#include "graph/stop_vote.hpp"
 
 namespace flowtrain::dist {
 
@@ -77,6 +78,9 @@ class World {
   Group& subgroup(const std::vector<int>& ranks);
   c10d::Store& store();
   std::chrono::milliseconds timeout() const;
+  /// The ranks' agreement on when to stop after a signal (graph/stop_vote.hpp): the runner
+  /// hands it to StopOnSignal, a data-parallel gradient sync holds it and exchanges the votes.
+  StopVote& stop_vote();
 
   /// Waits until every rank has called barrier() (in the same order on every rank), through
   /// the store. `what` names it in errors: "barrier 'end of phase main' timed out after 300 s:

@@ -414,16 +414,24 @@ auto StageHandle<In, Out>::add(std::string name,
   return pipeline_->template add<S>(std::move(name), options, std::move(run));
 }
 
+class StopVote;
+
 /// Stops `pipeline` on SIGINT and SIGTERM while in scope; a second signal ends the process the
 /// default way. Restores the previous handlers on destruction. One at a time per process.
+/// With a `vote` (a rank of a job: World::stop_vote) that a stage holds, a signal is this
+/// rank's vote, and the pipeline stops when the ranks agree (graph/stop_vote.hpp).
 class StopOnSignal {
  public:
-  explicit StopOnSignal(Pipeline& pipeline);
+  explicit StopOnSignal(Pipeline& pipeline, StopVote* vote = nullptr);
   ~StopOnSignal();
-  /// The signal that stopped the pipeline (SIGINT or SIGTERM), or 0.
+  /// The signal that stopped the pipeline (SIGINT or SIGTERM; another rank's, where the ranks
+  /// agreed to stop for it), or 0.
   int received() const;
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  StopVote* vote_;
 };
 
 }  // namespace flowtrain

@@ -148,7 +148,8 @@ PhasesOutcome run_phases(RunConfig& config,
     RunReport report;
     int signal = 0;
     {
-      StopOnSignal stop_on_signal(*pipeline);
+      // A rank of a job votes, and stops with the others after the same step (StopVote).
+      StopOnSignal stop_on_signal(*pipeline, world ? &world->stop_vote() : nullptr);
       report = autotune_run(*pipeline, phase.run, stage_decls(phase), std::move(rehearsed));
       signal = stop_on_signal.received();
     }

@@ -29,6 +29,10 @@ void TrainPartitionStage::process(GradBucket&& bucket, Emitter<GradBucket>& out)
   }
   Trainer& trainer = *session_->trainer;
   const bool last = options_.partition + 1 == options_.partitions;
+  if (bucket.count == 0) {  // passed over (Trainer::stopping)
+    out.emit(std::move(bucket));
+    return;
+  }
   if (!last) out.emit(std::move(bucket));  // the next partition starts its part now
   trainer.partitioned()->run_partition(options_.partition);
   if (!last) return;

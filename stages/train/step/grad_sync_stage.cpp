@@ -12,7 +12,7 @@ StageDoc GradSyncStage::describe() {
 }
 
 std::optional<GradBucket> GradSyncStage::process(GradBucket&& bucket, ItemContext&) {
-  bucket.session->trainer->sync_bucket(bucket.index);
+  if (bucket.count > 0) bucket.session->trainer->sync_bucket(bucket.index);
   return std::move(bucket);
 }
 

@@ -36,6 +36,10 @@ StageDoc OptimizerStepStage::describe() {
 
 void OptimizerStepStage::process(GradBucket&& bucket, Emitter<StepRecord>& out) {
   if (!session_) session_ = bucket.session;
+  if (bucket.count == 0) {  // a batch passed over once the ranks agreed to stop
+    out.send_token();
+    return;
+  }
   if (bucket.session != session_ || bucket.index != next_bucket_) {
     throw Error("got bucket " + std::to_string(bucket.index) + " of " +
                 std::to_string(bucket.count) + " where bucket " + std::to_string(next_bucket_) +

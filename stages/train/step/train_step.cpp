@@ -250,6 +250,10 @@ std::optional<ResumePosition> TrainStepStage::resume_position() const {
 
 void TrainStepStage::process(data::Batch&& batch, Emitter<GradBucket>& out) {
   Trainer& trainer = *session_->trainer;
+  if (trainer.stopping()) {  // the ranks stop after the step before: no forward, no collective
+    out.emit(GradBucket{session_, 0, 0});
+    return;
+  }
   if (partition_nodes_) {
     // Partition 0 here, the others in the nodes after it, all at once; the last ends the step.
     trainer.begin_partitions(batch);

@@ -381,6 +381,8 @@ std::size_t Trainer::end_partitioned_step() {
 
 std::size_t Trainer::buckets_per_step() const { return sync_ ? sync_->buckets().size() : 1; }
 
+bool Trainer::stopping() const { return sync_ && sync_->stop_agreed(); }
+
 void Trainer::sync_bucket(std::size_t b) {
   if (sync_) sync_->complete(b);
 }

@@ -158,6 +158,9 @@ class Trainer {
   const std::optional<InitCounts>& init_counts() const { return init_counts_; }
   /// The gradient buckets of a step (forward_backward's count): the group's, or 1.
   std::size_t buckets_per_step() const;
+  /// The ranks agreed to stop after the last step applied (a signal on any of them,
+  /// dist::GradSync::stop_agreed): a batch still in flight is passed over, on every rank.
+  bool stopping() const;
   /// With a group: all-reduce time summed over the steps, first bucket's start to last's end.
   double sync_comm_seconds() const;
   /// Bytes of optimizer state this rank holds.

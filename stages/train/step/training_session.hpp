@@ -48,7 +48,7 @@ struct TrainingSession {
 struct GradBucket {
   std::shared_ptr<TrainingSession> session;
   std::size_t index = 0;  // which bucket, in the order they fill during backward
-  std::size_t count = 0;  // buckets of this step
+  std::size_t count = 0;  // buckets of this step; 0: a batch passed over (Trainer::stopping)
 };
 
 }  // namespace flowtrain::train

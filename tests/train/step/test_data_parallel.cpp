@@ -1,11 +1,14 @@
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -251,6 +254,24 @@ struct Launched {
   std::vector<Exit> ranks;  // one per process started (--nproc and torchrun: the launcher's)
 };
 
+// The two tasks of `srun -n 2` on one node, each running `args`, as slurm-wlm 22.05 starts them
+// (no binding); rank r's output goes to log(r).
+template <class Log>
+std::vector<Process> srun_tasks(const std::vector<std::string>& args, const Log& log) {
+  const std::string port = std::to_string(dist::free_local_port());
+  std::vector<Process> tasks;
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(
+        spawn(args,
+              {"SLURM_PROCID=" + std::to_string(r), "SLURM_LOCALID=" + std::to_string(r),
+               "SLURM_NTASKS=2", "SLURM_NODEID=0", "SLURM_STEP_TASKS_PER_NODE=2",
+               "SLURM_TASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost", "MASTER_ADDR=127.0.0.1",
+               "MASTER_PORT=" + port},
+              log(r)));
+  }
+  return tasks;
+}
+
 Launched launch(const std::string& how,
                 const std::string& config,
                 const std::string& dir,
@@ -265,29 +286,19 @@ Launched launch(const std::string& how,
              std::to_string(r) + ".log"))
         .string();
   };
-  const std::string port = std::to_string(dist::free_local_port());
   Launched out;
   if (how == "nproc") {
     args.insert(args.end(), {"--nproc", "2"});
     out.ranks.push_back(wait_for(spawn(args, {}, log(0)), 300));
   } else if (how == "torchrun") {
     // torchrun as docs/distributed.md gives it (python3-torch's, torch 1.13's flag spellings).
+    const std::string port = std::to_string(dist::free_local_port());
     args.insert(args.begin(),
                 {"/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", "2", "--master_port",
                  port, "--no_python", "-r", "1", "-t", "1", "--log_dir", dir + "-torchrun-logs"});
     out.ranks.push_back(wait_for(spawn(args, {}, log(0)), 300));
-  } else {  // what srun -n 2 sets in each task on one node (slurm-wlm 22.05, no binding)
-    std::vector<Process> tasks;
-    for (int r = 0; r < 2; ++r) {
-      tasks.push_back(
-          spawn(args,
-                {"SLURM_PROCID=" + std::to_string(r), "SLURM_LOCALID=" + std::to_string(r),
-                 "SLURM_NTASKS=2", "SLURM_NODEID=0", "SLURM_STEP_TASKS_PER_NODE=2",
-                 "SLURM_TASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost", "MASTER_ADDR=127.0.0.1",
-                 "MASTER_PORT=" + port},
-                log(r)));
-    }
-    for (const Process& t : tasks) out.ranks.push_back(wait_for(t, 300));
+  } else {
+    for (const Process& t : srun_tasks(args, log)) out.ranks.push_back(wait_for(t, 300));
   }
   return out;
 }
@@ -427,5 +438,56 @@ TEST_CASE("Dist.Resume.AnotherNumberOfRanksTrainsTheSameSamples" * doctest::time
     MESSAGE(from << " rank(s) resumed on " << to << " vs " << to
                  << " throughout: largest weight difference " << difference);
     CHECK(difference < 1e-4);
+  }
+}
+
+// SIGTERM to one rank of a job stops every rank after the same step: the signal is a vote the
+// gradient sync exchanges once a step, so each rank trains the same steps, passes over the
+// batches it still had in flight, writes the step checkpoint of that step and says why it
+// stopped. Before, the signalled rank stopped after the batches it happened to hold and the
+// other failed in an all-reduce it never joined ("Connection closed by peer"). Rank 1 is
+// signalled, then rank 0, which hosts the store.
+TEST_CASE("Dist.Stop.OneRanksSignalStopsEveryRankAfterTheSameStep" * doctest::timeout(600)) {
+  TempDir dir("dp-stop");
+  const std::string config = dir / "long.yaml";
+  std::ofstream(config) << "threads: 2\nstages:\n" + data_stages("train", 200, true) +
+                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
+                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
+                               "alpha: 1, lr: 0.002, checkpoint_every: 3}}\n";
+  for (const int signalled : {1, 0}) {
+    CAPTURE(signalled);
+    const std::string out = dir / ("stop" + std::to_string(signalled));
+    const std::vector<std::string> run = {FLOWTRAIN_CLI,
+                                          "run",
+                                          config,
+                                          "--timeout",
+                                          "60",
+                                          "stages.collate.params.batch_size=16",
+                                          "stages.student_step.params.checkpoint_dir=" + out};
+    const std::vector<Process> tasks = srun_tasks(run, [&](int r) {
+      return dir / (std::to_string(signalled) + "-rank" + std::to_string(r) + ".log");
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (step_checkpoints(out, 1).empty() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    REQUIRE_FALSE(step_checkpoints(out, 1).empty());
+    REQUIRE(::kill(tasks[signalled].pid, SIGTERM) == 0);
+    std::vector<Exit> ranks;
+    for (const Process& t : tasks) ranks.push_back(wait_for(t, 120));
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ":\n" << ranks[r].output);
+      CHECK(ranks[r].code == 130);
+      CHECK(ranks[r].output.find("flowtrain: stopped by SIGTERM during the run") !=
+            std::string::npos);
+    }
+    // Both ranks' newest files are the checkpoint of the step they stopped after.
+    const std::vector<std::string> own = step_checkpoints(out, 0), other = step_checkpoints(out, 1);
+    REQUIRE_FALSE(own.empty());
+    REQUIRE_FALSE(other.empty());
+    CHECK(other.back() == own.back() + ".rank1");
+    const Checkpoint stopped = *latest_checkpoint(out);
+    CHECK(stopped.state.data_position == stopped.state.step * 16);
+    CHECK_FALSE(fs::exists(out + "/final.pt"));
   }
 }
