@@ -38,7 +38,11 @@ void StopVote::agreed(int signal) noexcept {
 StopOnSignal::StopOnSignal(Pipeline& pipeline, StopVote* vote) : vote_(vote) {
   g_received.store(0);
   g_signal_target.store(&pipeline);
-  if (vote) vote->pipeline_.store(&pipeline);
+  if (vote) {  // a new watch: no vote cast yet
+    vote->vote_.store(0);
+    vote->agreed_.store(0);
+    vote->pipeline_.store(&pipeline);
+  }
   g_vote.store(vote);
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
