@@ -49,6 +49,7 @@ int run_command(const std::string& command, Invocation in) {
   if (command == "predict") return predict_command(ctx);
   if (command == "config") return config_command(ctx);
   if (command == "sweep") return sweep_command(ctx);
+  if (command == "cv") return cv_command(ctx);
   if (command_phases().count(command) != 0) {
     run_phases(ctx, command);
     return 0;

@@ -18,6 +18,7 @@ struct Invocation {
   int nproc = 0;          // train-teacher, distill, eval, run: ranks of a local data-parallel job
   double timeout_s = 300;  // how long a rank waits for the others
   std::string program;     // this executable, to start the ranks of --nproc
+  int folds = 0;           // cv (default 5), sweep (0: the run's own split)
 };
 
 /// Runs "prepare", "train-teacher", "distill", "baseline", "eval", "export", "report", "sweep",

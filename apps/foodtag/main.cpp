@@ -16,6 +16,8 @@
 //   foodtag report          report.html from what the run folder holds
 //   foodtag predict IMG...  top food groups and energy of photos
 //   foodtag run             all of the above but predict, in turn
+//   foodtag cv --folds K    train-teacher, distill, baseline and eval on K folds: every photo
+//                           held out once; top-1 over all of them, McNemar over all of them
 //   foodtag config          each phase as the commands run it: every stage's options and params
 //
 // Every command takes [-c CONFIG] and key.path=value overrides; errors print one line, exit 1.
@@ -81,10 +83,22 @@ int main(int argc, char** argv) {
       app.add_subcommand("eval", "Validation accuracy of teacher, student and baseline")));
   add_common(app.add_subcommand("export", "Write both models as TorchScript; measure their speed"));
   add_common(app.add_subcommand("report", "Write the HTML report of the run folder"));
-  add_common(app.add_subcommand(
+  CLI::App* sweep = add_common(app.add_subcommand(
       "sweep", "Train a student per point of sweep.grid against the teacher cache; a table"));
+  int sweep_folds = 0;
+  sweep
+      ->add_option("--folds", sweep_folds,
+                   "On the K folds of `foodtag cv --folds K`: a student per point and fold")
+      ->check(CLI::Range(2, 100));
   add_job(add_common(
       app.add_subcommand("run", "prepare, train-teacher, distill, baseline, eval, export, report")));
+  CLI::App* cv = app.add_subcommand(
+      "cv", "K-fold evaluation: every photo held out once; top-1 over all, per fold, McNemar");
+  int cv_folds = 5;
+  cv->add_option("--folds", cv_folds, "Folds (each holds out 1/K of every food group)")
+      ->check(CLI::Range(2, 100))
+      ->capture_default_str();
+  add_job(add_common(cv));
   CLI::App* predict = app.add_subcommand("predict", "Tag photos with the student");
   predict->add_option("-c,--config", in.config_path, "foodtag config (YAML)")->capture_default_str();
   predict
@@ -108,6 +122,8 @@ int main(int argc, char** argv) {
   }
   flowtrain::dist::exit_with_launcher();
   const std::string command = app.get_subcommands()[0]->get_name();
+  if (command == "cv") in.folds = cv_folds;
+  if (command == "sweep") in.folds = sweep_folds;
   in.program = std::filesystem::read_symlink("/proc/self/exe").string();
   try {
     flowtrain::runner::check_timeout(in.timeout_s);  // CLI11 lets nan and 1e308 through
@@ -115,7 +131,7 @@ int main(int argc, char** argv) {
       std::cout << foodtag::keys_text(markdown);
       return 0;
     }
-    if (in.nproc > 1 && command != "run") {
+    if (in.nproc > 1 && command != "run" && command != "cv") {
       // One line for a bad config (or for nothing to run), not one per rank.
       if (!foodtag::check_command(command, in)) return 0;
       return flowtrain::runner::relaunch_as_ranks(in.nproc, argc, argv);

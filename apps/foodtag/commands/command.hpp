@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "apps/foodtag/commands.hpp"
+#include "apps/foodtag/html_report.hpp"
 #include "graph/config.hpp"
 #include "graph/report.hpp"
 
@@ -140,6 +141,18 @@ int export_command(const Context& ctx);
 /// `foodtag report`: what the run folder holds (the phases' profiles, steps.csv curves,
 /// models.yaml, config.yaml) gathered into report.html.
 int report_command(const Context& ctx);
+/// What needs no model: always answering the training set's most frequent food groups (top-1
+/// and top-5) and its median energy, on the validation photos. None without the manifests.
+std::optional<ModelFacts> trivial_baseline(const Context& ctx);
+/// The contexts of `folds` folds of the prepared photos (apps/foodtag/folds.hpp), each with
+/// its data folder (train.csv and val.csv, absolute paths; labels) and run folder under
+/// OUTPUT/cv/<folds>-folds-seed-<data.seed>/fold-<N>/, written now; and folds.csv there.
+std::vector<Context> cv_folds(const Context& ctx, int folds);
+/// `foodtag cv --folds K`: each fold's train-teacher, distill, baseline and eval (those done
+/// before are kept), then every model's top-1 over all held-out photos with its interval, the
+/// folds' spread, the energy errors and the student against the baseline and the teacher photo
+/// by photo; printed and written (cv.txt, cv.csv).
+int cv_command(const Context& ctx);
 /// Trains one student per point of sweep.grid with distill's config (its checkpoints under
 /// OUTPUT/sweep/N/), validates each with student_eval, and prints and saves (OUTPUT/sweep.csv)
 /// a table of their validation accuracy and time. With the teacher cache of `distill` filled,

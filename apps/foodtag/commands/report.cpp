@@ -95,8 +95,29 @@ std::string now_text() {
   return buf;
 }
 
-// What needs no model: always answering the training set's most frequent food groups (top-1 and
-// top-5) and its median energy, on the validation photos. None without the manifests.
+// The student against the baseline and the teacher, photo by photo, from the predictions their
+// eval phases wrote (`predictions` of their evaluate stage); none where a file is missing.
+std::vector<std::string> photo_by_photo(const Context& ctx) {
+  flowtrain::RunConfig config =
+      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  std::map<std::string, Predictions> models;
+  for (const char* name : {"student", "baseline", "teacher"}) {
+    flowtrain::PipelineConfig* phase = find_phase(config, std::string(name) + "_eval");
+    const flowtrain::StageConfig* evaluate = phase ? find_stage(*phase, "evaluate") : nullptr;
+    const std::string path = evaluate ? evaluate->params.get_string("predictions") : "";
+    if (!path.empty() && fs::exists(path)) models[name] = read_predictions(name, path);
+  }
+  std::vector<std::string> lines;
+  for (const char* other : {"baseline", "teacher"}) {
+    if (models.count("student") && models.count(other)) {
+      lines.push_back(compare(models["student"], models[other]).text());
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
 std::optional<ModelFacts> trivial_baseline(const Context& ctx) {
   const fs::path train = ctx.data_dir / "train.csv", val = ctx.data_dir / "val.csv";
   if (!fs::exists(train) || !fs::exists(val)) return std::nullopt;
@@ -138,29 +159,6 @@ std::optional<ModelFacts> trivial_baseline(const Context& ctx) {
                     .mae_kcal = error / n,
                     .validation_images = val_rows.size()};
 }
-
-// The student against the baseline and the teacher, photo by photo, from the predictions their
-// eval phases wrote (`predictions` of their evaluate stage); none where a file is missing.
-std::vector<std::string> photo_by_photo(const Context& ctx) {
-  flowtrain::RunConfig config =
-      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
-  std::map<std::string, Predictions> models;
-  for (const char* name : {"student", "baseline", "teacher"}) {
-    flowtrain::PipelineConfig* phase = find_phase(config, std::string(name) + "_eval");
-    const flowtrain::StageConfig* evaluate = phase ? find_stage(*phase, "evaluate") : nullptr;
-    const std::string path = evaluate ? evaluate->params.get_string("predictions") : "";
-    if (!path.empty() && fs::exists(path)) models[name] = read_predictions(name, path);
-  }
-  std::vector<std::string> lines;
-  for (const char* other : {"baseline", "teacher"}) {
-    if (models.count("student") && models.count(other)) {
-      lines.push_back(compare(models["student"], models[other]).text());
-    }
-  }
-  return lines;
-}
-
-}  // namespace
 
 int report_command(const Context& ctx) {
   check_output_dir(ctx);

@@ -66,54 +66,89 @@ std::vector<std::string> sweep_overrides(
   return overrides;
 }
 
+// One student of a sweep point trained on one context's data (the run's, or a fold's) into
+// DIR/sweep/N/ and validated with student_eval.
+struct SweepRun {
+  double top1 = 0, mae = 0, images = 0, wall_s = 0, hits = 0, misses = 0;
+};
+
+SweepRun sweep_run(const Context& ctx,
+                   flowtrain::RunConfig& config,
+                   const std::vector<std::pair<std::string, std::string>>& point,
+                   std::size_t index) {
+  const fs::path dir = ctx.out_dir / "sweep" / std::to_string(index + 1);
+  std::vector<std::string> overrides = ctx.in.overrides;
+  for (std::string& o : sweep_overrides(config, point)) overrides.push_back(std::move(o));
+  overrides.push_back("phases.distill.stages.student.params.checkpoint_dir=" + dir.string());
+  overrides.push_back("phases.distill.stages.student.params.snapshot_every=0");
+  overrides.push_back("phases.student_eval.stages.evaluate.params.model=" +
+                      (dir / "final.pt").string());
+  overrides.push_back("phases.student_eval.stages.evaluate.params.predictions=" +
+                      (dir / "predictions.csv").string());  // not the run's student's
+  std::error_code ec;
+  fs::remove_all(dir, ec);  // a fresh student, not a resumed one
+  PhasePlan plan = check_phases(ctx, "sweep", overrides);
+  flowtrain::runner::PhaseHooks hooks;
+  hooks.progress = progress_line;
+  const flowtrain::runner::PhasesOutcome outcome = flowtrain::runner::run_phases(
+      plan.config,
+      {.config_path = ctx.in.config_path,
+       .overrides = overrides,
+       .progress_interval_s = ctx.section("output").get_float("progress_interval_s"),
+       .phases = plan.phases},
+      hooks);
+  if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
+  const flowtrain::RunReport& distill = outcome.reports[outcome.reports.size() - 2];
+  const flowtrain::RunReport& eval = outcome.reports.back();
+  return {.top1 = stage_result(eval, "top1").value_or(-1),
+          .mae = stage_result(eval, "mae").value_or(-1),
+          .images = stage_result(eval, "images").value_or(0),
+          .wall_s = distill.wall_s,
+          .hits = stage_result(distill, "hits").value_or(0),
+          .misses = stage_result(distill, "misses").value_or(0)};
+}
+
 }  // namespace
 
 int sweep_command(const Context& ctx) {
   const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
   flowtrain::RunConfig config =
       flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
+  // On folds (--folds K, after `foodtag cv --folds K`): each point trains a student per fold,
+  // and its top-1 is over every held-out photo.
+  const std::vector<Context> contexts =
+      ctx.in.folds > 0 ? cv_folds(ctx, ctx.in.folds) : std::vector<Context>{ctx};
+  const fs::path table_dir = ctx.in.folds > 0 ? contexts.front().out_dir.parent_path() : ctx.out_dir;
   std::vector<std::string> keys;
   for (const auto& [key, value] : points.front()) keys.push_back(key);
   std::vector<std::string> header = {"run"};
   header.insert(header.end(), keys.begin(), keys.end());
-  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate"}) {
+  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate", "photos"}) {
     header.push_back(column);
   }
   std::string csv = flowtrain::csv_line(header);
   std::string table = "  run";
   for (const std::string& key : keys) table += "  " + key;
-  table += "  val top-1  energy MAE  time  teacher cache hits\n";
+  table += "  val top-1  energy MAE  time  teacher cache hits  photos\n";
   for (std::size_t i = 0; i < points.size(); ++i) {
-    const fs::path dir = ctx.out_dir / "sweep" / std::to_string(i + 1);
-    std::vector<std::string> overrides = ctx.in.overrides;
-    for (std::string& o : sweep_overrides(config, points[i])) overrides.push_back(std::move(o));
-    overrides.push_back("phases.distill.stages.student.params.checkpoint_dir=" + dir.string());
-    overrides.push_back("phases.distill.stages.student.params.snapshot_every=0");
-    overrides.push_back("phases.student_eval.stages.evaluate.params.model=" +
-                        (dir / "final.pt").string());
-    overrides.push_back("phases.student_eval.stages.evaluate.params.predictions=" +
-                        (dir / "predictions.csv").string());  // not the run's student's
-    std::error_code ec;
-    fs::remove_all(dir, ec);  // a fresh student, not a resumed one
-    PhasePlan plan = check_phases(ctx, "sweep", overrides);
-    std::cout << "== foodtag sweep " << (i + 1) << "/" << points.size() << ":";
-    for (const auto& [key, value] : points[i]) std::cout << " " << key << "=" << value;
-    std::cout << "\n" << std::flush;
-    flowtrain::runner::PhaseHooks hooks;
-    hooks.progress = progress_line;
-    const flowtrain::runner::PhasesOutcome outcome = flowtrain::runner::run_phases(
-        plan.config,
-        {.config_path = ctx.in.config_path,
-         .overrides = overrides,
-         .progress_interval_s = ctx.section("output").get_float("progress_interval_s"),
-         .phases = plan.phases},
-        hooks);
-    if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
-    const flowtrain::RunReport& distill = outcome.reports[outcome.reports.size() - 2];
-    const flowtrain::RunReport& eval = outcome.reports.back();
-    const double hits = stage_result(distill, "hits").value_or(0);
-    const double misses = stage_result(distill, "misses").value_or(0);
-    const double hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0;
+    SweepRun pooled;  // photo-weighted over the folds
+    for (std::size_t f = 0; f < contexts.size(); ++f) {
+      std::cout << "== foodtag sweep " << (i + 1) << "/" << points.size() << ":";
+      for (const auto& [key, value] : points[i]) std::cout << " " << key << "=" << value;
+      if (ctx.in.folds > 0) std::cout << ", fold " << (f + 1) << "/" << contexts.size();
+      std::cout << "\n" << std::flush;
+      const SweepRun run = sweep_run(contexts[f], config, points[i], i);
+      pooled.top1 += run.top1 * run.images;
+      pooled.mae += run.mae * run.images;
+      pooled.images += run.images;
+      pooled.wall_s += run.wall_s;
+      pooled.hits += run.hits;
+      pooled.misses += run.misses;
+    }
+    const double top1 = pooled.images > 0 ? pooled.top1 / pooled.images : -1;
+    const double mae = pooled.images > 0 ? pooled.mae / pooled.images : -1;
+    const double lookups = pooled.hits + pooled.misses;
+    const double hit_rate = lookups > 0 ? pooled.hits / lookups : 0;
     std::vector<std::string> fields = {std::to_string(i + 1)};
     table += "  " + std::to_string(i + 1);
     for (const auto& [key, value] : points[i]) {
@@ -126,19 +161,18 @@ int sweep_command(const Context& ctx) {
       std::snprintf(row, sizeof row, format, value);
       return std::string(row);
     };
-    fields.push_back(number("%.4f", stage_result(eval, "top1").value_or(-1)));
-    fields.push_back(number("%.2f", stage_result(eval, "mae").value_or(-1)));
-    fields.push_back(number("%.2f", distill.wall_s / 60));
+    fields.push_back(number("%.4f", top1));
+    fields.push_back(number("%.2f", mae));
+    fields.push_back(number("%.2f", pooled.wall_s / 60));
     fields.push_back(number("%.3f", hit_rate));
+    fields.push_back(number("%.0f", pooled.images));
     csv += flowtrain::csv_line(fields);
-    std::snprintf(row, sizeof row, "  %8.1f%%  %10.1f  %4s  %17.0f%%\n",
-                  100 * stage_result(eval, "top1").value_or(-1),
-                  stage_result(eval, "mae").value_or(-1), duration_text(distill.wall_s).c_str(),
-                  100 * hit_rate);
+    std::snprintf(row, sizeof row, "  %8.1f%%  %10.1f  %4s  %17.0f%%  %6.0f\n", 100 * top1, mae,
+                  duration_text(pooled.wall_s).c_str(), 100 * hit_rate, pooled.images);
     table += row;
   }
-  flowtrain::write_file_atomically((ctx.out_dir / "sweep.csv").string(), csv);
-  std::cout << "sweep (" << (ctx.out_dir / "sweep.csv").string() << "):\n" << table;
+  flowtrain::write_file_atomically((table_dir / "sweep.csv").string(), csv);
+  std::cout << "sweep (" << (table_dir / "sweep.csv").string() << "):\n" << table;
   return 0;
 }
 
