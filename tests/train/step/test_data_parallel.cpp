@@ -27,15 +27,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A job of `epochs` over the 320 generated images training a ViT 48/2/3 on 4 classes: `head`,
+// the config's first lines, then the stages; `params`, the student's params after its model's.
+std::string vit_job(const std::string& head, int epochs, const std::string& params) {
+  return head + "stages:\n" + data_stages("train", epochs, true) +
+         "  - {type: student_step, queue_capacity: 2, params: {classes: 4, image_size: 32, "
+         "patch_size: 8, dim: 48, depth: 2, heads: 3, alpha: 1, lr: 0.002, " +
+         params + "}}\n";
+}
+
 // 320 images: 10 steps of 32 on one rank, or of 16 per rank on two (the same samples: rank r
 // takes positions r, r + 2, ... of the shuffled order). Buckets are tiny and uneven.
 std::string write_config(const TempDir& dir) {
   const std::string path = dir / "dp.yaml";
-  std::ofstream(path) << "threads: 2\nstages:\n" + data_stages("train", 1, true) +
-                             "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
-                             "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
-                             "alpha: 1, lr: 0.002, warmup_steps: 2, first_bucket_mb: 0.01, "
-                             "bucket_mb: 0.03}}\n";
+  std::ofstream(path) << vit_job("threads: 2\n", 1,
+                                 "warmup_steps: 2, first_bucket_mb: 0.01, bucket_mb: 0.03");
   return path;
 }
 
@@ -312,10 +318,7 @@ Launched launch(const std::string& how,
 TEST_CASE("Dist.Launchers.SrunTorchrunAndNprocPlanTheSameCoresAndWeights" * doctest::timeout(900)) {
   TempDir dir("launchers");
   const std::string config = dir / "job.yaml";
-  std::ofstream(config) << "cores: 2\nstages:\n" + data_stages("train", 1, true) +
-                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
-                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
-                               "alpha: 1, lr: 0.002, warmup_steps: 2, intraop_threads: auto}}\n";
+  std::ofstream(config) << vit_job("cores: 2\n", 1, "warmup_steps: 2, intraop_threads: auto");
   const std::vector<std::string> overrides = {"stages.collate.params.batch_size=16"};
   std::vector<std::string> hows = {"nproc", "srun"};
   if (fs::exists("/usr/bin/torchrun")) hows.push_back("torchrun");
@@ -450,10 +453,7 @@ TEST_CASE("Dist.Resume.AnotherNumberOfRanksTrainsTheSameSamples" * doctest::time
 TEST_CASE("Dist.Stop.OneRanksSignalStopsEveryRankAfterTheSameStep" * doctest::timeout(600)) {
   TempDir dir("dp-stop");
   const std::string config = dir / "long.yaml";
-  std::ofstream(config) << "threads: 2\nstages:\n" + data_stages("train", 200, true) +
-                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
-                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
-                               "alpha: 1, lr: 0.002, checkpoint_every: 3}}\n";
+  std::ofstream(config) << vit_job("threads: 2\n", 200, "checkpoint_every: 3");
   for (const int signalled : {1, 0}) {
     CAPTURE(signalled);
     const std::string out = dir / ("stop" + std::to_string(signalled));
