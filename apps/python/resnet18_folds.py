@@ -50,8 +50,8 @@ def mix(images, labels, classes, alpha_mixup=0.8, alpha_cutmix=1.0):
     """Mixup or cutmix (half the batches each, as timm's switch_prob 0.5) with a flipped batch."""
     targets = F.one_hot(labels, classes).float()
     use_cutmix = random.random() < 0.5
-    lam = torch.distributions.Beta(alpha_cutmix if use_cutmix else alpha_mixup,
-                                   alpha_cutmix if use_cutmix else alpha_mixup).sample().item()
+    alpha = alpha_cutmix if use_cutmix else alpha_mixup
+    lam = torch.distributions.Beta(alpha, alpha).sample().item()
     if use_cutmix:
         h, w = images.shape[-2:]
         cut_h, cut_w = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
@@ -98,7 +98,7 @@ def train_fold(train_rows, val_rows, classes, args, seed):
         progress = (step - warmup) / max(total - warmup, 1)
         return 1e-5 + (args.lr - 1e-5) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    step, start = 0, time.monotonic()
+    step, seen, start = 0, 0, time.monotonic()
     for epoch in range(args.epochs):
         model.train()
         order = torch.randperm(len(train_rows)).tolist()
@@ -113,11 +113,11 @@ def train_fold(train_rows, val_rows, classes, args, seed):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            step += 1
+            step, seen = step + 1, seen + len(batch)
         if (epoch + 1) % 10 == 0 or epoch + 1 == args.epochs:
             wall = time.monotonic() - start
             print(f"  epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}, "
-                  f"{step * args.batch / wall:.0f} images/s", flush=True)
+                  f"{seen / wall:.0f} images/s", flush=True)
 
     model.eval()
     predicted = []

@@ -44,28 +44,24 @@ def test_every_photo_is_predicted_once_and_a_done_fold_is_kept(tmp_path):
     photos = write_cv_folder(tmp_path)
     first = run(tmp_path)
     assert first.count("resnet18 from scratch on 9 photos, 9 held out") == 2, first
-    predicted = {}
+    # Then foodtag's teacher, right on every photo: the comparison counts the photos only it
+    # got right.
+    predicted, right = {}, 0
     for fold in (1, 2):
-        with open(tmp_path / f"fold-{fold}" / "predictions" / "pytorch_resnet18.csv") as f:
+        predictions = tmp_path / f"fold-{fold}" / "predictions"
+        with open(predictions / "pytorch_resnet18.csv") as f:
             rows = list(csv.DictReader(f))
         assert all(0 <= int(row["predicted"]) < 3 for row in rows), rows
         for row in rows:
             assert row["path"] not in predicted
             predicted[row["path"]] = int(row["label"])
-    assert predicted == {p: label for p, label, _ in photos}
-    assert "2 folds, 18 photos held out once: top-1" in first, first
-    assert "teacher against it" not in first  # no teacher predictions yet
-
-    # foodtag's teacher right on every photo: the comparison counts the photos only it got right.
-    right = 0
-    for fold in (1, 2):
-        predictions = tmp_path / f"fold-{fold}" / "predictions"
-        with open(predictions / "pytorch_resnet18.csv") as f:
-            rows = list(csv.DictReader(f))
         right += sum(row["label"] == row["predicted"] for row in rows)
         with open(predictions / "teacher.csv", "w") as f:
             f.write("path,label,predicted\n" + "".join(
                 f"{row['path']},{row['label']},{row['label']}\n" for row in rows))
+    assert predicted == {p: label for p, label, _ in photos}
+    assert "2 folds, 18 photos held out once: top-1" in first, first
+    assert "teacher against it" not in first  # no teacher predictions then
     again = run(tmp_path)
     assert "resnet18 from scratch" not in again, again  # both folds kept
     assert f"{18 - right} right only for the teacher, 0 only for pytorch_resnet18" in again, again
