@@ -493,8 +493,16 @@ std::vector<std::string> input_list(const YAML::Node& node,
 // message names the line (or the override) that set the value.
 class PhaseComposer {
  public:
+  // The most phases a chain of `extends` may hold: composing recurses down the chain, and the
+  // Locator's lookups grow with each phase composed (1000 deep took 3.2 GB).
+  static constexpr std::size_t kMaxChain = 32;
+
   PhaseComposer(const YAML::Node& phases, Locator& loc, const Registry& registry)
-      : phases_(phases), loc_(loc), registry_(registry), done_(phases.size()) {}
+      : phases_(phases),
+        loc_(loc),
+        registry_(registry),
+        done_(phases.size()),
+        chain_(phases.size(), 1) {}
 
   // Phase `i` as validate_pipeline reads it: its own entry, or the phase composed from its base.
   YAML::Node phase(std::size_t i) {
@@ -620,14 +628,25 @@ class PhaseComposer {
     return *base;
   }
 
+  [[noreturn]] void refuse_long_chain(std::size_t i) const {
+    const YAML::Node extends = phases_[i]["extends"];
+    loc_.fail(extends, phase_label(name_of(phases_[i])) + "extends '" + extends.Scalar() +
+                           "', which makes a chain of more than " + std::to_string(kMaxChain) +
+                           " phases that extend one another");
+  }
+
   YAML::Node compose(std::size_t i) {
     const YAML::Node entry = phases_[i];
     const std::string ctx = phase_label(name_of(entry));
     composing_.push_back(i);
     const std::size_t base_index = base_of(i, ctx);
+    // Before recursing deeper: the first phase composing is on a chain longer than the bound.
+    if (composing_.size() >= kMaxChain) refuse_long_chain(composing_.front());
     const std::string base_name = name_of(phases_[base_index]);
     const std::vector<BaseStage> base = base_stages(base_index);
     composing_.pop_back();
+    chain_[i] = chain_[base_index] + 1;
+    if (chain_[i] > kMaxChain) refuse_long_chain(i);
     std::vector<std::string> base_names;
     for (const BaseStage& stage : base) base_names.push_back(stage.name);
     const auto in_base = [&](const std::string& name) {
@@ -700,6 +719,18 @@ class PhaseComposer {
       return out;
     };
 
+    // The `inputs` this phase gives a stage are taken as they are: none may be dropped.
+    const auto check_given_inputs = [&](const YAML::Node& stage_entry, const std::string& name) {
+      const YAML::Node inputs = stage_entry["inputs"];
+      if (!inputs) return;
+      for (const std::string& input : input_names(inputs)) {
+        if (is_dropped(stage_of(input, base_names))) {
+          loc_.fail(inputs,
+                    ctx + "stage '" + name + "' takes '" + input + "', which 'without' drops");
+        }
+      }
+    };
+
     YAML::Node stages(YAML::NodeType::Sequence);
     loc_.stand_for(stages, entry);  // a problem of the composed graph is the phase's
     std::string previous;           // the last stage listed so far
@@ -720,6 +751,7 @@ class PhaseComposer {
       // Its inputs here: its own (a whole stage's, or changed ones), else the base stage's.
       std::vector<std::string> inputs = stage.inputs;
       if (whole || (changed && change["inputs"])) {
+        check_given_inputs(view, stage.name);
         inputs = view["inputs"]                          ? input_names(view["inputs"])
                  : !previous.empty() && !is_source(view) ? std::vector{previous}
                                                          : std::vector<std::string>{};
@@ -759,6 +791,7 @@ class PhaseComposer {
       for (auto it = changes.begin(); it != changes.end(); ++it) {
         const std::string name = it->first.as<std::string>();
         if (in_base(name)) continue;
+        check_given_inputs(it->second, name);
         YAML::Node out = named_copy(it->second, name);
         loc_.stand_for(out, it->second);
         stages.push_back(out);
@@ -799,6 +832,9 @@ class PhaseComposer {
         loc_.fail(where, ctx + "without: phase '" + base_name + "' has no stage '" + item.Scalar() +
                              "'" + suggestion(item.Scalar(), base_names));
       }
+      if (std::find(dropped.begin(), dropped.end(), item.Scalar()) != dropped.end()) {
+        loc_.fail(where, ctx + "without names stage '" + item.Scalar() + "' twice");
+      }
       dropped.push_back(item.Scalar());
     };
     if (without.IsScalar()) add(without);
@@ -831,6 +867,7 @@ class PhaseComposer {
   const Registry& registry_;
   std::vector<std::optional<YAML::Node>> done_;
   std::vector<std::size_t> composing_;  // the phases being composed, innermost last
+  std::vector<std::size_t> chain_;      // phases in each one's chain of `extends`, itself too
 };
 
 // Validates one pipeline: the `stages` of `map` and the run options it sets over `defaults`.
@@ -1007,7 +1044,8 @@ void write_resolved_paths(const YAML::Node& root,
   for (std::size_t i = 0; i < config.phases.size(); ++i) {
     const YAML::Node stages = single ? root["stages"] : root["phases"][i]["stages"];
     const std::vector<StageConfig>& validated = config.phases[i].stages;
-    if (stages && stages.IsMap()) {
+    if (!stages) continue;  // a phase that extends another and changes no stage
+    if (stages.IsMap()) {
       // A phase that extends another: the params it gives, by stage name (the base's own are
       // rewritten with the base).
       for (auto it = stages.begin(); it != stages.end(); ++it) {

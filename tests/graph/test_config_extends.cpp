@@ -329,3 +329,97 @@ TEST_CASE("Config.Extends.PathsOfAChangeRelativeToTheConfigFile") {
   // Written absolute in the effective text, so it reads the same from any folder.
   CHECK(c.effective_text.find("path: " + dir.str("conf/b.txt")) != std::string::npos);
 }
+
+TEST_CASE("Config.Extends.WithoutOfAnyStage") {
+  // Phases that give no `stages` of their own (each failed on yaml-cpp's "invalid node").
+  const auto derived = [](const std::string& lines) {
+    return phase(parse(std::string(kComposed) + "  - name: derived\n    extends: full\n" + lines),
+                 "derived");
+  };
+  SUBCASE("a phase that extends and changes nothing is its base's stages") {
+    const PipelineConfig same = derived("");
+    CHECK(names(same) == "numbers split spin merge after discard");
+    CHECK(joined(stage(same, "merge").options.inputs) == "split.rest,spin");
+    CHECK(stage(same, "after").location == "kd.yaml:9");
+  }
+  SUBCASE("a chain's middle stage: the next stage takes what it took") {
+    const PipelineConfig mid = derived("    without: after\n");
+    CHECK(names(mid) == "numbers split spin merge discard");
+    CHECK(stage(mid, "discard").options.inputs.empty());  // merge is listed before it now
+    const PipelineConfig no_spin = derived("    without: spin\n");
+    CHECK(names(no_spin) == "numbers split merge after discard");
+    CHECK(joined(stage(no_spin, "merge").options.inputs) == "split.rest,split.picked");
+  }
+  SUBCASE("a router: its branches take what fed it") {
+    const PipelineConfig direct = derived("    without: [split]\n");
+    CHECK(names(direct) == "numbers spin merge after discard");
+    CHECK(joined(stage(direct, "spin").options.inputs) == "numbers");
+    CHECK(joined(stage(direct, "merge").options.inputs) == "numbers,spin");
+  }
+  SUBCASE("a stage named twice") {
+    CHECK(error_of(std::string(kComposed) +
+                   "  - name: derived\n    extends: full\n    without: [spin, spin]\n") ==
+          "kd.yaml:19: phase 'derived': without names stage 'spin' twice");
+  }
+}
+
+TEST_CASE("Config.Extends.ErrorsNameTheLine") {
+  struct Case {
+    const char* what;
+    const char* from;
+    const char* to;
+    std::vector<std::string> overrides;
+    std::string error;
+  };
+  // clang-format off
+  const std::vector<Case> cases = {
+      {"a stage named twice", "[split, spin, merge]", "[split, spin, merge, spin]", {},
+       "kd.yaml:14: phase 'lean': without names stage 'spin' twice"},
+      {"a stage named twice by an override", "", "", {"phases.lean.without=[split, split]"},
+       "override 'phases.lean.without=[split, split]': phase 'lean': without names stage 'split' "
+       "twice"},
+      {"a change's inputs name a dropped stage", "after: {concurrency: 2,",
+       "after: {inputs: spin, concurrency: 2,", {},
+       "kd.yaml:16: phase 'lean': stage 'after' takes 'spin', which 'without' drops"},
+      {"a whole stage's inputs name a dropped stage", "after: {concurrency: 2,",
+       "after: {type: knobs, inputs: [split.rest], concurrency: 2,", {},
+       "kd.yaml:16: phase 'lean': stage 'after' takes 'split.rest', which 'without' drops"},
+      {"an added stage's inputs name a dropped stage", "", "",
+       {"phases.lean.stages.tail.type=discard", "phases.lean.stages.tail.inputs=merge"},
+       "override 'phases.lean.stages.tail.inputs=merge': phase 'lean': stage 'tail' takes "
+       "'merge', which 'without' drops"},
+  };
+  // clang-format on
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const std::string text = *c.from ? replace(kComposed, c.from, c.to) : std::string(kComposed);
+    CHECK(error_of(text, c.overrides) == c.error);
+  }
+}
+
+TEST_CASE("Config.Extends.LongChainRefusedQuickly" * doctest::timeout(20)) {
+  // p1 extends p0, p2 extends p1, ...: listed in order, or in reverse (composed on the way down
+  // from the first listed). 1000 deep took 3.2 GB.
+  const auto chain = [](int count, bool reversed) {
+    std::string text = "phases:\n";
+    for (int k = 0; k < count; ++k) {
+      const int i = reversed ? count - 1 - k : k;
+      text += "  - name: p" + std::to_string(i) + "\n";
+      text += i == 0 ? "    stages: [{type: sequence, params: {count: 1}}, {type: discard}]\n"
+                     : "    extends: p" + std::to_string(i - 1) + "\n";
+    }
+    return text;
+  };
+  CHECK(error_of(chain(1000, false)) ==
+        "kd.yaml:67: phase 'p32': extends 'p31', which makes a chain of more than 32 phases that "
+        "extend one another");
+  CHECK(error_of(chain(1000, true)) ==
+        "kd.yaml:3: phase 'p999': extends 'p998', which makes a chain of more than 32 phases that "
+        "extend one another");
+  for (const bool reversed : {false, true}) {
+    CAPTURE(reversed);
+    CHECK(parse(chain(32, reversed)).phases.size() == 32);
+    CHECK(error_of(chain(33, reversed)).find("a chain of more than 32 phases") !=
+          std::string::npos);
+  }
+}
