@@ -1,8 +1,17 @@
 #include "graph/plugin.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -13,18 +22,86 @@
 namespace flowtrain {
 
 namespace detail {
-std::vector<StageInfo>*& pending_registrations() {
-  thread_local std::vector<StageInfo>* pending = nullptr;
+PendingRegistrations*& pending_registrations() {
+  thread_local PendingRegistrations* pending = nullptr;
   return pending;
 }
 }  // namespace detail
 
 namespace {
 
-// Resets the pending registrations when the library's initialisers are done, or threw.
+// Why dlopen must not be given `file`, or "": dlopen maps the segments its program headers
+// name, and touching a page past the end of a cut file is SIGBUS, not an error it returns.
+// Reads the headers only, as this machine's class and byte order (ElfW).
+std::string elf_problem(const std::string& file) {
+  const auto unreadable = [] {
+    return std::string("cannot read it (") + std::strerror(errno) + ")";
+  };
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return unreadable();
+  const struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return unreadable();
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const auto read_at = [&](void* into, std::size_t bytes, std::uint64_t offset) {
+    return ::pread(fd, into, bytes, static_cast<off_t>(offset)) == static_cast<ssize_t>(bytes);
+  };
+  const auto damaged = [&](const std::string& what_ends, std::uint64_t end) {
+    return "it is truncated or damaged (" + what_ends + " at byte " + std::to_string(end) +
+           " of a file of " + std::to_string(size) + " bytes)";
+  };
+  // The end of `count` entries of `entry_size` bytes from `offset`; UINT64_MAX past 2^64.
+  const auto end_of = [](std::uint64_t offset, std::uint64_t count, std::uint64_t entry_size) {
+    if (entry_size != 0 && count > UINT64_MAX / entry_size) return UINT64_MAX;
+    const std::uint64_t bytes = count * entry_size;
+    return offset > UINT64_MAX - bytes ? UINT64_MAX : offset + bytes;
+  };
+
+  ElfW(Ehdr) header{};
+  if (size < SELFMAG || !read_at(header.e_ident, SELFMAG, 0) ||
+      std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) {
+    return "not an ELF shared library";
+  }
+  if (size < sizeof header) return damaged("its ELF header ends", sizeof header);
+  if (!read_at(&header, sizeof header, 0)) return unreadable();
+  constexpr unsigned char kClass = sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32;
+  constexpr bool kLittle = std::endian::native == std::endian::little;
+  if (header.e_ident[EI_CLASS] != kClass ||
+      header.e_ident[EI_DATA] != (kLittle ? ELFDATA2LSB : ELFDATA2MSB)) {
+    return "not an ELF shared library of this machine's kind (" +
+           std::to_string(sizeof(void*) * 8) + "-bit, " + (kLittle ? "little" : "big") + "-endian)";
+  }
+  if (header.e_phentsize != sizeof(ElfW(Phdr)) || header.e_phnum == 0) {
+    return "not an ELF shared library (no program headers)";
+  }
+  if (const std::uint64_t end = end_of(header.e_phoff, header.e_phnum, header.e_phentsize);
+      end > size) {
+    return damaged("its program headers end", end);
+  }
+  for (std::size_t i = 0; i < header.e_phnum; ++i) {
+    ElfW(Phdr) segment{};
+    if (!read_at(&segment, sizeof segment, header.e_phoff + i * sizeof segment)) {
+      return unreadable();
+    }
+    if (const std::uint64_t end = end_of(segment.p_offset, 1, segment.p_filesz);
+        segment.p_type == PT_LOAD && end > size) {
+      return damaged("segment " + std::to_string(i) + " ends", end);
+    }
+  }
+  if (const std::uint64_t end = end_of(header.e_shoff, header.e_shnum, header.e_shentsize);
+      header.e_shoff != 0 && end > size) {
+    return damaged("its section headers end", end);
+  }
+  return "";
+}
+
+// Resets the pending registrations when the library's initialisers are done.
 class CollectRegistrations {
  public:
-  explicit CollectRegistrations(std::vector<StageInfo>& into) {
+  explicit CollectRegistrations(detail::PendingRegistrations& into) {
     detail::pending_registrations() = &into;
   }
   ~CollectRegistrations() { detail::pending_registrations() = nullptr; }
@@ -55,8 +132,10 @@ std::vector<std::string> load_plugin(const std::string& path) {
   // An absolute path: dlopen searches the library path for a name without a slash.
   const std::string file = fs::absolute(path, ec).lexically_normal().string();
 
+  if (const std::string problem = elf_problem(file); !problem.empty()) throw fail(problem);
+
   Registry& registry = Registry::global();  // built before its add() may defer (registry.cpp)
-  std::vector<StageInfo> pending;
+  detail::PendingRegistrations pending;
   void* handle = nullptr;
   {
     const CollectRegistrations collect(pending);
@@ -72,28 +151,27 @@ std::vector<std::string> load_plugin(const std::string& path) {
   }
 
   std::vector<std::string> types;
-  std::string problem;
+  std::string problem = pending.problem;  // a registrar that threw
   std::set<std::string> seen;
-  for (const StageInfo& info : pending) {
-    if (registry.find(info.type) || !seen.insert(info.type).second) {
+  for (const StageInfo& info : pending.stages) {
+    if (problem.empty() && (registry.find(info.type) || !seen.insert(info.type).second)) {
       problem = "it registers stage type '" + info.type +
                 "', which is registered already (by flowtrain, another plugin or itself); "
                 "rename it";
-      break;
     }
     types.push_back(info.type);
   }
-  if (pending.empty()) {
+  if (problem.empty() && pending.stages.empty()) {
     problem =
         "it registers no stage type (no FLOWTRAIN_REGISTER_STAGE, or the library was loaded "
         "already, linked into the program)";
   }
   if (!problem.empty()) {
-    pending.clear();  // their functions are the library's code: gone before it is unloaded
+    pending.stages.clear();  // their functions are the library's code: gone before it is unloaded
     ::dlclose(handle);
     throw fail(problem);
   }
-  for (StageInfo& info : pending) registry.add(std::move(info));
+  for (StageInfo& info : pending.stages) registry.add(std::move(info));
   std::sort(types.begin(), types.end());
   loaded.emplace(handle, types);
   return types;

@@ -77,9 +77,9 @@ Registry& Registry::global() {
 void Registry::add(StageInfo info) {
   // A plugin loading (load_plugin): its types are checked, then added, once dlopen returns.
   // (global() is built before any plugin loads, so this is never its own initialisation.)
-  if (std::vector<StageInfo>* pending = detail::pending_registrations();
+  if (detail::PendingRegistrations* pending = detail::pending_registrations();
       pending && this == &global()) {
-    pending->push_back(std::move(info));
+    pending->stages.push_back(std::move(info));
     return;
   }
   std::string type = info.type;
@@ -98,5 +98,24 @@ std::vector<const StageInfo*> Registry::all() const {
   for (const auto& [type, info] : entries_) out.push_back(&info);
   return out;
 }
+
+namespace detail {
+void register_stage(const char* type, const std::function<StageInfo()>& make_info) {
+  PendingRegistrations* pending = pending_registrations();
+  if (!pending) {  // a program's own stages, before main: what throws ends it, as before
+    Registry::global().add(make_info());
+    return;
+  }
+  if (!pending->problem.empty()) return;  // the plugin is refused already
+  const std::string threw = std::string("registering stage type '") + type + "' threw: ";
+  try {
+    Registry::global().add(make_info());
+  } catch (const std::exception& e) {
+    pending->problem = threw + e.what();
+  } catch (...) {
+    pending->problem = threw + "something that is not a std::exception";
+  }
+}
+}  // namespace detail
 
 }  // namespace flowtrain

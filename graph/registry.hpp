@@ -87,9 +87,18 @@ class Registry {
 };
 
 namespace detail {
+/// Adds the StageInfo that `make_info` builds to Registry::global() (FLOWTRAIN_REGISTER_STAGE).
+/// While a plugin loads (load_plugin), what `make_info` throws is recorded for load_plugin to
+/// refuse the plugin with, not thrown out of dlopen's static initialisers.
+void register_stage(const char* type, const std::function<StageInfo()>& make_info);
+
 template <class S>
 struct Registrar {
   explicit Registrar(const char* type) {
+    register_stage(type, [type] { return stage_info(type); });
+  }
+
+  static StageInfo stage_info(const char* type) {
     StageInfo info{type, S::describe(), S::static_shape(),
                    [](const Params& p, const BuildContext& context) {
                      auto options = options_from<typename S::Options>(p);
@@ -106,7 +115,7 @@ struct Registrar {
     if constexpr (requires(const typename S::Options& o) { S::check(o); }) {
       info.check = [](const Params& p) { S::check(options_from<typename S::Options>(p)); };
     }
-    Registry::global().add(std::move(info));
+    return info;
   }
 };
 }  // namespace detail
