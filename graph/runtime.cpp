@@ -28,6 +28,9 @@ namespace detail {
 // The one door into a stage's private type-erased entry points.
 struct StageAccess {
   static std::shared_ptr<void> next(Stage& s) { return s.next_erased(); }
+  static void mixed_at(Stage& s, std::shared_ptr<void>& v, std::uint64_t position) {
+    s.mixed_at_erased(v, position);
+  }
   static std::shared_ptr<void> map(Stage& s, std::shared_ptr<void>& v, ItemContext& ctx) {
     return s.map_erased(v, ctx);
   }
@@ -209,7 +212,10 @@ class Pipeline::Runtime {
       graph_ = nullptr;
     });
     sampler_->stop();
-    if (error) std::rethrow_exception(error);
+    if (error) {
+      std::lock_guard lock(first_error_mutex_);
+      std::rethrow_exception(first_error_ ? first_error_ : error);
+    }
     RunReport report = make_report();
     if (trace_) {
       trace_->write(options.trace_path, report);
@@ -487,6 +493,7 @@ class Pipeline::Runtime {
     while (const std::optional<std::size_t> port = mix_->pick(next_seq_[source_], mix_alive_)) {
       const std::size_t s = inputs[*port].stage;
       if (std::shared_ptr<void> value = next_of(s)) {
+        detail::StageAccess::mixed_at(*nodes_[s].stage, value, mix_->position(next_seq_[source_]));
         counters_[s]->items_out.fetch_add(1, std::memory_order_relaxed);
         ++next_seq_[s];
         return value;
@@ -536,11 +543,11 @@ class Pipeline::Runtime {
   void check_no_parked_items() {
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (!tokens_[i] || tokens_[i]->parked.empty()) continue;
-      throw StageError(nodes_[i].name, tokens_[i]->parked.front().seq,
+      fail(StageError(nodes_[i].name, tokens_[i]->parked.front().seq,
                        "it waited for a token from '" + nodes_[i].options.token_from +
                            "' that never came (" + std::to_string(tokens_[i]->parked.size()) +
                            " item(s) left); that stage must call send_token() once per item "
-                           "it lets through");
+                           "it lets through"));
     }
   }
 
@@ -565,10 +572,10 @@ class Pipeline::Runtime {
         parts.push_back(std::move(part.value));
       }
       if (kind == Kind::kMerge && present > 1) {
-        throw StageError(nodes_[i].name, in.seq,
-                         "it got the item from " + std::to_string(present) +
-                             " of its inputs; a merge takes the branches of one router, which "
-                             "sends each item down one");
+        fail(StageError(nodes_[i].name, in.seq,
+                        "it got the item from " + std::to_string(present) +
+                            " of its inputs; a merge takes the branches of one router, which "
+                            "sends each item down one"));
       }
       if (kind == Kind::kMerge && present == 1) {
         c.items_in.fetch_add(1, std::memory_order_relaxed);
@@ -633,9 +640,9 @@ class Pipeline::Runtime {
         });
         in.value.reset();
         if (out && output >= nodes_[i].shape.outputs.size()) {
-          throw StageError(nodes_[i].name, in.seq,
-                           "routed the item to output " + std::to_string(output) + " of " +
-                               std::to_string(nodes_[i].shape.outputs.size()));
+          fail(StageError(nodes_[i].name, in.seq,
+                          "routed the item to output " + std::to_string(output) + " of " +
+                              std::to_string(nodes_[i].shape.outputs.size())));
         }
         if (out) {
           c.items_out.fetch_add(1, std::memory_order_relaxed);
@@ -684,17 +691,23 @@ class Pipeline::Runtime {
       return result;
     } catch (...) {
       c.leave(detail::Clock::now() - begin);
-      StageError error(nodes_[i].name, seq, what_of(std::current_exception()));
-      cancel_stages();
-      throw error;
+      fail(StageError(nodes_[i].name, seq, what_of(std::current_exception())));
     }
   }
 
-  // The run fails: every stage lets invocations that wait for each other return (Stage::cancel),
-  // once; the graph then drains.
-  void cancel_stages() {
-    if (cancelled_.exchange(true)) return;
-    for (const Node& node : nodes_) node.stage->cancel();
+  // The run fails with `error`: it is kept as the run's error unless one came first, then every
+  // stage lets invocations that wait for each other return (Stage::cancel), once, and the graph
+  // drains. Kept before the stages are cancelled, so the error a run reports is the cause, never
+  // a cancelled stage's reaction to it (which TBB may catch first).
+  [[noreturn]] void fail(StageError error) {
+    {
+      std::lock_guard lock(first_error_mutex_);
+      if (!first_error_) first_error_ = std::make_exception_ptr(error);
+    }
+    if (!cancelled_.exchange(true)) {
+      for (const Node& node : nodes_) node.stage->cancel();
+    }
+    throw error;
   }
 
   RunReport make_report() {
@@ -757,7 +770,9 @@ class Pipeline::Runtime {
   const detail::Clock::time_point start_;
   std::vector<std::vector<Consumer>> consumers_;  // [i]: the stages taking stage i's output
   std::vector<std::size_t> out_capacity_;         // [i]: its output slots (0: a sink)
-  std::atomic<bool> cancelled_{false};  // cancel_stages ran
+  std::atomic<bool> cancelled_{false};  // the stages were cancelled (fail)
+  std::mutex first_error_mutex_;
+  std::exception_ptr first_error_;  // the first stage error of the run: the one it reports
   std::vector<std::unique_ptr<TokenState>> tokens_ =
       std::vector<std::unique_ptr<TokenState>>(nodes_.size());  // [i]: if it waits for tokens
   std::vector<std::vector<std::size_t>> token_receivers_ =

@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "graph/config.hpp"
 #include "graph/error.hpp"
@@ -446,4 +449,67 @@ stages:
   CHECK(report.stages[4].items_in == 192);
   CHECK(graph_text(stage_decls(config, registry)).find("merge     merge     <- parity.even, odd_work") !=
         std::string::npos);
+}
+
+namespace {
+
+// A map whose invocation of item 0 waits until the run is cancelled (Stage::cancel), then fails
+// as a cancelled stage does ("the run failed in another stage"). Its cancel() lets that
+// invocation throw first and only then returns to the failing thread, so TBB sees the reaction
+// before the cause.
+class WaitsForCancel final : public Map<std::uint64_t, std::uint64_t> {
+ public:
+  std::atomic<bool> waiting{false};  // item 0's invocation has started
+
+  void cancel() override {
+    {
+      std::lock_guard lock(mutex_);
+      cancelled_ = true;
+    }
+    changed_.notify_all();
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(5), [&] { return reacted_; });
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its throw reaches TBB
+  }
+
+ protected:
+  std::optional<std::uint64_t> process(std::uint64_t&& v, ItemContext&) override {
+    if (v != 0) return v;
+    std::unique_lock lock(mutex_);
+    waiting = true;
+    changed_.wait(lock, [&] { return cancelled_; });
+    reacted_ = true;
+    changed_.notify_all();
+    throw Error("the run failed in another stage");
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool cancelled_ = false;
+  bool reacted_ = false;
+};
+
+}  // namespace
+
+// The run's error is the cause, never a cancelled stage's reaction to it, whichever reaches TBB
+// first (issue 59: a partition's "the run failed in another stage" once hid jpeg_decode's error).
+TEST_CASE("Pipeline.Dag.TheRunReportsTheCauseNotTheReaction" * doctest::timeout(60)) {
+  for (int round = 0; round < 3; ++round) {
+    Pipeline p;
+    auto* waits = new WaitsForCancel;
+    p.add("numbers", std::make_unique<CountSource<>>(-1));
+    p.add("waits", std::unique_ptr<Stage>(waits));
+    p.add("fails",
+          std::make_unique<ProbeMap<>>([waits](std::uint64_t&& v, ItemContext&) -> std::optional<std::uint64_t> {
+            while (!waits->waiting) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            throw std::runtime_error("bad value " + std::to_string(v));
+          }),
+          {.inputs = {"numbers"}});
+    p.add("sum", std::make_unique<SumJoin>(), {.inputs = {"waits", "fails"}});
+    p.add("sink", null_sink_for_tests());
+    CHECK_THROWS_WITH_AS(p.run({.threads = 2}), "stage 'fails' failed on item 0: bad value 0",
+                         StageError);
+  }
 }
