@@ -4,14 +4,21 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
+#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -25,6 +32,26 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kLauncherPidVariable = "FLOWTRAIN_LAUNCHER_PID";
+
+// Where free_local_port's locks are: one file a port, locked (flock) by the process holding it.
+// scripts/launcher-job.sh's free_ports takes the same locks.
+constexpr const char* kPortLocks = "/tmp/flowtrain-ports";
+
+// Whether a listener can bind `port` of 127.0.0.1 now (with SO_REUSEADDR, as c10d's store
+// binds: a connection of an earlier job in TIME_WAIT does not keep it).
+bool can_listen_on(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  close(fd);
+  return free;
+}
 
 std::atomic<int> g_signal{0};  // the last SIGINT/SIGTERM the launcher received, to forward
 
@@ -125,6 +152,33 @@ int launch_local(const LaunchOptions& options, std::ostream& err) {
 }
 
 int free_local_port() {
+  // The kernel's ephemeral range (ip_local_port_range), from which bind(port 0) and every
+  // connect() take ports: one picked there may be handed to a neighbour's connection before the
+  // job binds it. Below it only a listener takes a port, and the lock keeps other flowtrain
+  // processes (a test suite run in parallel) off it.
+  int ephemeral_low = 32768;
+  if (std::FILE* range = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(range, "%d", &ephemeral_low) != 1) ephemeral_low = 32768;
+    std::fclose(range);
+  }
+  constexpr int kLowest = 20000;
+  const int span = std::max(ephemeral_low, kLowest + 1000) - kLowest;
+  ::mkdir(kPortLocks, 01777);
+  std::mt19937 random(static_cast<std::uint32_t>(getpid()) ^
+                      static_cast<std::uint32_t>(Clock::now().time_since_epoch().count()));
+  const int start = static_cast<int>(random() % static_cast<std::uint32_t>(span));
+  for (int i = 0; i < span; ++i) {
+    const int port = kLowest + (start + i) % span;
+    if (port >= 29400 && port < 29600) continue;  // torchrun's defaults (29400, 29500) and kin
+    const std::string lock = std::string(kPortLocks) + "/" + std::to_string(port);
+    const int held = ::open(lock.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666);
+    if (held < 0) break;  // no lock folder: as before, the kernel's pick
+    if (::flock(held, LOCK_EX | LOCK_NB) != 0 || !can_listen_on(port)) {
+      ::close(held);
+      continue;
+    }
+    return port;  // `held` stays open: the lock lasts as long as this process
+  }
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw Error(std::string("cannot open a socket: ") + std::strerror(errno));
   sockaddr_in address{};

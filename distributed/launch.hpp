@@ -29,7 +29,10 @@ int launch_local(const LaunchOptions& options, std::ostream& err);
 /// argv without its `--nproc N` / `--nproc=N`: the command line each rank of a local job runs.
 std::vector<std::string> args_without_nproc(int argc, char** argv);
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close).
+/// A TCP port on 127.0.0.1 that a listener can bind now and no neighbour takes before it does:
+/// below the kernel's ephemeral range (which connect() and port 0 draw from), and held for this
+/// process's life by a lock in /tmp/flowtrain-ports that every flowtrain process (and the test
+/// scripts' free_ports) respects. Where no lock can be made: the kernel's pick of a free one.
 int free_local_port();
 
 /// In a rank started by launch_local: asks the kernel to send it SIGTERM when the launcher dies

@@ -25,11 +25,29 @@ now() { date +%s.%N; }
 seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 # The median of the numbers given (of an even count, the lower middle one).
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-# free_ports N: N TCP ports of this machine that were free a moment ago.
+# free_ports N: N TCP ports into PORTS (an array) that a listener can bind and no neighbour
+# takes: below the kernel's ephemeral range (which connect() and port 0 draw from), each held
+# until this shell exits by a lock in /tmp/flowtrain-ports, the locks flowtrain's own
+# free_local_port takes (distributed/launch.cpp). Call it in this shell, not in $(...): the
+# locks live in the shell that took them.
 free_ports() {
-  /usr/bin/python3 -c '
+  local low fd port
+  low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ "$low" -gt 21000 ] || low=21000
+  mkdir -p /tmp/flowtrain-ports && chmod 1777 /tmp/flowtrain-ports 2>/dev/null || true
+  PORTS=()
+  while [ ${#PORTS[@]} -lt "$1" ]; do
+    port=$((20000 + (RANDOM * 32768 + RANDOM) % (low - 20000)))
+    [ "$port" -lt 29400 ] || [ "$port" -ge 29600 ] || continue  # torchrun's defaults and kin
+    exec {fd}<>"/tmp/flowtrain-ports/$port" || continue
+    if flock -n "$fd" && /usr/bin/python3 -c '
 import socket, sys
-held = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in held: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in held))' "$1"
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+      PORTS+=("$port")
+    else
+      exec {fd}>&-
+    fi
+  done
 }
