@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace flowtrain {
@@ -31,5 +32,31 @@ std::string read_file(const std::string& path,
 std::string read_text_file(const std::string& path,
                            const std::string& what,
                            std::int64_t max_bytes = kMaxFileBytes);
+
+/// A regular file mapped read-only, for readers of large files (weights, checkpoints) that look
+/// at a few parts before trusting the rest: pages the reader never touches cost no memory, and
+/// `release` gives back those it has read (a check streaming over a 4 GiB entry stays small).
+/// Throws Error "PATH: cannot read (REASON)" if it is not a regular file or cannot be mapped.
+///   MappedFile file(path);
+///   check(file.bytes());
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  MappedFile& operator=(MappedFile&&) = delete;
+
+  std::span<const std::uint8_t> bytes() const { return {data_, size_}; }
+  /// Drops the pages of `part` (a part of bytes()) from this process's memory; reading them
+  /// again reads the file again.
+  void release(std::span<const std::uint8_t> part) const;
+
+ private:
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 }  // namespace flowtrain

@@ -187,9 +187,8 @@ std::optional<Checkpoint> try_read_checkpoint(const std::string& path) {
   if (!fs::is_regular_file(path, ec)) throw Error(path + ": no such checkpoint file");
   Checkpoint checkpoint;
   checkpoint.path = path;
-  std::vector<std::uint8_t> buffer;
-  std::span<const std::uint8_t> bytes;
-  read_checked_archive(path, "checkpoint", buffer, bytes);
+  const MappedFile file = read_checked_archive(path, "checkpoint");
+  const std::span<const std::uint8_t> bytes = file.bytes();
   try {
     // On the CPU, whatever device wrote it: the trainer moves what it restores to its own.
     checkpoint.archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size(),

@@ -2,10 +2,14 @@
 // for their header: every size and offset is checked before it is used.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "graph/error.hpp"
 #include "stages/train/files/weight_files.hpp"
@@ -290,7 +294,16 @@ StateDict parse_safetensors(std::span<const std::uint8_t> bytes, const std::stri
     throw Error(path + ": damaged safetensors file (the header is not a JSON object)");
   }
   const std::span<const std::uint8_t> data = bytes.subspan(8 + header_size);
-  StateDict out;
+  // Every tensor is checked before any is read: as the safetensors library reads a file, each
+  // name once, and the tensors' bytes cover the data exactly, without overlaps or holes.
+  struct Tensor {
+    const std::string* name;
+    torch::ScalarType type;
+    std::vector<std::int64_t> sizes;
+    std::uint64_t begin, end;
+  };
+  std::vector<Tensor> tensors;
+  std::set<std::string_view> names;
   for (const auto& item : header.object) {
     const std::string& name = item.first;
     const Json& entry = item.second;
@@ -339,8 +352,33 @@ StateDict parse_safetensors(std::span<const std::uint8_t> bytes, const std::stri
       throw bad(shape_text(sizes) + " " + dtype->string + " needs " + std::to_string(expected) +
                 " bytes, data_offsets give " + std::to_string(end - begin));
     }
-    out.emplace_back(name, tensor_from_bytes(data.data() + begin, static_cast<std::size_t>(expected),
-                                             *type, sizes));
+    if (!names.insert(name).second) throw bad("named twice in the header");
+    tensors.push_back({&name, *type, std::move(sizes), begin, end});
+  }
+  std::vector<const Tensor*> by_offset;
+  for (const Tensor& t : tensors) by_offset.push_back(&t);
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const Tensor* a, const Tensor* b) {
+    return std::pair(a->begin, a->end) < std::pair(b->begin, b->end);
+  });
+  std::uint64_t covered = 0;
+  for (const Tensor* t : by_offset) {
+    if (t->begin != covered) {
+      throw Error(path + ": damaged safetensors file (tensor '" + *t->name + "': data_offsets [" +
+                  std::to_string(t->begin) + ", " + std::to_string(t->end) + "] " +
+                  (t->begin < covered ? "overlap another tensor's" : "leave a hole after byte ") +
+                  (t->begin < covered ? "" : std::to_string(covered)) + ")");
+    }
+    covered = t->end;
+  }
+  if (covered != data.size()) {
+    throw Error(path + ": damaged safetensors file (the tensors cover " + std::to_string(covered) +
+                " of its " + std::to_string(data.size()) + " bytes of data)");
+  }
+  StateDict out;
+  for (const Tensor& t : tensors) {
+    out.emplace_back(*t.name, tensor_from_bytes(data.data() + t.begin,
+                                                static_cast<std::size_t>(t.end - t.begin), t.type,
+                                                t.sizes));
   }
   return out;
 }

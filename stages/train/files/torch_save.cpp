@@ -1,8 +1,9 @@
 // torch.save's zip read (weight_files.hpp): its pickle, by a reader of the few opcodes a
-// state_dict's uses, each bounds-checked, and its storages through LibTorch's zip reader.
-#include <caffe2/serialize/inline_container.h>
+// state_dict's uses, each bounds-checked, and its storages, each checked against the size the
+// pickle gives it before it is read.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -12,9 +13,8 @@
 #include <string>
 
 #include "graph/error.hpp"
-#include "stages/train/files/bytes_reader.hpp"
-#include "stages/train/files/torch_error.hpp"
 #include "stages/train/files/weight_files.hpp"
+#include "stages/train/files/zip_check.hpp"
 
 namespace flowtrain::train {
 
@@ -39,7 +39,18 @@ struct PyValue {
   std::vector<PyRef> items;
   std::vector<std::pair<PyRef, PyRef>> dict;
   torch::Tensor tensor;
+  int depth = 0;        // containers inside containers below this one (0: holds none)
+  bool placed = false;  // it is inside another container: it no longer changes (no cycles)
 };
+
+// The deepest a state_dict's pickle nests containers: a checkpoint of dicts of a model's and an
+// optimizer's state nests a few; a pickle nesting 100,000 lists would crash a reader (or the
+// freeing of what it read) that recursed on it.
+constexpr int kMaxNesting = 100;
+
+// The largest state_dict pickle read: its keys and shapes (the tensors are entries of their own),
+// some hundred bytes a tensor.
+constexpr std::uint64_t kMaxPickleBytes = std::uint64_t{256} << 20;
 
 PyRef make(PyValue::Kind kind) {
   auto v = std::make_shared<PyValue>();
@@ -65,9 +76,13 @@ torch::ScalarType storage_dtype(const std::string& global, const std::string& pa
 class StateDictUnpickler {
  public:
   StateDictUnpickler(std::span<const std::uint8_t> pickle,
-                     caffe2::serialize::PyTorchStreamReader& reader,
+                     const std::vector<ZipEntry>& entries,
+                     const ReleasePages& release,
                      const std::string& path)
-      : p_(pickle), reader_(reader), path_(path) {}
+      : p_(pickle), entries_(entries), release_(release), path_(path) {}
+
+  /// The entries the storages read (each checked against its CRC as it was).
+  const std::set<const ZipEntry*>& read_entries() const { return read_; }
 
   PyRef run() {
     while (true) {
@@ -125,24 +140,34 @@ class StateDictUnpickler {
         }
         case 's': {  // SETITEM
           const PyRef value = pop(), key = pop();
-          dict_of(top()).dict.emplace_back(key, value);
+          PyValue& dict = dict_of(top());
+          place(dict, key);
+          place(dict, value);
+          dict.dict.emplace_back(key, value);
           break;
         }
         case 'u': {  // SETITEMS
           std::vector<PyRef> items = pop_mark();
           if (items.size() % 2) fail("SETITEMS with an odd count");
           PyValue& dict = dict_of(top());
-          for (std::size_t i = 0; i < items.size(); i += 2) dict.dict.emplace_back(items[i], items[i + 1]);
+          for (std::size_t i = 0; i < items.size(); i += 2) {
+            place(dict, items[i]);
+            place(dict, items[i + 1]);
+            dict.dict.emplace_back(items[i], items[i + 1]);
+          }
           break;
         }
         case 'a': {  // APPEND
           const PyRef value = pop();
-          list_of(top()).items.push_back(value);
+          PyValue& list = list_of(top());
+          place(list, value);
+          list.items.push_back(value);
           break;
         }
         case 'e': {  // APPENDS
           std::vector<PyRef> items = pop_mark();
           PyValue& list = list_of(top());
+          for (const PyRef& item : items) place(list, item);
           list.items.insert(list.items.end(), items.begin(), items.end());
           break;
         }
@@ -232,8 +257,20 @@ class StateDictUnpickler {
     return *v;
   }
 
-  static PyRef tuple(std::vector<PyRef> items) {
+  // `item` goes inside `container`: never into itself nor into a container placed in another
+  // already (so the values form no cycle), and never deeper than kMaxNesting.
+  void place(PyValue& container, const PyRef& item) {
+    if (item.get() == &container) fail("a container inside itself");
+    if (container.placed) fail("a container changed after it was placed in another");
+    item->placed = true;
+    container.depth = std::max(container.depth, item->depth + 1);
+    if (container.depth > kMaxNesting) {
+      fail("containers nested deeper than " + std::to_string(kMaxNesting));
+    }
+  }
+  PyRef tuple(std::vector<PyRef> items) {
     PyRef v = make(PyValue::Kind::kTuple);
+    for (const PyRef& item : items) place(*v, item);
     v->items = std::move(items);
     return v;
   }
@@ -302,16 +339,27 @@ class StateDictUnpickler {
     const torch::ScalarType dtype = storage_dtype(id->items[1]->string, path_);
     const std::int64_t numel = int_of(id->items[4], "storage size");
     const std::string record = "data/" + key;
-    if (!reader_.hasRecord(record)) fail("no storage entry '" + record + "'");
-    auto [data, size] = reader_.getRecord(record);
-    const auto item = static_cast<std::int64_t>(c10::elementSize(dtype));
-    if (numel < 0 || static_cast<std::uint64_t>(numel) > size / static_cast<std::uint64_t>(item)) {
+    const ZipEntry* entry = find_entry(entries_, record);
+    if (!entry) fail("no storage entry '" + record + "'");
+    // The entry must hold exactly the storage, checked before it is read: an entry claiming
+    // gigabytes behind a storage of 4 elements is refused, not read.
+    const auto item = static_cast<std::uint64_t>(c10::elementSize(dtype));
+    if (numel < 0 || static_cast<std::uint64_t>(numel) > entry->size / item ||
+        static_cast<std::uint64_t>(numel) * item != entry->size) {
       fail("storage '" + key + "' of " + std::to_string(numel) + " elements in " +
-           std::to_string(size) + " bytes");
+           std::to_string(entry->size) + " bytes");
     }
     storage = make(PyValue::Kind::kTensor);
-    storage->tensor = tensor_from_bytes(static_cast<const std::uint8_t*>(data.get()),
-                                        static_cast<std::size_t>(numel * item), dtype, {numel});
+    storage->tensor = torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+    if (const std::string problem =
+            read_entry(*entry,
+                       {static_cast<std::uint8_t*>(storage->tensor.data_ptr()),
+                        static_cast<std::size_t>(entry->size)},
+                       release_);
+        !problem.empty()) {
+      throw Error(path_ + ": damaged weights file (" + problem + ")");
+    }
+    read_.insert(entry);
     return storage;
   }
 
@@ -364,7 +412,9 @@ class StateDictUnpickler {
   }
 
   std::span<const std::uint8_t> p_;
-  caffe2::serialize::PyTorchStreamReader& reader_;
+  const std::vector<ZipEntry>& entries_;
+  const ReleasePages& release_;
+  std::set<const ZipEntry*> read_;
   const std::string& path_;
   std::size_t at_ = 0;
   std::vector<PyRef> stack_;
@@ -375,52 +425,72 @@ class StateDictUnpickler {
 
 // The root of a torch.save file as a StateDict: a dict of tensors, or a dict holding one under
 // "state_dict" or "model" (as training scripts save them).
+// A key given twice holds its last value in its first place, as in the dict torch.load returns.
 StateDict state_dict_of(const PyValue& root, const std::string& path) {
   if (root.kind != PyValue::Kind::kDict) {
     throw Error(path + ": holds a pickled object, not a dict of tensors (save model.state_dict())");
   }
-  StateDict out;
+  std::vector<std::pair<std::string, const PyValue*>> items;
+  std::map<std::string, std::size_t> place;
   for (const auto& [key, value] : root.dict) {
     if (key->kind != PyValue::Kind::kString) {
       throw Error(path + ": a state_dict key that is not a string");
     }
-    if (value->kind == PyValue::Kind::kDict &&
-        (key->string == "state_dict" || key->string == "model")) {
+    const auto [at, added] = place.emplace(key->string, items.size());
+    if (added) {
+      items.emplace_back(key->string, value.get());
+    } else {
+      items[at->second].second = value.get();
+    }
+  }
+  StateDict out;
+  for (const auto& [key, value] : items) {
+    if (value->kind == PyValue::Kind::kDict && (key == "state_dict" || key == "model")) {
       return state_dict_of(*value, path);
     }
     if (value->kind != PyValue::Kind::kTensor) {
-      throw Error(path + ": '" + key->string + "' is not a tensor (save model.state_dict())");
+      throw Error(path + ": '" + key + "' is not a tensor (save model.state_dict())");
     }
-    out.emplace_back(key->string, value->tensor);
+    out.emplace_back(key, value->tensor);
   }
   return out;
 }
 
 }  // namespace
 
-StateDict read_torch_save(std::span<const std::uint8_t> bytes, const std::string& path) {
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
-  try {
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
-        std::make_shared<BytesReader>(bytes));
-  } catch (const std::exception& e) {
-    throw Error(path + ": not a weights file (" + short_reason(e) + ")");
+StateDict read_torch_save(std::span<const std::uint8_t> bytes,
+                          const std::string& path,
+                          const ReleasePages& release) {
+  std::string problem;
+  const std::vector<ZipEntry> entries = zip_entries(bytes, problem);
+  const auto damaged = [&path](const std::string& why) {
+    return Error(path + ": damaged weights file (" + why + ")");
+  };
+  if (!problem.empty()) throw damaged(problem);
+  const ZipEntry* pickle = find_entry(entries, "data.pkl");
+  if (!pickle) throw Error(path + ": a zip archive without data.pkl, not a torch.save file");
+  if (pickle->size > kMaxPickleBytes) {
+    throw Error(path + ": a state_dict's pickle of " + std::to_string(pickle->size) +
+                " bytes, more than the " + std::to_string(kMaxPickleBytes >> 20) +
+                " MiB flowtrain reads");
   }
-  if (!reader->hasRecord("data.pkl")) {
-    throw Error(path + ": a zip archive without data.pkl, not a torch.save file");
+  std::vector<std::uint8_t> pickle_bytes(static_cast<std::size_t>(pickle->size));
+  if (problem = read_entry(*pickle, pickle_bytes); !problem.empty()) throw damaged(problem);
+  StateDictUnpickler unpickler(pickle_bytes, entries, release, path);
+  StateDict out = state_dict_of(*unpickler.run(), path);
+  // The entries no storage read (the version, newer PyTorch's byte order...): their CRCs too.
+  for (const ZipEntry& entry : entries) {
+    if (&entry == pickle || unpickler.read_entries().count(&entry)) continue;
+    if (problem = entry_problem(entry, release); !problem.empty()) throw damaged(problem);
   }
-  auto [data, size] = reader->getRecord("data.pkl");
-  StateDictUnpickler unpickler({static_cast<const std::uint8_t*>(data.get()), size}, *reader, path);
-  return state_dict_of(*unpickler.run(), path);
+  return out;
 }
 
 bool is_torchscript_archive(std::span<const std::uint8_t> bytes, const std::string& path) {
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReader>(bytes));
-    return reader.hasRecord("constants.pkl");
-  } catch (const std::exception& e) {
-    throw Error(path + ": not a weights file (" + short_reason(e) + ")");
-  }
+  std::string problem;
+  const std::vector<ZipEntry> entries = zip_entries(bytes, problem);
+  if (!problem.empty()) throw Error(path + ": damaged weights file (" + problem + ")");
+  return find_entry(entries, "constants.pkl") != nullptr;
 }
 
 }  // namespace flowtrain::train

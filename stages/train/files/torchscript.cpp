@@ -480,9 +480,8 @@ ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
   if (std::filesystem::is_directory(status)) {
     throw Error(path + ": is a folder, not a TorchScript model");
   }
-  std::vector<std::uint8_t> buffer;
-  std::span<const std::uint8_t> bytes;
-  read_checked_archive(path, "model file", buffer, bytes);
+  const MappedFile file = read_checked_archive(path, "model file");
+  const std::span<const std::uint8_t> bytes = file.bytes();
   // A checkpoint is a LibTorch archive too: it loads, but has no forward.
   const auto checkpoint_hint = [&path] {
     return Error(path + ": a flowtrain checkpoint, not a TorchScript model: make one with "

@@ -170,24 +170,16 @@ StateDict named_tensors(const torch::nn::Module& model) {
 StateDict read_weights(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) throw Error(path + ": no such weights file");
-  std::vector<std::uint8_t> buffer;
-  std::span<const std::uint8_t> bytes;
-  if (const std::string problem =
-          read_file(path, buffer, bytes, std::numeric_limits<std::int64_t>::max());
-      !problem.empty()) {
-    throw Error(path + ": cannot read (" + problem + ")");
-  }
+  // Mapped, not read: a reader touches the parts it checks first, and what it reads of a
+  // large entry it gives back (a file claiming gigabytes it does not hold costs no memory).
+  const MappedFile file(path);
+  const std::span<const std::uint8_t> bytes = file.bytes();
   // By its name, a damaged safetensors file still gets the reason it is damaged. (Before the
   // zip check: raw tensor data may hold a zip directory's signature by chance.)
   const bool named_safetensors =
       path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   if (named_safetensors || looks_like_safetensors(bytes)) return parse_safetensors(bytes, path);
   const bool zip = bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0;
-  if (zip) {
-    if (const std::string problem = zip_problem(bytes); !problem.empty()) {
-      throw Error(path + ": damaged weights file (" + problem + ")");
-    }
-  }
   if (!zip) {
     if (bytes.size() >= 2 && bytes[0] == 0x80 && bytes[1] <= 5) {
       throw Error(path + ": torch.save's legacy format (_use_new_zipfile_serialization=False): "
@@ -202,7 +194,8 @@ StateDict read_weights(const std::string& path) {
     throw Error(path + ": a TorchScript module, not a state_dict (save model.state_dict() with "
                        "torch.save)");
   }
-  return read_torch_save(bytes, path);
+  return read_torch_save(bytes, path,
+                         [&file](std::span<const std::uint8_t> part) { file.release(part); });
 }
 
 std::string weights_bytes(const StateDict& weights, WeightsFormat format) {

@@ -1,7 +1,9 @@
+#include <caffe2/serialize/inline_container.h>
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 using namespace flowtrain;
 using namespace flowtrain::train;
 using flowtrain::testing::TempDir;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -338,4 +341,179 @@ TEST_CASE("Train.Weights.TeacherInitGivesTheCheckpointOtherWeights" * doctest::t
   export_torchscript(source, scripted);
   CHECK(contains(error_of([&] { InferenceModel::load(scripted, {}, weights); }),
                  "param 'init': " + scripted + " is a TorchScript module"));
+}
+
+namespace {
+
+// A pickle written opcode by opcode (protocol 2), as torch.save writes a state_dict's.
+struct Pickle {
+  std::string bytes = "\x80\x02";
+  Pickle& op(char c) {
+    bytes += c;
+    return *this;
+  }
+  Pickle& str(const std::string& s) {
+    bytes += 'X';
+    for (int i = 0; i < 4; ++i) bytes += static_cast<char>((s.size() >> (8 * i)) & 0xff);
+    bytes += s;
+    return *this;
+  }
+  Pickle& global(const std::string& module, const std::string& name) {
+    bytes += "c" + module + "\n" + name + "\n";
+    return *this;
+  }
+  Pickle& small_int(std::uint8_t v) {
+    bytes += 'K';
+    bytes += static_cast<char>(v);
+    return *this;
+  }
+  Pickle& ordered_dict() { return global("collections", "OrderedDict").op(')').op('R'); }
+  // A float tensor [n] over storage `key` (n elements): _rebuild_tensor_v2's call.
+  Pickle& tensor(const std::string& key, std::uint8_t n) {
+    global("torch._utils", "_rebuild_tensor_v2").op('(');
+    op('(').str("storage").global("torch", "FloatStorage").str(key).str("cpu").small_int(n);
+    op('t').op('Q');
+    small_int(0).small_int(n).op('\x85').small_int(1).op('\x85').op('\x89');
+    return ordered_dict().op('t').op('R');
+  }
+};
+
+// A torch.save zip of `pickle` as data.pkl and `records` ("data/0" and its bytes), written by
+// LibTorch's own zip writer as torch.save writes one; `compress` deflates the records.
+std::string torch_save_zip(const std::string& pickle,
+                           const std::vector<std::pair<std::string, std::string>>& records,
+                           bool compress = false) {
+  std::string out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, std::size_t size) {
+      out.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    for (const auto& [name, data] : records) {
+      writer.writeRecord(name, data.data(), data.size(), compress);
+    }
+    writer.writeEndOfFile();
+  }
+  return out;
+}
+
+std::string floats(std::initializer_list<float> values) {
+  std::string out;
+  for (const float v : values) out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  return out;
+}
+
+}  // namespace
+
+// A pickle nesting containers 100,000 deep crashed the reader (it recursed on the depth, in
+// freeing what it built): refused in one line, the process alive; so are cycles through the memo.
+TEST_CASE("Train.Weights.DeeplyNestedOrCyclicPicklesAreRefused" * doctest::timeout(120)) {
+  TempDir dir("weights-nested");
+  const auto refusal = [&](const std::string& pickle) {
+    const std::string path = dir.str("nested.pt");
+    write_bytes(path, torch_save_zip(pickle, {}));
+    return error_of([&] { read_weights(path); });
+  };
+  constexpr int kDeep = 100000;
+  Pickle lists;
+  lists.bytes += std::string(kDeep, ']') + std::string(kDeep - 1, 'a');
+  CHECK(contains(refusal(lists.op('.').bytes), "containers nested deeper than 100"));
+  Pickle tuples;
+  tuples.op(')').bytes += std::string(kDeep, '\x85');
+  CHECK(contains(refusal(tuples.op('.').bytes), "containers nested deeper than 100"));
+  Pickle dicts;  // {"model": {"model": ...}}: the reader looks inside "model"
+  for (int i = 0; i < kDeep; ++i) {
+    dicts.op('}');
+    if (i + 1 < kDeep) dicts.str("model");
+  }
+  dicts.bytes += std::string(kDeep - 1, 's');
+  CHECK(contains(refusal(dicts.op('.').bytes), "containers nested deeper than 100"));
+  Pickle self;  // a dict holding itself under "model"
+  self.op('}').op('q').bytes += '\0';
+  self.str("model").op('h').bytes += '\0';
+  CHECK(contains(refusal(self.op('s').op('.').bytes), "a container inside itself"));
+  Pickle changed;  // a list changed after it went into another: the way to a cycle
+  changed.op(']').op('q').bytes += '\0';
+  changed.op(']').op('h').bytes += '\0';
+  changed.op('a').op('q').bytes += '\1';  // outer [inner]
+  changed.op('h').bytes += '\0';
+  changed.op('h').bytes += '\1';
+  CHECK(contains(refusal(changed.op('a').op('.').bytes),
+                 "a container changed after it was placed in another"));
+}
+
+// A key given twice: torch.load keeps its last value (a dict's assignment); so does flowtrain.
+TEST_CASE("Train.Weights.KeyGivenTwiceTakesTheLastAsTorchLoad" * doctest::timeout(120)) {
+  TempDir dir("weights-twice");
+  Pickle p;
+  p.ordered_dict().op('(').str("w").tensor("0", 2).str("b").tensor("1", 1).str("w").tensor("2", 2);
+  const std::string path = dir.str("twice.pt");
+  write_bytes(path, torch_save_zip(p.op('u').op('.').bytes, {{"data/0", floats({1, 2})},
+                                                              {"data/1", floats({5})},
+                                                              {"data/2", floats({3, 4})}}));
+  const StateDict read = read_weights(path);
+  REQUIRE(read.size() == 2);
+  CHECK(read[0].first == "w");
+  CHECK(torch::equal(read[0].second, torch::tensor({3.0f, 4.0f})));
+  CHECK(read[1].first == "b");
+}
+
+// A storage's entry holds exactly the storage the pickle gives it, checked before it is read or
+// inflated: a 4-element storage over an entry of megabytes (stored, or a deflate bomb) is
+// refused in one line.
+TEST_CASE("Train.Weights.StorageEntriesHoldExactlyTheirStorage" * doctest::timeout(120)) {
+  TempDir dir("weights-storage");
+  Pickle p;
+  p.ordered_dict().op('(').str("w").tensor("0", 4).op('u').op('.');
+  const std::string path = dir.str("storage.pt");
+  write_bytes(path, torch_save_zip(p.bytes, {{"data/0", floats({1, 2, 3, 4})}}));
+  CHECK(torch::equal(read_weights(path).at(0).second, torch::tensor({1.0f, 2.0f, 3.0f, 4.0f})));
+  for (const bool compress : {false, true}) {
+    CAPTURE(compress);
+    write_bytes(path, torch_save_zip(p.bytes, {{"data/0", std::string(64 << 20, '\0')}}, compress));
+    CHECK(contains(error_of([&] { read_weights(path); }),
+                   "storage '0' of 4 elements in 67108864 bytes"));
+  }
+  // Deflated to its size, it reads as stored.
+  write_bytes(path, torch_save_zip(p.bytes, {{"data/0", floats({1, 2, 3, 4})}}, true));
+  CHECK(torch::equal(read_weights(path).at(0).second, torch::tensor({1.0f, 2.0f, 3.0f, 4.0f})));
+  // A damaged byte of a storage fails its CRC.
+  std::string bytes = torch_save_zip(p.bytes, {{"data/0", floats({1, 2, 3, 4})}});
+  const std::size_t at = bytes.find(floats({1, 2, 3, 4}));
+  REQUIRE(at != std::string::npos);
+  bytes[at] ^= 1;
+  write_bytes(path, bytes);
+  CHECK(contains(error_of([&] { read_weights(path); }), "entry 'archive/data/0' fails its CRC check"));
+}
+
+// As the safetensors library reads a file: each name once, and the tensors' bytes cover the
+// data exactly (no overlap, no hole, nothing after); a 4 GiB hole after a good file is refused
+// without being read.
+TEST_CASE("Train.Weights.SafetensorsOffsetsCoverTheDataExactly" * doctest::timeout(120)) {
+  TempDir dir("weights-cover");
+  const auto file = [](const std::string& header, std::size_t data) {
+    std::string padded = header + std::string((8 - header.size() % 8) % 8, ' ');
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((padded.size() >> (8 * i)) & 0xff);
+    return out + padded + std::string(data, '\0');
+  };
+  const auto refusal = [&](const std::string& bytes) {
+    const std::string path = dir.str("bad.safetensors");
+    write_bytes(path, bytes);
+    return error_of([&] { read_weights(path); });
+  };
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  CHECK(contains(refusal(file("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
+                 "tensor 'b': data_offsets [4, 8] overlap another tensor's"));
+  CHECK(contains(refusal(file("{" + a + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})", 16)),
+                 "tensor 'b': data_offsets [12, 16] leave a hole after byte 8"));
+  CHECK(contains(refusal(file("{" + a + "}", 12)), "the tensors cover 8 of its 12 bytes of data"));
+  CHECK(contains(refusal(file("{" + a + "," + a + "}", 8)), "tensor 'a': named twice in the header"));
+  // A good file followed by a 4 GiB hole (sparse: it takes no disk).
+  const std::string path = dir.str("hole.safetensors");
+  write_bytes(path, file("{" + a + "}", 8));
+  fs::resize_file(path, fs::file_size(path) + (std::uint64_t{4} << 30));
+  CHECK(contains(error_of([&] { read_weights(path); }),
+                 "the tensors cover 8 of its 4294967304 bytes of data"));
 }
