@@ -59,6 +59,9 @@ class MixStage final : public Stage {
   /// inputs still `alive`; std::nullopt when the mix ends (none alive, or one exhausted with
   /// stop_on_first_empty).
   std::optional<std::size_t> pick(std::uint64_t k, const std::vector<bool>& alive) const;
+  /// Where item `k` of this run stands in the whole mixed order: what a run resumed after it
+  /// seeks to (a source's items carry it, Source::mixed_at).
+  std::uint64_t position(std::uint64_t k) const { return start_ + k; }
 
   /// How many items each input gave to the first `position` items of the mix, given each
   /// input's size; std::nullopt if a size is unknown (then a run cannot resume mid-way).

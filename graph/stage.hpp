@@ -214,6 +214,7 @@ class Stage {
   // Type-erased entry points, implemented by the typed bases. `value` holds the input type the
   // shape declares; the runtime checked that before the run.
   virtual std::shared_ptr<void> next_erased() { return nullptr; }
+  virtual void mixed_at_erased(std::shared_ptr<void>& /*value*/, std::uint64_t /*position*/) {}
   virtual std::shared_ptr<void> map_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {
     return nullptr;
   }
@@ -270,11 +271,18 @@ class Source : public Stage {
 
  protected:
   virtual std::optional<Out> next() = 0;
+  /// Behind a mix, the item next() just gave is item `position` of the mix's order, where a run
+  /// resumed after it starts the mix (MixStage::seek). A source whose items say where to resume
+  /// (a Sample's position) takes that from here; nothing by default.
+  virtual void mixed_at(Out& /*item*/, std::uint64_t /*position*/) {}
 
  private:
   std::shared_ptr<void> next_erased() final {
     std::optional<Out> out = next();
     return out ? std::make_shared<Out>(std::move(*out)) : nullptr;
+  }
+  void mixed_at_erased(std::shared_ptr<void>& value, std::uint64_t position) final {
+    mixed_at(*static_cast<Out*>(value.get()), position);
   }
 };
 

@@ -285,10 +285,12 @@ void Loader::stop() {
 void Loader::restore(const LoaderState& state) {
   // The loader stands in `epoch` between its first sample and its end; its last batch may
   // have begun in the epoch before.
-  const std::uint64_t at = state.position == 0 ? 0 : (state.position - 1) / per_epoch_;
-  const bool in_epoch =
-      state.epoch <= epochs_total_ && (at == state.epoch || at + 1 == state.epoch);
-  if (has_epochs() ? !in_epoch : state.epoch != 0) {
+  // (A stream, a mix of sources say, has no epochs: its position is the stream's.)
+  const auto in_epoch = [&] {
+    const std::uint64_t at = state.position == 0 ? 0 : (state.position - 1) / per_epoch_;
+    return state.epoch <= epochs_total_ && (at == state.epoch || at + 1 == state.epoch);
+  };
+  if (has_epochs() ? !in_epoch() : state.epoch != 0) {
     throw Error("Loader.load_state_dict: position " + std::to_string(state.position) +
                 " is not in epoch " + std::to_string(state.epoch) + " of this rank (" +
                 std::to_string(per_epoch_) +

@@ -396,6 +396,10 @@ std::optional<Sample> DatasetSource::next() {
   return sample;
 }
 
+void DatasetSource::mixed_at(Sample& sample, std::uint64_t position) {
+  sample.position = position;
+}
+
 Sample DatasetSource::stand_in(const Sample& bad, std::uint32_t attempt) const {
   // Drawn from (seed, epoch, index, attempt): the same on every run and rank.
   std::uint64_t index =

@@ -285,6 +285,8 @@ class DatasetSource : public Source<Sample>, public SampleOrigin {
 
  private:
   std::optional<Sample> next() final;
+  /// Behind a mix, a sample's position is the mix's: where a resumed run starts the mix.
+  void mixed_at(Sample& sample, std::uint64_t position) final;
   EpochCursor cursor_;
   std::size_t size_;
   std::uint64_t seed_;

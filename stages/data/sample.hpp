@@ -101,7 +101,8 @@ class SampleOrigin {
 struct Sample {
   std::uint64_t index = 0;  // position in the whole dataset: stable across epochs and ranks
   std::uint32_t epoch = 0;
-  std::uint64_t position = 0;  // ordinal in the source's output over the run: where to resume
+  // Ordinal in the source's output over the run (behind a mix, in the mix's): where to resume.
+  std::uint64_t position = 0;
   std::string path;            // the file, or "shard.ftpk#17" for a packed record; for messages
   std::int64_t label = -1;     // class id
   std::vector<float> targets;  // numeric targets (e.g. energy in kcal), may be empty
