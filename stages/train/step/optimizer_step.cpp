@@ -113,7 +113,8 @@ void OptimizerStepStage::apply(TrainingSession& s, Emitter<StepRecord>& out) {
 }
 
 void OptimizerStepStage::finish(Emitter<StepRecord>& out) {
-  if (!final_checkpoint_ || !session_ || session_->steps_this_run == 0) return;
+  if (!final_checkpoint_ || !session_) return;
+  if (session_->steps_this_run == 0 && !session_->resumed_at_the_end) return;
   const Trainer& trainer = *session_->trainer;
   const TrainState& state = trainer.state();
   // A run that reached the end of its data is final; one stopped early is a resumable step.

@@ -163,6 +163,10 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   }
   session_->trainer = std::make_unique<Trainer>(trainer, world,
                                                 checkpoint ? &*checkpoint : nullptr);
+  session_->resumed_at_the_end = checkpoint &&
+                                 fs::path(checkpoint->path).filename().string().rfind("final.pt", 0) != 0 &&
+                                 checkpoint->state.total_steps > 0 &&
+                                 checkpoint->state.step >= checkpoint->state.total_steps;
 }
 
 TrainStepStage::~TrainStepStage() = default;
@@ -264,6 +268,12 @@ void TrainStepStage::process(data::Batch&& batch, Emitter<GradBucket>& out) {
   IntraOpThreads threads(session_->intraop_threads);
   const std::size_t buckets = trainer.forward_backward(batch);
   for (std::size_t b = 0; b < buckets; ++b) out.emit(GradBucket{session_, b, buckets});
+}
+
+void TrainStepStage::finish(Emitter<GradBucket>& out) {
+  if (session_->resumed_at_the_end && session_->steps_this_run == 0) {
+    out.emit(GradBucket{session_, 0, 0});
+  }
 }
 
 StageWait TrainStepStage::waiting() const {

@@ -316,6 +316,9 @@ class TrainStepStage final : public FlatMap<data::Batch, GradBucket> {
 
  protected:
   void process(data::Batch&& batch, Emitter<GradBucket>& out) override;
+  /// Resumed at the end (TrainingSession::resumed_at_the_end): hands optimizer_step the session
+  /// in a passed-over bucket, so that it writes the final checkpoint no step of this run wrote.
+  void finish(Emitter<GradBucket>& out) override;
 
  private:
   std::shared_ptr<TrainingSession> session_;

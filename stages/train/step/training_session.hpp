@@ -20,6 +20,9 @@ struct TrainingSession {
 
   std::unique_ptr<Trainer> trainer;
   int intraop_threads = 1;  // the step's: optimizer_step clips with as many (same sums)
+  // Resumed from a step checkpoint of the run's last step (the job ended after writing it,
+  // before final.pt): no step is left to take, and optimizer_step writes the final checkpoint.
+  bool resumed_at_the_end = false;
 
   // Written by optimizer_step (serial) after each step, read by train_step's results() after
   // the run. Per-step time split, summed over this run; data_wait is from the end of one step

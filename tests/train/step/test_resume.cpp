@@ -242,3 +242,79 @@ TEST_CASE("Train.Cli.FullDiskWhileCheckpointingIsOneLine" * doctest::timeout(120
   CHECK_FALSE(fs::exists(dir / "run/final.pt"));
   CHECK_FALSE(fs::is_symlink(dir / "run/final.pt.tmp"));
 }
+
+// A job killed after its last step's checkpoint, before final.pt, resumed: no step is left, and
+// the run writes final.pt from that step (the weights the uninterrupted run's final.pt holds).
+TEST_CASE("Train.Resume.EveryStepDoneWritesTheFinalCheckpoint" * doctest::timeout(300)) {
+  TempDir dir("resume-end");
+  const std::string config = dir / "train.yaml";
+  std::ofstream(config) << "threads: 2\nstages:\n" + data_stages("train", 1, true) +
+                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
+                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
+                               "alpha: 1, lr: 0.002, warmup_steps: 3, checkpoint_every: 5, "
+                               "resume: true, checkpoint_dir: " + (dir / "run") + "}}\n";
+  REQUIRE(wait_for(spawn({FLOWTRAIN_CLI, "run", config}, {}, dir / "whole.log"), 120).code == 0);
+  REQUIRE(fs::exists(dir / "run/step-00000010.pt"));
+  fs::rename(dir / "run/final.pt", dir / "whole.pt");
+
+  const Exit again = wait_for(spawn({FLOWTRAIN_CLI, "run", config}, {}, dir / "again.log"), 120);
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK(again.output.find("resumed_at 10") != std::string::npos);
+  REQUIRE(fs::exists(dir / "run/final.pt"));
+  CHECK(read_checkpoint(dir / "run/final.pt").state.step == 10);
+  CHECK(same_weights(dir / "run/final.pt", dir / "whole.pt"));
+}
+
+// Behind a mix, a sample's position is the mix's: a run resumed from a step checkpoint takes
+// up the mixed order there, trains each step once and ends with the uninterrupted run's weights
+// (issue 59: it trained 164 images after the resume instead of 128, steps.csv ran to 19 of 16).
+TEST_CASE("Train.Resume.BehindAMixTrainsEachSampleOnce" * doctest::timeout(300)) {
+  TempDir dir("resume-mix");
+  const std::string config = dir / "train.yaml";
+  const std::string data = data_stages("train", 1, true);
+  const std::string source = data.substr(0, data.find('\n') + 1);
+  std::string other = source;  // the val folder: 160 more images, shuffled by another seed
+  other.replace(other.find("name: source"), 12, "name: extra");
+  other.replace(other.find("/train,"), 7, "/val,");
+  other.replace(other.find("seed: 3"), 7, "seed: 4");
+  std::ofstream(config)
+      << "threads: 2\nstages:\n" + source + other +
+             "  - {type: mix, name: data, inputs: [source, extra], params: {weights: [2, 1], "
+             "seed: 1}}\n" + data.substr(data.find('\n') + 1) +
+             "  - {type: student_step, queue_capacity: 2, params: {classes: 4, image_size: 32, "
+             "patch_size: 8, dim: 48, depth: 2, heads: 3, dropout: 0.1, alpha: 1, lr: 0.002, "
+             "warmup_steps: 3, checkpoint_every: 5, keep_checkpoints: 3, resume: true}}\n";
+  const auto run = [&](const std::string& name, const std::string& log) {
+    return wait_for(spawn({FLOWTRAIN_CLI, "run", config,
+                           "stages.student_step.params.checkpoint_dir=" + (dir / name)},
+                          {}, dir / log),
+                    120);
+  };
+  const Exit whole = run("whole", "whole.log");
+  INFO(whole.output);
+  REQUIRE(whole.code == 0);
+  REQUIRE(read_checkpoint(dir / "whole/final.pt").state.step == 15);  // 480 images, 32 a step
+
+  fs::copy(dir / "whole", dir / "cut", fs::copy_options::recursive);
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir / "cut")) {
+    const std::string file = entry.path().filename().string();
+    if (file == "final.pt" || (file.rfind("step-", 0) == 0 && file > "step-00000005.pt")) {
+      fs::remove(entry.path());
+    }
+  }
+  const Exit resumed = run("cut", "resumed.log");
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.output.find("resumed_at 5") != std::string::npos);
+  std::ifstream csv(dir / "cut/steps.csv");
+  std::string line;
+  std::getline(csv, line);
+  std::vector<int> steps;
+  while (std::getline(csv, line)) steps.push_back(std::stoi(line.substr(0, line.find(','))));
+  std::vector<int> once(15);
+  std::iota(once.begin(), once.end(), 1);
+  CHECK(steps == once);
+  CHECK(read_checkpoint(dir / "cut/final.pt").state.data_position == 480);
+  CHECK(same_weights(dir / "cut/final.pt", dir / "whole/final.pt"));
+}
