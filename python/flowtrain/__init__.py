@@ -51,6 +51,7 @@ class Loader:
 
     def __init__(self, config, overrides=(), output="collate", phase="", prefetch=2):
         self._loader = _Loader(str(config), list(overrides), output, phase, prefetch)
+        self._closed = False
         _live_loaders.add(self)
 
     def __len__(self):
@@ -61,6 +62,9 @@ class Loader:
         return self
 
     def __next__(self):
+        if self._closed:
+            raise Error("Loader: closed (close(), or the end of its `with` block): it gives no "
+                        "more batches; make a new Loader")
         return self._loader.next()
 
     def set_epoch(self, epoch):
@@ -76,10 +80,18 @@ class Loader:
         return {"flowtrain_loader": 1, "epoch": epoch, "position": position}
 
     def load_state_dict(self, state):
-        if state.get("flowtrain_loader") != 1:
-            raise Error("Loader.load_state_dict: not a flowtrain loader state "
-                        "(a dict from Loader.state_dict(), with 'flowtrain_loader': 1)")
-        self._loader.restore(int(state["epoch"]), int(state["position"]))
+        """Makes the next batch the one that came after `state` (a dict from state_dict());
+        anything else is refused in one line, the loader unchanged."""
+        keys = {"flowtrain_loader", "epoch", "position"}
+        if (not isinstance(state, dict) or set(state) != keys
+                or not all(type(state[k]) is int for k in keys) or state["flowtrain_loader"] != 1):
+            raise Error("Loader.load_state_dict: not a flowtrain loader state (a dict from "
+                        "Loader.state_dict(): 'flowtrain_loader': 1, 'epoch' and 'position' "
+                        "as ints)")
+        if not (0 <= state["epoch"] < 2**32 and 0 <= state["position"] < 2**63):
+            raise Error("Loader.load_state_dict: epoch " + str(state["epoch"]) + " and position " +
+                        str(state["position"]) + " are not a loader's (whole numbers >= 0)")
+        self._loader.restore(state["epoch"], state["position"])
 
     def report(self):
         """The report of the graph's run once it ended (close()), as a dict (the stages' busy,
@@ -89,7 +101,9 @@ class Loader:
         return None if text is None else json.loads(text)
 
     def close(self):
-        """Stops the running epoch's graph and waits for it (dropping the loader does too)."""
+        """Stops the running epoch's graph and waits for it (dropping the loader does too); a
+        closed loader gives no more batches."""
+        self._closed = True
         self._loader.stop()
 
     def __enter__(self):

@@ -84,8 +84,23 @@ void from_dict(const py::dict& d, data::Batch& b, const std::string& stage) {
                   ", expected " + std::string(c10::toString(type)) + " with " +
                   std::to_string(dims) + " dims and " + std::to_string(rows) + " rows");
     }
+    if (t.requires_grad()) {
+      throw Error("python stage '" + stage + "' returned '" + key +
+                  "' as a tensor that requires grad; the stages after it take data: return it "
+                  "detached (.detach(), or compute it under torch.no_grad())");
+    }
     into = t.contiguous();
   };
+  // The stages after it were built for the images it was given: their size stays.
+  if (d.contains("images") && !d["images"].is_none() && b.images.defined()) {
+    const at::Tensor images = d["images"].cast<at::Tensor>();
+    if (images.dim() == 4 && images.sizes() != b.images.sizes()) {
+      std::ostringstream got;
+      got << "'images' as " << images.sizes() << ", expected " << b.images.sizes();
+      throw Error("python stage '" + stage + "' returned " + got.str() +
+                  " (the size it was given, which the stages after it take)");
+    }
+  }
   take("images", b.images, at::kFloat, 4);
   take("labels", b.labels, at::kLong, 1);
   take("targets", b.targets, at::kFloat, 2);
@@ -179,16 +194,20 @@ class PythonStage final : public Map<T, T> {
     py::gil_scoped_acquire gil;
     try {
       if constexpr (std::is_same_v<T, data::Batch>) {
-        const py::object result = fn_(to_dict(item));
+        const py::dict given = to_dict(item);
+        const py::list keys = py::list(given.attr("keys")());  // before the function changes the dict
+        const py::object result = fn_(given);
         if (result.is_none()) return ctx.drop("python stage '" + type_ + "' returned None");
-        from_dict(checked_dict(result), item, type_);
+        from_dict(checked_dict(result, keys), item, type_);
         return std::move(item);
       } else {
         auto held = std::make_shared<T>(std::move(item));
-        const py::object result = fn_(to_dict(held));
+        const py::dict given = to_dict(held);
+        const py::list keys = py::list(given.attr("keys")());
+        const py::object result = fn_(given);
         if (result.is_none()) return ctx.drop("python stage '" + type_ + "' returned None");
         T out;
-        from_dict(checked_dict(result), held, out, type_);
+        from_dict(checked_dict(result, keys), held, out, type_);
         return out;
       }
     } catch (py::error_already_set& e) {
@@ -197,13 +216,23 @@ class PythonStage final : public Map<T, T> {
   }
 
  private:
-  py::dict checked_dict(const py::object& result) const {
+  // The dict a stage returned, holding every key of the one it was given (a key left out would
+  // silently keep the old value).
+  py::dict checked_dict(const py::object& result, const py::list& given) const {
     if (!py::isinstance<py::dict>(result)) {
       throw Error("python stage '" + type_ + "' returned " +
                   std::string(py::str(result.get_type().attr("__name__"))) +
                   ", expected the dict it was given (or None to drop the item)");
     }
-    return result.cast<py::dict>();
+    py::dict out = result.cast<py::dict>();
+    for (const py::handle key : given) {
+      if (!out.contains(key)) {
+        throw Error("python stage '" + type_ + "' returned a dict without '" +
+                    std::string(py::str(key)) +
+                    "': return the dict it was given, changed (or None to drop the item)");
+      }
+    }
+    return out;
   }
   std::string type_;
   py::object fn_;

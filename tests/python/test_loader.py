@@ -102,6 +102,68 @@ def test_state_dict_resumes_at_the_exact_next_batch(graph):
         resumed.load_state_dict({"flowtrain_loader": 1, "epoch": 3, "position": 5})
 
 
+def test_garbage_states_are_refused_and_the_loader_is_unchanged(graph):
+    loader = flowtrain.Loader(graph(batch=8), output="collate")
+    first = epoch_of(loader)
+    loader.set_epoch(0)
+    good = {"flowtrain_loader": 1, "epoch": 0, "position": 0}
+    for bad in [None, [], "state", {}, {"flowtrain_loader": 1}, dict(good, epoch=-1),
+                dict(good, position=-8), dict(good, position=2.5), dict(good, epoch=True),
+                dict(good, epoch="0"), dict(good, position=None), dict(good, flowtrain_loader=2),
+                dict(good, extra=1), dict(good, epoch=2**40), dict(good, position=2**70)]:
+        with pytest.raises(flowtrain.Error, match="Loader.load_state_dict: "):
+            loader.load_state_dict(bad)
+    again = epoch_of(loader)
+    assert len(again) == len(first)
+    for (i0, x0), (i1, x1) in zip(first, again):
+        assert torch.equal(i0, i1) and torch.equal(x0, x1)
+
+
+def test_a_closed_loader_gives_no_batch(graph):
+    loader = flowtrain.Loader(graph(batch=8), output="collate")
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(flowtrain.Error, match="Loader: closed"):
+        next(it)
+    with flowtrain.Loader(graph(batch=8), output="collate") as other:
+        next(iter(other))
+    with pytest.raises(flowtrain.Error, match="Loader: closed"):
+        next(iter(other))
+
+
+def test_a_state_behind_a_mix_resumes_the_mixed_stream(graph, images, tmp_path):
+    # Two sources mixed 3:1 are one stream: its state counts the mix's items, and loads again
+    # (it divided by zero: a stream has no epoch length).
+    config = tmp_path / "mix.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        threads: 2
+        stages:
+          - {{type: image_folder, name: a, params: {{root: {images}, seed: 3, epochs: 2}}}}
+          - {{type: image_folder, name: b, params: {{root: {images}, seed: 4, epochs: 1}}}}
+          - {{type: mix, name: data, inputs: [a, b], params: {{weights: [3, 1], seed: 1}}}}
+          - {{type: jpeg_decode, concurrency: 2}}
+          - {{type: augment, params: {{size: 32, mode: eval, eval_crop: 1.0}}}}
+          - {{type: collate, params: {{batch_size: 8, pool_size: 3}}}}
+          - {{type: discard}}
+        """))
+    whole = epoch_of(flowtrain.Loader(str(config)))
+    assert sum(len(i) for i, _ in whole) == 108
+    loader = flowtrain.Loader(str(config))
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    assert state == {"flowtrain_loader": 1, "epoch": 0, "position": 40}
+    loader.close()
+    resumed = flowtrain.Loader(str(config))
+    resumed.load_state_dict(state)
+    rest = epoch_of(resumed)
+    assert len(rest) == len(whole) - 5
+    for (i0, x0), (i1, x1) in zip(whole[5:], rest):
+        assert torch.equal(i0, i1) and torch.equal(x0, x1)
+
+
 def test_a_break_leaves_the_loader_after_the_last_batch(graph):
     loader = flowtrain.Loader(graph(batch=6), output="collate")
     whole = [i for i, _ in epoch_of(loader)]

@@ -77,6 +77,45 @@ def test_an_error_in_a_python_stage_reaches_the_caller_as_one_line(graph):
     assert "test_stages_and_run.py:" in message
 
 
+@flowtrain.stage("shrink", item="batch")
+def shrink(batch):
+    batch["images"] = batch["images"][:, :, :16, :16]
+    return batch
+
+
+@flowtrain.stage("grad", item="batch")
+def grad(batch):
+    batch["images"] = batch["images"].clone().requires_grad_()
+    return batch
+
+
+@flowtrain.stage("forget", item="batch")
+def forget(batch):
+    return {"images": batch["images"]}
+
+
+@flowtrain.stage("forget_label", item="sample")
+def forget_label(sample):
+    del sample["label"]
+    return sample
+
+
+@pytest.mark.parametrize("stage, item, problem", [
+    ("shrink", "batch", "returned 'images' as [8, 3, 16, 16], expected [8, 3, 32, 32]"),
+    ("grad", "batch", "returned 'images' as a tensor that requires grad"),
+    ("forget", "batch", "returned a dict without 'labels'"),
+    ("forget_label", "sample", "returned a dict without 'label'"),
+])
+def test_what_a_python_stage_returns_is_checked_in_one_line(graph, stage, item, problem):
+    entry = "  - {type: " + stage + "}\n"
+    config = graph(**{"extra_" + item: entry}, name=stage + ".yaml")
+    with pytest.raises(flowtrain.Error) as error:
+        for _ in flowtrain.Loader(config, output="collate" if item == "sample" else stage):
+            pass
+    message = str(error.value)
+    assert "\n" not in message and f"python stage '{stage}' " + problem in message
+
+
 def test_a_stage_keeps_its_item_type_and_builtin_names_are_taken():
     with pytest.raises(flowtrain.Error, match="registered for batches"):
         flowtrain.stage("negate", item="sample")(lambda s: s)
