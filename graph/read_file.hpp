@@ -16,7 +16,8 @@ inline constexpr std::int64_t kMaxFileBytes = std::int64_t{256} << 20;
 /// reallocated; `bytes` views what was read. Returns why it could not ("it is a FIFO, not a
 /// regular file", "larger than max_file_bytes 268435456", the system's reason), or an empty
 /// string. Never blocks on a FIFO or a device and never reads past `max_bytes`. The one reader of
-/// whole files: configs, images (jpeg_decode, decode_crop, pack), checkpoints and weights.
+/// whole files: configs, images (jpeg_decode, decode_crop, pack), manifests; large files that
+/// are checked before they are trusted (weights, checkpoints) are mapped instead (MappedFile).
 ///   std::vector<std::uint8_t> buffer;
 ///   std::span<const std::uint8_t> bytes;
 ///   if (std::string error = read_file(path, buffer, bytes); !error.empty()) fail(path, error);
@@ -37,6 +38,8 @@ std::string read_text_file(const std::string& path,
 /// at a few parts before trusting the rest: pages the reader never touches cost no memory, and
 /// `release` gives back those it has read (a check streaming over a 4 GiB entry stays small).
 /// Throws Error "PATH: cannot read (REASON)" if it is not a regular file or cannot be mapped.
+/// The file must not shrink while mapped (flowtrain replaces its files by renaming, which keeps
+/// a mapping's file whole).
 ///   MappedFile file(path);
 ///   check(file.bytes());
 class MappedFile {

@@ -212,10 +212,10 @@ std::vector<ZipEntry> zip_entries(std::span<const std::uint8_t> bytes, std::stri
     if (next > end) return fail("damaged zip directory");
     const std::string_view name_in_file(reinterpret_cast<const char*>(data + at + 46), name_size);
     const std::string name(name_in_file);
-    if (const std::string problem = read_zip64_fields(
+    if (const std::string zip64 = read_zip64_fields(
             bytes.subspan(at + 46 + name_size, extra_size), {&unpacked, &stored, &local});
-        !problem.empty()) {
-      return fail("entry '" + name + "' " + problem);
+        !zip64.empty()) {
+      return fail("entry '" + name + "' " + zip64);
     }
     if (!inside(local, 30, size) || u32(data + local) != kLocalHeader) {
       return fail("entry '" + name + "' has no header");

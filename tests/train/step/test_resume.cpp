@@ -32,6 +32,23 @@ Process start_run(const std::string& config,
 
 bool has_step_checkpoint(const std::string& dir) { return !step_checkpoints(dir).empty(); }
 
+// The step column of a steps.csv, row by row.
+std::vector<int> logged_steps(const std::string& csv_path) {
+  std::ifstream csv(csv_path);
+  std::string line;
+  std::getline(csv, line);
+  std::vector<int> steps;
+  while (std::getline(csv, line)) steps.push_back(std::stoi(line.substr(0, line.find(','))));
+  return steps;
+}
+
+// 1, 2, ..., n.
+std::vector<int> first_steps(int n) {
+  std::vector<int> out(static_cast<std::size_t>(n));
+  std::iota(out.begin(), out.end(), 1);
+  return out;
+}
+
 // A run interrupted by `signal` as soon as its first checkpoint is on disk, then resumed, ends
 // with the same weights, bit for bit, as a run that was never interrupted: same batches from the
 // same data position, optimizer state, schedule and random state (dropout is on, so the RNG
@@ -79,14 +96,7 @@ void check_interrupted_run_resumes_exactly(int signal) {
 
   // steps.csv has each step once, in order: the rows the stopped run logged after its
   // checkpoint were dropped when the resumed run took those steps again.
-  std::ifstream csv(dir / "stopped/steps.csv");
-  std::string line;
-  std::getline(csv, line);
-  std::vector<int> steps;
-  while (std::getline(csv, line)) steps.push_back(std::stoi(line.substr(0, line.find(','))));
-  std::vector<int> once(40);
-  std::iota(once.begin(), once.end(), 1);
-  CHECK(steps == once);
+  CHECK(logged_steps(dir / "stopped/steps.csv") == first_steps(40));
 
   const Checkpoint whole = read_checkpoint(dir / "whole/final.pt");
   const Checkpoint resumed = read_checkpoint(dir / "stopped/final.pt");
@@ -307,14 +317,7 @@ TEST_CASE("Train.Resume.BehindAMixTrainsEachSampleOnce" * doctest::timeout(300))
   INFO(resumed.output);
   REQUIRE(resumed.code == 0);
   CHECK(resumed.output.find("resumed_at 5") != std::string::npos);
-  std::ifstream csv(dir / "cut/steps.csv");
-  std::string line;
-  std::getline(csv, line);
-  std::vector<int> steps;
-  while (std::getline(csv, line)) steps.push_back(std::stoi(line.substr(0, line.find(','))));
-  std::vector<int> once(15);
-  std::iota(once.begin(), once.end(), 1);
-  CHECK(steps == once);
+  CHECK(logged_steps(dir / "cut/steps.csv") == first_steps(15));
   CHECK(read_checkpoint(dir / "cut/final.pt").state.data_position == 480);
   CHECK(same_weights(dir / "cut/final.pt", dir / "whole/final.pt"));
 }
