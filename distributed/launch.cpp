@@ -3,9 +3,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,20 +37,25 @@ constexpr const char* kLauncherPidVariable = "FLOWTRAIN_LAUNCHER_PID";
 // scripts/launcher-job.sh's free_ports takes the same locks.
 constexpr const char* kPortLocks = "/tmp/flowtrain-ports";
 
-// Whether a listener can bind `port` of 127.0.0.1 now (with SO_REUSEADDR, as c10d's store
-// binds: a connection of an earlier job in TIME_WAIT does not keep it).
-bool can_listen_on(int port) {
+// Binds a socket to `port` of 127.0.0.1 (0: the kernel picks one), with SO_REUSEADDR as c10d's
+// store binds (a connection of an earlier job in TIME_WAIT does not keep a port), and closes
+// it: the port bound, or -1 with errno set.
+int bind_loopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return -1;
   const int on = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = htons(static_cast<std::uint16_t>(port));
-  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  socklen_t length = sizeof address;
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int error = errno;
   close(fd);
-  return free;
+  errno = error;
+  return bound ? ntohs(address.sin_port) : -1;
 }
 
 std::atomic<int> g_signal{0};  // the last SIGINT/SIGTERM the launcher received, to forward
@@ -173,27 +178,17 @@ int free_local_port() {
     const std::string lock = std::string(kPortLocks) + "/" + std::to_string(port);
     const int held = ::open(lock.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0666);
     if (held < 0) break;  // no lock folder: as before, the kernel's pick
-    if (::flock(held, LOCK_EX | LOCK_NB) != 0 || !can_listen_on(port)) {
+    if (::flock(held, LOCK_EX | LOCK_NB) != 0 || bind_loopback(port) < 0) {
       ::close(held);
       continue;
     }
     return port;  // `held` stays open: the lock lasts as long as this process
   }
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw Error(std::string("cannot open a socket: ") + std::strerror(errno));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof address;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const std::string reason = std::strerror(errno);
-    close(fd);
-    throw Error("cannot find a free port on 127.0.0.1: " + reason);
+  const int port = bind_loopback(0);
+  if (port < 0) {
+    throw Error(std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(errno));
   }
-  close(fd);
-  return ntohs(address.sin_port);
+  return port;
 }
 
 void exit_with_launcher() {

@@ -2,22 +2,20 @@
 
 #include <dlfcn.h>
 #include <elf.h>
-#include <fcntl.h>
 #include <link.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "graph/error.hpp"
+#include "graph/read_file.hpp"
 
 namespace flowtrain {
 
@@ -32,23 +30,16 @@ namespace {
 
 // Why dlopen must not be given `file`, or "": dlopen maps the segments its program headers
 // name, and touching a page past the end of a cut file is SIGBUS, not an error it returns.
-// Reads the headers only, as this machine's class and byte order (ElfW).
+// Reads the headers only (the file mapped, as this machine's class and byte order: ElfW).
 std::string elf_problem(const std::string& file) {
-  const auto unreadable = [] {
-    return std::string("cannot read it (") + std::strerror(errno) + ")";
-  };
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return unreadable();
-  const struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return unreadable();
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  const auto read_at = [&](void* into, std::size_t bytes, std::uint64_t offset) {
-    return ::pread(fd, into, bytes, static_cast<off_t>(offset)) == static_cast<ssize_t>(bytes);
-  };
+  std::optional<MappedFile> mapped;
+  try {
+    mapped.emplace(file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  const std::span<const std::uint8_t> bytes = mapped->bytes();
+  const std::uint64_t size = bytes.size();
   const auto damaged = [&](const std::string& what_ends, std::uint64_t end) {
     return "it is truncated or damaged (" + what_ends + " at byte " + std::to_string(end) +
            " of a file of " + std::to_string(size) + " bytes)";
@@ -56,17 +47,20 @@ std::string elf_problem(const std::string& file) {
   // The end of `count` entries of `entry_size` bytes from `offset`; UINT64_MAX past 2^64.
   const auto end_of = [](std::uint64_t offset, std::uint64_t count, std::uint64_t entry_size) {
     if (entry_size != 0 && count > UINT64_MAX / entry_size) return UINT64_MAX;
-    const std::uint64_t bytes = count * entry_size;
-    return offset > UINT64_MAX - bytes ? UINT64_MAX : offset + bytes;
+    const std::uint64_t length = count * entry_size;
+    return offset > UINT64_MAX - length ? UINT64_MAX : offset + length;
+  };
+  // A header of type T at `offset` (the caller checked it lies in the file).
+  const auto read = [&]<class T>(T& into, std::uint64_t offset) {
+    std::memcpy(&into, bytes.data() + offset, sizeof into);
   };
 
   ElfW(Ehdr) header{};
-  if (size < SELFMAG || !read_at(header.e_ident, SELFMAG, 0) ||
-      std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) {
+  if (size < SELFMAG || std::memcmp(bytes.data(), ELFMAG, SELFMAG) != 0) {
     return "not an ELF shared library";
   }
   if (size < sizeof header) return damaged("its ELF header ends", sizeof header);
-  if (!read_at(&header, sizeof header, 0)) return unreadable();
+  read(header, 0);
   constexpr unsigned char kClass = sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32;
   constexpr bool kLittle = std::endian::native == std::endian::little;
   if (header.e_ident[EI_CLASS] != kClass ||
@@ -83,9 +77,7 @@ std::string elf_problem(const std::string& file) {
   }
   for (std::size_t i = 0; i < header.e_phnum; ++i) {
     ElfW(Phdr) segment{};
-    if (!read_at(&segment, sizeof segment, header.e_phoff + i * sizeof segment)) {
-      return unreadable();
-    }
+    read(segment, header.e_phoff + i * sizeof segment);
     if (const std::uint64_t end = end_of(segment.p_offset, 1, segment.p_filesz);
         segment.p_type == PT_LOAD && end > size) {
       return damaged("segment " + std::to_string(i) + " ends", end);

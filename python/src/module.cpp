@@ -84,6 +84,13 @@ void from_dict(const py::dict& d, data::Batch& b, const std::string& stage) {
                   ", expected " + std::string(c10::toString(type)) + " with " +
                   std::to_string(dims) + " dims and " + std::to_string(rows) + " rows");
     }
+    // The stages after it were built for the images it was given: their size stays.
+    if (dims == 4 && into.defined() && t.sizes() != into.sizes()) {
+      std::ostringstream got;
+      got << "'" << key << "' as " << t.sizes() << ", expected " << into.sizes();
+      throw Error("python stage '" + stage + "' returned " + got.str() +
+                  " (the size it was given, which the stages after it take)");
+    }
     if (t.requires_grad()) {
       throw Error("python stage '" + stage + "' returned '" + key +
                   "' as a tensor that requires grad; the stages after it take data: return it "
@@ -91,16 +98,6 @@ void from_dict(const py::dict& d, data::Batch& b, const std::string& stage) {
     }
     into = t.contiguous();
   };
-  // The stages after it were built for the images it was given: their size stays.
-  if (d.contains("images") && !d["images"].is_none() && b.images.defined()) {
-    const at::Tensor images = d["images"].cast<at::Tensor>();
-    if (images.dim() == 4 && images.sizes() != b.images.sizes()) {
-      std::ostringstream got;
-      got << "'images' as " << images.sizes() << ", expected " << b.images.sizes();
-      throw Error("python stage '" + stage + "' returned " + got.str() +
-                  " (the size it was given, which the stages after it take)");
-    }
-  }
   take("images", b.images, at::kFloat, 4);
   take("labels", b.labels, at::kLong, 1);
   take("targets", b.targets, at::kFloat, 2);

@@ -458,15 +458,12 @@ StateDict state_dict_of(const PyValue& root, const std::string& path) {
 
 }  // namespace
 
-StateDict read_torch_save(std::span<const std::uint8_t> bytes,
+StateDict read_torch_save(const std::vector<ZipEntry>& entries,
                           const std::string& path,
                           const ReleasePages& release) {
-  std::string problem;
-  const std::vector<ZipEntry> entries = zip_entries(bytes, problem);
   const auto damaged = [&path](const std::string& why) {
     return Error(path + ": damaged weights file (" + why + ")");
   };
-  if (!problem.empty()) throw damaged(problem);
   const ZipEntry* pickle = find_entry(entries, "data.pkl");
   if (!pickle) throw Error(path + ": a zip archive without data.pkl, not a torch.save file");
   if (pickle->size > kMaxPickleBytes) {
@@ -475,22 +472,19 @@ StateDict read_torch_save(std::span<const std::uint8_t> bytes,
                 " MiB flowtrain reads");
   }
   std::vector<std::uint8_t> pickle_bytes(static_cast<std::size_t>(pickle->size));
-  if (problem = read_entry(*pickle, pickle_bytes); !problem.empty()) throw damaged(problem);
+  if (const std::string problem = read_entry(*pickle, pickle_bytes); !problem.empty()) {
+    throw damaged(problem);
+  }
   StateDictUnpickler unpickler(pickle_bytes, entries, release, path);
   StateDict out = state_dict_of(*unpickler.run(), path);
   // The entries no storage read (the version, newer PyTorch's byte order...): their CRCs too.
   for (const ZipEntry& entry : entries) {
     if (&entry == pickle || unpickler.read_entries().count(&entry)) continue;
-    if (problem = entry_problem(entry, release); !problem.empty()) throw damaged(problem);
+    if (const std::string problem = entry_problem(entry, release); !problem.empty()) {
+      throw damaged(problem);
+    }
   }
   return out;
-}
-
-bool is_torchscript_archive(std::span<const std::uint8_t> bytes, const std::string& path) {
-  std::string problem;
-  const std::vector<ZipEntry> entries = zip_entries(bytes, problem);
-  if (!problem.empty()) throw Error(path + ": damaged weights file (" + problem + ")");
-  return find_entry(entries, "constants.pkl") != nullptr;
 }
 
 }  // namespace flowtrain::train

@@ -39,16 +39,11 @@ bool looks_like_safetensors(std::span<const std::uint8_t> bytes);
 /// `weights` as a safetensors file (8-byte aligned data, names in their order).
 std::string safetensors_bytes(const StateDict& weights);
 
-/// The state_dict in a torch.save zip, each storage checked against the size its pickle gives
-/// before it is read, and every entry against its CRC (pieces read are given to `release`);
-/// throws Error naming `path` and the reason.
-StateDict read_torch_save(std::span<const std::uint8_t> bytes,
+/// The state_dict in the torch.save zip whose entries zip_entries listed, each storage checked
+/// against the size its pickle gives before it is read, and every entry against its CRC (pieces
+/// read are given to `release`); throws Error naming `path` and the reason.
+StateDict read_torch_save(const std::vector<ZipEntry>& entries,
                           const std::string& path,
                           const ReleasePages& release = {});
-
-/// Whether the zip `bytes` hold a TorchScript archive (a flowtrain checkpoint or a module), not
-/// a torch.save file, by its directory (nothing read); throws Error naming `path` if they are not
-/// a LibTorch zip at all.
-bool is_torchscript_archive(std::span<const std::uint8_t> bytes, const std::string& path);
 
 }  // namespace flowtrain::train

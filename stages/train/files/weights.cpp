@@ -187,14 +187,18 @@ StateDict read_weights(const std::string& path) {
     }
     throw Error(path + ": not a weights file (neither safetensors nor a torch.save zip)");
   }
-  if (is_torchscript_archive(bytes, path)) {  // a flowtrain checkpoint, or a module
+  std::string problem;
+  const std::vector<ZipEntry> entries = zip_entries(bytes, problem);
+  if (!problem.empty()) throw Error(path + ": damaged weights file (" + problem + ")");
+  // A TorchScript archive (a flowtrain checkpoint, or a module), not a torch.save file.
+  if (find_entry(entries, "constants.pkl")) {
     if (std::optional<Checkpoint> checkpoint = try_read_checkpoint(path)) {
       return model_weights(*load_model(*checkpoint));
     }
     throw Error(path + ": a TorchScript module, not a state_dict (save model.state_dict() with "
                        "torch.save)");
   }
-  return read_torch_save(bytes, path,
+  return read_torch_save(entries, path,
                          [&file](std::span<const std::uint8_t> part) { file.release(part); });
 }
 

@@ -264,45 +264,43 @@ const ZipEntry* find_entry(const std::vector<ZipEntry>& entries, std::string_vie
   return found == entries.end() ? nullptr : &*found;
 }
 
-std::string entry_problem(const ZipEntry& entry, const ReleasePages& release) {
-  const std::string name(entry.name);
-  if (entry.method == 8) {
-    const std::optional<uLong> crc = inflated_crc(entry.data, entry.size, {}, release);
-    if (!crc) return "entry '" + name + "' does not inflate to its size";
-    return *crc == entry.crc ? std::string() : "entry '" + name + "' fails its CRC check";
-  }
-  uLong crc = ::crc32_z(0, nullptr, 0);
-  for (std::size_t at = 0; at < entry.data.size(); at += kCheckPiece) {
-    const auto piece = entry.data.subspan(at, std::min(kCheckPiece, entry.data.size() - at));
-    crc = ::crc32_z(crc, piece.data(), piece.size());
-    if (release) release(piece);
-  }
-  return crc == entry.crc ? std::string() : "entry '" + name + "' fails its CRC check";
-}
+namespace {
 
-std::string read_entry(const ZipEntry& entry,
-                       std::span<std::uint8_t> out,
-                       const ReleasePages& release) {
+// `entry`'s contents checked against its CRC-32 and size, a piece at a time, each given to
+// `release` once read: copied into `out` if given (then exactly the contents' size), else only
+// read. The problem, or an empty string.
+std::string checked(const ZipEntry& entry, std::span<std::uint8_t> out, const ReleasePages& release) {
   const std::string name(entry.name);
-  if (out.size() != entry.size) {
-    return "entry '" + name + "' holds " + std::to_string(entry.size) + " bytes, not " +
-           std::to_string(out.size());
-  }
-  uLong crc = 0;
+  uLong crc = ::crc32_z(0, nullptr, 0);
   if (entry.method == 8) {
     const std::optional<uLong> inflated = inflated_crc(entry.data, entry.size, out, release);
     if (!inflated) return "entry '" + name + "' does not inflate to its size";
     crc = *inflated;
   } else {
-    crc = ::crc32_z(0, nullptr, 0);
-    for (std::size_t at = 0; at < out.size(); at += kCheckPiece) {
-      const auto piece = entry.data.subspan(at, std::min(kCheckPiece, out.size() - at));
-      std::memcpy(out.data() + at, piece.data(), piece.size());
-      crc = ::crc32_z(crc, out.data() + at, piece.size());
+    for (std::size_t at = 0; at < entry.data.size(); at += kCheckPiece) {
+      const auto piece = entry.data.subspan(at, std::min(kCheckPiece, entry.data.size() - at));
+      if (!out.empty()) std::memcpy(out.data() + at, piece.data(), piece.size());
+      crc = ::crc32_z(crc, piece.data(), piece.size());
       if (release) release(piece);
     }
   }
   return crc == entry.crc ? std::string() : "entry '" + name + "' fails its CRC check";
+}
+
+}  // namespace
+
+std::string entry_problem(const ZipEntry& entry, const ReleasePages& release) {
+  return checked(entry, {}, release);
+}
+
+std::string read_entry(const ZipEntry& entry,
+                       std::span<std::uint8_t> out,
+                       const ReleasePages& release) {
+  if (out.size() != entry.size) {
+    return "entry '" + std::string(entry.name) + "' holds " + std::to_string(entry.size) +
+           " bytes, not " + std::to_string(out.size());
+  }
+  return checked(entry, out, release);
 }
 
 std::string zip_problem(std::span<const std::uint8_t> bytes, const ReleasePages& release) {

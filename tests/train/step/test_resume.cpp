@@ -32,6 +32,14 @@ Process start_run(const std::string& config,
 
 bool has_step_checkpoint(const std::string& dir) { return !step_checkpoints(dir).empty(); }
 
+// The training step of these tests' jobs, a ViT 48/2/3 on 4 classes of 32x32 images, with
+// `params` after the model's and the optimizer's.
+std::string student_step(const std::string& params) {
+  return "  - {type: student_step, queue_capacity: 2, params: {classes: 4, image_size: 32, "
+         "patch_size: 8, dim: 48, depth: 2, heads: 3, alpha: 1, lr: 0.002, warmup_steps: 3, " +
+         params + "}}\n";
+}
+
 // The step column of a steps.csv, row by row.
 std::vector<int> logged_steps(const std::string& csv_path) {
   std::ifstream csv(csv_path);
@@ -57,10 +65,7 @@ void check_interrupted_run_resumes_exactly(int signal) {
   TempDir dir("resume");
   const std::string config = dir / "train.yaml";
   std::ofstream(config) << "threads: 2\nstages:\n" + data_stages("train", 4, true) +
-                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
-                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
-                               "dropout: 0.1, alpha: 1, lr: 0.002, warmup_steps: 3, "
-                               "checkpoint_every: 2, resume: true}}\n";
+                               student_step("dropout: 0.1, checkpoint_every: 2, resume: true");
   const auto checkpoint_dir = [&](const std::string& run) {
     return "stages.student_step.params.checkpoint_dir=" + (dir / run);
   };
@@ -259,10 +264,8 @@ TEST_CASE("Train.Resume.EveryStepDoneWritesTheFinalCheckpoint" * doctest::timeou
   TempDir dir("resume-end");
   const std::string config = dir / "train.yaml";
   std::ofstream(config) << "threads: 2\nstages:\n" + data_stages("train", 1, true) +
-                               "  - {type: student_step, queue_capacity: 2, params: {classes: 4, "
-                               "image_size: 32, patch_size: 8, dim: 48, depth: 2, heads: 3, "
-                               "alpha: 1, lr: 0.002, warmup_steps: 3, checkpoint_every: 5, "
-                               "resume: true, checkpoint_dir: " + (dir / "run") + "}}\n";
+                               student_step("checkpoint_every: 5, resume: true, checkpoint_dir: " +
+                                            (dir / "run"));
   REQUIRE(wait_for(spawn({FLOWTRAIN_CLI, "run", config}, {}, dir / "whole.log"), 120).code == 0);
   REQUIRE(fs::exists(dir / "run/step-00000010.pt"));
   fs::rename(dir / "run/final.pt", dir / "whole.pt");
@@ -292,9 +295,7 @@ TEST_CASE("Train.Resume.BehindAMixTrainsEachSampleOnce" * doctest::timeout(300))
       << "threads: 2\nstages:\n" + source + other +
              "  - {type: mix, name: data, inputs: [source, extra], params: {weights: [2, 1], "
              "seed: 1}}\n" + data.substr(data.find('\n') + 1) +
-             "  - {type: student_step, queue_capacity: 2, params: {classes: 4, image_size: 32, "
-             "patch_size: 8, dim: 48, depth: 2, heads: 3, dropout: 0.1, alpha: 1, lr: 0.002, "
-             "warmup_steps: 3, checkpoint_every: 5, keep_checkpoints: 3, resume: true}}\n";
+             student_step("dropout: 0.1, checkpoint_every: 5, keep_checkpoints: 3, resume: true");
   const auto run = [&](const std::string& name, const std::string& log) {
     return wait_for(spawn({FLOWTRAIN_CLI, "run", config,
                            "stages.student_step.params.checkpoint_dir=" + (dir / name)},
