@@ -226,6 +226,7 @@ void Loader::start() {
 
 std::exception_ptr Loader::join() {
   thread_.join();
+  cancelled_ = false;
   pipeline_.reset();
   sink_ = nullptr;
   return std::exchange(error_, nullptr);
@@ -239,6 +240,7 @@ Loader::Next Loader::next(data::Batch& batch, double wait_s) {
       return Next::kEnd;
     }
   }
+  if (cancelled_) stop();  // what the cancelled run says no longer matters
   if (!running()) start();
   Handoff& handoff = sink_->handoff();
   {
@@ -270,6 +272,13 @@ Loader::Next Loader::next(data::Batch& batch, double wait_s) {
 
 void Loader::stop() {
   if (!running()) return;
+  cancel();
+  join();  // the loop left: what the stopped run says no longer matters
+}
+
+void Loader::cancel() {
+  if (!running() || cancelled_) return;
+  cancelled_ = true;
   {
     Handoff& handoff = sink_->handoff();
     std::lock_guard lock(handoff.mutex);
@@ -279,7 +288,6 @@ void Loader::stop() {
   }
   // The work in flight is for batches nobody will take: thrown away, not finished.
   pipeline_->request_pause_discarding();
-  join();  // the loop left: what the stopped run says no longer matters
 }
 
 void Loader::restore(const LoaderState& state) {

@@ -73,6 +73,9 @@ class Loader {
   Next next(data::Batch& batch, double wait_s);
   /// Stops the graph and waits for it to end; the state stays after the last batch yielded.
   void stop();
+  /// Asks the graph to stop and returns at once (Ctrl-C: a stage may be inside a long call);
+  /// the next call of next() or stop() waits for it to end. The state is as after stop().
+  void cancel();
   bool running() const { return thread_.joinable(); }
 
   LoaderState state() const { return state_; }
@@ -115,6 +118,7 @@ class Loader {
   HandoffSink* sink_ = nullptr;  // owned by pipeline_
   std::thread thread_;
   std::exception_ptr error_;  // of the run in thread_
+  bool cancelled_ = false;    // cancel() was called on the run in thread_
 };
 
 }  // namespace flowtrain::python

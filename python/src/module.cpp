@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "graph/error.hpp"
@@ -176,6 +177,28 @@ PythonStages& python_stages() {
   return *stages;
 }
 
+// The threads inside a Python stage's call, by Python thread id; touched only under the GIL.
+// Ctrl-C in the loop raises KeyboardInterrupt in them too, so that a stage's Python code stops
+// at its next line rather than when the call returns (a single C call, time.sleep(30) say, still
+// runs to its end: CPython checks for it between lines).
+std::set<unsigned long>& threads_in_stages() {
+  static auto* threads = new std::set<unsigned long>;  // never destroyed, as python_stages()
+  return *threads;
+}
+struct InPythonStage {
+  const unsigned long thread = PyThread_get_thread_ident();
+  InPythonStage() { threads_in_stages().insert(thread); }
+  ~InPythonStage() {
+    threads_in_stages().erase(thread);
+    PyThreadState_SetAsyncExc(thread, nullptr);  // one that came too late is not left behind
+  }
+};
+void interrupt_python_stages() {
+  for (const unsigned long thread : threads_in_stages()) {
+    PyThreadState_SetAsyncExc(thread, PyExc_KeyboardInterrupt);
+  }
+}
+
 // A Python callable as a map stage of items of type T (a Batch or a Sample), under the GIL.
 template <class T>
 class PythonStage final : public Map<T, T> {
@@ -189,6 +212,7 @@ class PythonStage final : public Map<T, T> {
  protected:
   std::optional<T> process(T&& item, ItemContext& ctx) override {
     py::gil_scoped_acquire gil;
+    const InPythonStage in_stage;
     try {
       if constexpr (std::is_same_v<T, data::Batch>) {
         const py::dict given = to_dict(item);
@@ -322,7 +346,8 @@ std::string run(const std::string& config_path,
 }
 
 // Waits for the next batch without the GIL, a slice at a time, so that Ctrl-C is seen: Python's
-// handler raises KeyboardInterrupt here, and the loader stops its graph before it propagates.
+// handler raises KeyboardInterrupt here at once. The graph is told to stop and its Python stages
+// are interrupted; close(), or the next loop, waits for it to end.
 py::object next_batch(Loader& loader) {
   for (;;) {
     data::Batch batch;
@@ -334,11 +359,9 @@ py::object next_batch(Loader& loader) {
     if (next == Loader::Next::kBatch) return to_dict(std::move(batch));
     if (next == Loader::Next::kEnd) throw py::stop_iteration();
     if (PyErr_CheckSignals() != 0) {
-      py::error_already_set interrupted;  // holds the KeyboardInterrupt while the graph stops
-      {
-        py::gil_scoped_release release;
-        loader.stop();
-      }
+      py::error_already_set interrupted;  // holds the KeyboardInterrupt while the graph is told
+      interrupt_python_stages();
+      loader.cancel();
       throw interrupted;
     }
   }

@@ -227,9 +227,10 @@ def test_a_loader_dropped_mid_epoch_stops_without_hang_or_leak(graph):
     assert rss_mb() - rss < 40, f"{rss_mb() - rss:.0f} MB more after 12 loaders"
 
 
-def interrupted(tmp_path, after_s, body):
-    """Runs `body` in a python3 of its own with a `slow` batch stage (0.2 s a batch) registered,
-    sends that process SIGINT after `after_s` seconds, and returns what it printed."""
+def interrupted(tmp_path, after_s, body, slow="time.sleep(0.2)"):
+    """Runs `body` in a python3 of its own with a `slow` batch stage registered (its body: `slow`,
+    0.2 s a batch), sends that process SIGINT after `after_s` seconds, and returns what it
+    printed."""
     script = tmp_path / "interrupted.py"
     script.write_text(textwrap.dedent("""
         import os, signal, threading, time
@@ -237,11 +238,11 @@ def interrupted(tmp_path, after_s, body):
 
         @flowtrain.stage("slow")
         def slow(batch):
-            time.sleep(0.2)
+            {slow}
             return batch
 
         threading.Timer({after_s}, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    """).format(after_s=after_s) + textwrap.dedent(body))
+    """).format(after_s=after_s, slow=slow) + textwrap.dedent(body))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out
@@ -261,6 +262,31 @@ def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
     """)
     assert "interrupted after" in out.stdout, out.stdout + out.stderr
     assert float(out.stdout.split()[2]) < 5
+
+
+# A loop that waits on a Python stage inside a long call: KeyboardInterrupt comes at once, not
+# when the call returns; a stage running Python lines is interrupted too, so close() is quick.
+@pytest.mark.parametrize("slow, closes_within_s", [
+    ("for _ in range(150): time.sleep(0.1)", 5),  # 15 s of Python lines
+    ("time.sleep(8)", 12),                         # one C call: close() waits for its end
+])
+def test_ctrl_c_does_not_wait_for_a_python_stage_in_a_long_call(graph, tmp_path, slow,
+                                                                 closes_within_s):
+    config = graph(batch=4, extra_batch="  - {type: slow, concurrency: 1}\n")
+    out = interrupted(tmp_path, 0.5, f"""
+        loader = flowtrain.Loader({config!r}, output="slow")
+        start = time.monotonic()
+        try:
+            for batch in loader:
+                pass
+        except KeyboardInterrupt:
+            print(f"interrupted {{time.monotonic() - start:.2f}}")
+        loader.close()
+        print(f"closed {{time.monotonic() - start:.2f}}")
+    """, slow=slow)
+    times = dict(line.split() for line in out.stdout.splitlines())
+    assert float(times["interrupted"]) < 4, out.stdout + out.stderr
+    assert float(times["closed"]) < closes_within_s, out.stdout + out.stderr
 
 
 def test_ctrl_c_stops_flowtrain_run_at_the_next_item(graph, tmp_path):
