@@ -210,3 +210,52 @@ def test_a_scripted_student_resumes_exactly_on_two_ranks_with_zero_ema_and_bf16(
     assert exported["whole"].keys() == exported["stopped"].keys()
     for name, value in exported["whole"].items():
         assert torch.equal(value, exported["stopped"][name]), name
+
+
+class Pooled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.conv(x)).mean([2, 3]))
+
+
+class MaxPooled(Pooled):
+    def forward(self, x):
+        return self.fc(F.relu(self.conv(x)).amax([2, 3]))
+
+
+def test_a_checkpoint_knows_its_scripted_student_by_its_code_not_its_path(setup):
+    # Moved, the same file resumes; another module in its place (the same parameters, another
+    # forward) is refused by resume and by export, naming the file.
+    config, _, tmp_path = setup
+    first = save_scripted(Pooled(), tmp_path / "pooled.pt")
+    extra = ", checkpoint_every: 2, resume: true"
+    subprocess.run([CLI, "run", config(extra, name="a.yaml", student=first)], check=True,
+                   capture_output=True)
+
+    def lose_all_after_step_2():
+        for f in (tmp_path / "ckpt").iterdir():
+            if f.name.startswith("final.pt") or (f.name.startswith("step-")
+                                                 and f.name > "step-00000002.pt"):
+                f.unlink()
+
+    lose_all_after_step_2()
+    (tmp_path / "moved").mkdir()
+    moved = str(tmp_path / "moved" / "pooled.pt")
+    os.rename(first, moved)
+    result = subprocess.run([CLI, "run", config(extra, name="b.yaml", student=moved)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "resumed_at 2" in result.stdout, result.stderr
+
+    lose_all_after_step_2()
+    save_scripted(MaxPooled(), moved)
+    line = run_error(config(extra, name="b.yaml", student=moved))
+    assert f"the code of {moved} is not that of the module it trained, from {first}" in line, line
+    save_scripted(MaxPooled(), first)
+    result = subprocess.run([CLI, "export", str(tmp_path / "ckpt" / "step-00000002.pt"), "--out",
+                             str(tmp_path / "out.pt")], capture_output=True, text=True)
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and f"{first}: its code is not that of the module" in line, line

@@ -50,6 +50,7 @@ constexpr std::pair<const char*, std::string ModelConfig::*> kStringFields[] = {
     {"arch", &ModelConfig::arch},
     {"stem", &ModelConfig::stem},
     {"script", &ModelConfig::script},
+    {"script_code", &ModelConfig::script_code},
 };
 constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
     {"step", &TrainState::step},
@@ -484,8 +485,16 @@ std::string config_difference(const ModelConfig& saved, const ModelConfig& wante
       }
     }
   }
+  // A scripted model is known by its code wherever its file lies now (one saved before its
+  // code was kept, by the path it had).
+  const bool by_code = !saved.script_code.empty();
   for (const auto& [key, field] : kStringFields) {
-    if (saved.*field != wanted.*field) {
+    if (field == (by_code ? &ModelConfig::script : &ModelConfig::script_code)) continue;
+    if (field == &ModelConfig::script_code && saved.script_code != wanted.script_code) {
+      out += std::string(out.empty() ? "" : ", ") + "the code of " + wanted.script +
+             " is not that of the module it trained" +
+             (saved.script == wanted.script ? "" : ", from " + saved.script);
+    } else if (saved.*field != wanted.*field) {
       out += std::string(out.empty() ? "" : ", ") + key + " " + saved.*field + " in the file, " +
              wanted.*field + " configured";
     }

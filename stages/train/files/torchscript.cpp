@@ -469,7 +469,33 @@ void export_torchscript(const ImageModel& model, const std::string& path) {
 struct ScriptedModel::Impl {
   std::string path;
   torch::jit::Module module;
+  std::string code_fingerprint;
 };
+
+namespace {
+
+// FNV-1a over each code/*.py entry's name (below the archive's folder, which follows the file
+// name it was saved as) and CRC-32; debug info (*.debug_pkl) names the source files it came from.
+std::string fingerprint_code(std::span<const std::uint8_t> archive) {
+  std::string problem;
+  std::uint64_t hash = 14695981039346656037ull;
+  const auto mix = [&hash](const void* data, std::size_t size) {
+    for (std::size_t i = 0; i < size; ++i) {
+      hash = (hash ^ static_cast<const std::uint8_t*>(data)[i]) * 1099511628211ull;
+    }
+  };
+  for (const ZipEntry& entry : zip_entries(archive, problem)) {
+    const std::string_view name = entry.name.substr(entry.name.find('/') + 1);
+    if (name.rfind("code/", 0) != 0 || !name.ends_with(".py")) continue;
+    mix(name.data(), name.size());
+    mix(&entry.crc, sizeof entry.crc);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+}  // namespace
 
 ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
     : impl_(std::make_unique<Impl>()) {
@@ -498,6 +524,7 @@ ScriptedModel::ScriptedModel(const std::string& path, torch::Device device)
     throw Error(path + ": the module has no forward method");
   }
   impl_->module.eval();
+  impl_->code_fingerprint = fingerprint_code(bytes);
 }
 
 ScriptedModel::~ScriptedModel() = default;
@@ -505,6 +532,8 @@ ScriptedModel::ScriptedModel(ScriptedModel&&) noexcept = default;
 ScriptedModel& ScriptedModel::operator=(ScriptedModel&&) noexcept = default;
 
 const std::string& ScriptedModel::path() const { return impl_->path; }
+
+const std::string& ScriptedModel::code_fingerprint() const { return impl_->code_fingerprint; }
 
 std::optional<int> ScriptedModel::image_size() const {
   if (!impl_->module.hasattr("image_size")) return std::nullopt;

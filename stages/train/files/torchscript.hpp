@@ -78,6 +78,10 @@ class ScriptedModel {
   ModelOutput operator()(const torch::Tensor& images) const { return forward(images); }
 
   const std::string& path() const;
+  /// What the module's code is, not its weights: a hash of the file's code/*.py entries (their
+  /// names and CRC-32s), 16 hex digits. The same for the same scripted class wherever its file
+  /// lies; a checkpoint keeps it to know its model by.
+  const std::string& code_fingerprint() const;
   /// The module's int attribute `image_size` (files from `export_torchscript` have one), if any.
   std::optional<int> image_size() const;
 

@@ -47,6 +47,9 @@ struct ModelConfig {
   std::string stem = "imagenet";
   /// TorchScript: the file (`torch.jit.script(model).save(path)`); its parameters are trained.
   std::string script;
+  /// TorchScript: the file's ScriptedModel::code_fingerprint, set as the model loads it. A model
+  /// built from a checkpoint's config that has one refuses a file whose code differs.
+  std::string script_code;
 
   /// Throws flowtrain::Error unless the fields fit `arch`: every size > 0
   /// (regression_outputs >= 0, regression_scale > 0), for a ViT image_size divisible by

@@ -54,6 +54,12 @@ ScriptedStudentImpl::ScriptedStudentImpl(ModelConfig config)
                   "; a student is trained in float32 (save the module before casting it)");
     }
   }
+  const std::string& code = impl_->scripted.code_fingerprint();
+  if (!config_.script_code.empty() && config_.script_code != code) {
+    throw Error(config_.script + ": its code is not that of the module the checkpoint trained: "
+                "put the file it was trained from there");
+  }
+  config_.script_code = code;
   mirror(module, *this);
   train(is_training());
 }
