@@ -51,6 +51,27 @@ std::optional<std::size_t> RunReport::bottleneck() const {
 }
 
 std::string RunReport::verdict() const {
+  std::string line = bottleneck_verdict();
+  // Each stage whose matrix products the machine could run faster: its rate against the one
+  // this CPU measured for them (results gflops and matrix_rate_gflops, model stages' both).
+  std::string rates;
+  for (const StageReport& s : stages) {
+    double gflops = 0, ceiling = 0;
+    for (const StageResult& r : s.results) {
+      if (r.name == "gflops") gflops = r.value;
+      if (r.name == "matrix_rate_gflops") ceiling = r.value;
+    }
+    if (gflops <= 0 || ceiling <= 0) continue;
+    char text[160];
+    std::snprintf(text, sizeof text, "'%s' at %.0f%% (%.0f of %.0f GFLOP/s)", s.name.c_str(),
+                  100 * gflops / ceiling, gflops, ceiling);
+    rates += (rates.empty() ? "" : ", ") + std::string(text);
+  }
+  if (rates.empty()) return line;
+  return line + "; models against this CPU's measured matrix product rate: " + rates;
+}
+
+std::string RunReport::bottleneck_verdict() const {
   const std::optional<std::size_t> b = bottleneck();
   if (!b) return "no stage did any work";
   const StageReport& s = stages[*b];

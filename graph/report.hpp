@@ -126,10 +126,15 @@ struct RunReport {
 
   /// Index of the stage with the highest busy fraction per worker, if any work was done.
   std::optional<std::size_t> bottleneck() const;
-  /// One plain line naming the bottleneck and what to try.
+  /// One plain line naming the bottleneck and what to try; then, for each stage that reports
+  /// both `gflops` (its model's FLOPs over its time) and `matrix_rate_gflops` (this CPU's
+  /// measured rate for such products), the share of that ceiling it reached.
   std::string verdict() const;
   /// One line of how the cores are used: graph threads and each stage's intra-op threads.
   std::string layout() const;
+
+ private:
+  std::string bottleneck_verdict() const;
 };
 
 std::string format_report(const RunReport& report);

@@ -323,6 +323,29 @@ TEST_CASE("Pipeline.Metrics.BottleneckVerdictNamesTheSlowStage" * doctest::timeo
   CHECK(single.verdict().find("; raise stages.slow.concurrency (now 1)") != std::string::npos);
 }
 
+TEST_CASE("Pipeline.Metrics.VerdictGivesModelsTheirShareOfTheMatrixRate") {
+  RunReport r;
+  r.threads = r.cores = 2;
+  r.stages.resize(3);
+  r.stages[0].name = "teacher";
+  r.stages[0].results = {{"gflops", 126.4}, {"matrix_rate_gflops", 316}};
+  r.stages[1].name = "student";
+  r.stages[1].busy_s = 1;
+  r.stages[1].busy_fraction = 0.95;
+  r.stages[1].results = {{"matrix_rate_gflops", 316}, {"loss", 2}, {"gflops", 173.8}};
+  r.stages[2].name = "eval";  // a rate without a ceiling (a GPU), or none: not named
+  r.stages[2].results = {{"gflops", 50}};
+  const std::string verdict = r.verdict();
+  CHECK(verdict.rfind("'student' is the bottleneck", 0) == 0);
+  CHECK(verdict.find("; models against this CPU's measured matrix product rate: 'teacher' at 40% "
+                     "(126 of 316 GFLOP/s), 'student' at 55% (174 of 316 GFLOP/s)") !=
+        std::string::npos);
+  CHECK(verdict.find("'eval' at") == std::string::npos);
+  r.stages[0].results.clear();
+  r.stages[1].results.clear();
+  CHECK(r.verdict().find("matrix product rate") == std::string::npos);
+}
+
 namespace {
 // A map whose time goes to waiting for a resource of its own (as a batcher waits for a free
 // buffer that the items after it hold), which it reports.

@@ -99,6 +99,7 @@ TeacherInferStage::TeacherInferStage(const Options& options,
       model_path_(options.inference.model),
       init_(options.init),
       autocast_(options.inference.autocast),
+      on_cpu_(!dist::resolve_device(options.inference.device).is_cuda()),
       intraop_threads_(options.inference.intraop_threads),
       partitions_(options.partitions) {
   const int k = options.ranks_per_shard;
@@ -255,6 +256,11 @@ std::vector<StageResult> TeacherInferStage::results() const {
   } else if (const ModelConfig* config = model_->config(); config && !config->is_script()) {
     out.push_back(
         {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
+    if (on_cpu_) {
+      out.push_back({"matrix_rate_gflops",
+                     matrix_rate_gflops(wants_bf16(autocast_) ? c10::kBFloat16 : c10::kFloat,
+                                        intraop_threads_)});
+    }
   }
   return out;
 }

@@ -121,6 +121,7 @@ class TeacherInferStage : public Map<data::Batch, data::Batch> {
   std::string model_path_;
   std::string init_;  // the weights file over the checkpoint's, if any
   std::string autocast_;  // none, bf16 or fp16
+  bool on_cpu_;           // else on a GPU
   mutable std::once_flag fingerprint_once_;
   mutable std::uint64_t fingerprint_ = 0;  // made when a teacher_cache first asks
   int intraop_threads_;

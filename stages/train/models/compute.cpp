@@ -1,8 +1,16 @@
 #include "stages/train/models/compute.hpp"
 
+#include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
@@ -57,6 +65,30 @@ c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& d
                                                      : c10::kFloat;
   check_autocast(dtype, device);
   return dtype;
+}
+
+double matrix_rate_gflops(c10::ScalarType dtype, int threads) {
+  static std::mutex mutex;
+  static std::map<std::pair<c10::ScalarType, int>, double> measured;
+  std::lock_guard lock(mutex);
+  auto [at, added] = measured.try_emplace({dtype, threads}, 0.0);
+  if (!added) return at->second;
+  constexpr std::int64_t kSize = 1024;
+  IntraOpThreads scope(threads);
+  // Constant operands: no draw from the generators a run's results depend on.
+  const at::Tensor a = at::full({kSize, kSize}, 0.5, at::TensorOptions().dtype(dtype));
+  const at::Tensor b = at::full({kSize, kSize}, 0.25, at::TensorOptions().dtype(dtype));
+  at::Tensor out = at::empty({kSize, kSize}, a.options());
+  std::vector<double> seconds;
+  for (int i = 0; i < 9; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    at::mm_out(out, a, b);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (i > 1) seconds.push_back(took.count());  // the first two warm the kernels and threads
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + 3, seconds.end());
+  at->second = 2.0 * kSize * kSize * kSize / seconds[3] / 1e9;
+  return at->second;
 }
 
 }  // namespace flowtrain::train

@@ -339,9 +339,14 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"optimizer_ms", s.optimizer_s * per_step_ms});
     if (s.forward_s + s.backward_s > 0 && !s.trainer->model()->config().is_script()) {
       // The matrix products' rate in forward and backward: how near the machine's ceiling.
-      out.push_back({"gflops", static_cast<double>(s.trainer->model()->config().train_flops()) *
-                                   static_cast<double>(s.live_images.load()) /
-                                   (s.forward_s + s.backward_s) / 1e9});
+      const double gflops = static_cast<double>(s.trainer->model()->config().train_flops()) *
+                            static_cast<double>(s.live_images.load()) /
+                            (s.forward_s + s.backward_s) / 1e9;
+      out.push_back({"gflops", gflops});
+      const TrainerOptions& trainer = s.trainer->options();
+      if (trainer.device.is_cpu()) {
+        out.push_back({"matrix_rate_gflops", matrix_rate_gflops(trainer.autocast, s.intraop_threads)});
+      }
     }
     if (s.trainer->partitioned()) {
       // Where the model was split: chunk c begins at block pipeline_split_c.

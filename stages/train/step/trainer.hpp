@@ -144,6 +144,7 @@ class Trainer {
   std::string checkpoint(bool with_optimizer) const;
 
   const TrainState& state() const { return state_; }
+  const TrainerOptions& options() const { return options_; }
   ImageModel& model() { return model_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

@@ -10,6 +10,7 @@
 #include "stages/train/files/checkpoint.hpp"
 #include "stages/train/inference/join_teachers.hpp"
 #include "stages/train/inference/teacher_infer.hpp"
+#include "stages/train/models/compute.hpp"
 #include "stages/train/models/vit.hpp"
 #include "tests/test_stages.hpp"
 #include "tests/train/seen_batches.hpp"
@@ -73,6 +74,9 @@ TEST_CASE("Train.Ensemble.JoinAveragesTwoTeachersBuiltInCpp" * doctest::timeout(
     CHECK(results["images"] == static_cast<double>(images));
     CHECK(results["forward_ms"] > 0);
     CHECK(results["gflops"] > 0);
+    // This CPU's rate for float32 products on the teacher's one intra-op thread: measured once.
+    CHECK(results["matrix_rate_gflops"] > 0);
+    CHECK(results["matrix_rate_gflops"] == matrix_rate_gflops(c10::kFloat, 1));
   }
 
   //              +-> teacher_a -+
