@@ -52,8 +52,8 @@ std::optional<std::size_t> RunReport::bottleneck() const {
 
 std::string RunReport::verdict() const {
   std::string line = bottleneck_verdict();
-  // Each stage whose matrix products the machine could run faster: its rate against the one
-  // this CPU measured for them (results gflops and matrix_rate_gflops, model stages' both).
+  // Each model stage's rate against the one this CPU measured for its products (its results
+  // gflops and matrix_rate_gflops).
   std::string rates;
   for (const StageReport& s : stages) {
     double gflops = 0, ceiling = 0;

@@ -248,30 +248,15 @@ def interrupted(tmp_path, after_s, body, slow="time.sleep(0.2)"):
     return out
 
 
-def test_ctrl_c_stops_the_graph_and_raises_keyboard_interrupt(graph, tmp_path):
-    config = graph(batch=4, extra_batch="  - {type: slow, concurrency: 1}\n")
-    out = interrupted(tmp_path, 0.5, f"""
-        loader = flowtrain.Loader({config!r}, output="slow")
-        start = time.monotonic()
-        try:
-            for batch in loader:
-                pass
-            print("ran to the end")
-        except KeyboardInterrupt:
-            print(f"interrupted after {{time.monotonic() - start:.1f}} s at", loader.state_dict()["position"])
-    """)
-    assert "interrupted after" in out.stdout, out.stdout + out.stderr
-    assert float(out.stdout.split()[2]) < 5
-
-
-# A loop that waits on a Python stage inside a long call: KeyboardInterrupt comes at once, not
-# when the call returns; a stage running Python lines is interrupted too, so close() is quick.
+# KeyboardInterrupt comes at once, also while a Python stage is inside a long call (not when
+# the call returns); a stage running Python lines is interrupted too, so close() is quick.
 @pytest.mark.parametrize("slow, closes_within_s", [
+    ("time.sleep(0.2)", 5),                       # 0.2 s a batch
     ("for _ in range(150): time.sleep(0.1)", 5),  # 15 s of Python lines
-    ("time.sleep(8)", 12),                         # one C call: close() waits for its end
+    ("time.sleep(8)", 12),                        # one C call: close() waits for its end
 ])
-def test_ctrl_c_does_not_wait_for_a_python_stage_in_a_long_call(graph, tmp_path, slow,
-                                                                 closes_within_s):
+def test_ctrl_c_raises_keyboard_interrupt_at_once_and_stops_the_graph(graph, tmp_path, slow,
+                                                                      closes_within_s):
     config = graph(batch=4, extra_batch="  - {type: slow, concurrency: 1}\n")
     out = interrupted(tmp_path, 0.5, f"""
         loader = flowtrain.Loader({config!r}, output="slow")
@@ -285,7 +270,7 @@ def test_ctrl_c_does_not_wait_for_a_python_stage_in_a_long_call(graph, tmp_path,
         print(f"closed {{time.monotonic() - start:.2f}}")
     """, slow=slow)
     times = dict(line.split() for line in out.stdout.splitlines())
-    assert float(times["interrupted"]) < 4, out.stdout + out.stderr
+    assert "interrupted" in times and float(times["interrupted"]) < 4, out.stdout + out.stderr
     assert float(times["closed"]) < closes_within_s, out.stdout + out.stderr
 
 

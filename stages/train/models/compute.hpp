@@ -99,7 +99,8 @@ void check_autocast(c10::ScalarType dtype, const c10::Device& device);
 /// This CPU's rate for a matrix product of 1024 x 1024 by 1024 x 1024 in `dtype` (float32, or
 /// bfloat16 as autocast runs it) on `threads` intra-op threads, in GFLOP/s: the ceiling a
 /// model's matrix products approach. Measured the first time a (dtype, threads) is asked for in
-/// the process (the median of 7 products, 0.1-0.3 s), best while nothing else runs; then the same.
+/// the process (the median of up to 7 products after 2, 0.1-0.3 s; ~1 s where a product is
+/// slow), best while nothing else runs; then the same.
 double matrix_rate_gflops(c10::ScalarType dtype, int threads);
 
 }  // namespace flowtrain::train
