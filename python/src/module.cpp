@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <set>
 #include <sstream>
+#include <vector>
 
 #include "graph/error.hpp"
 #include "graph/registry.hpp"
@@ -181,15 +181,17 @@ PythonStages& python_stages() {
 // Ctrl-C in the loop raises KeyboardInterrupt in them too, so that a stage's Python code stops
 // at its next line rather than when the call returns (a single C call, time.sleep(30) say, still
 // runs to its end: CPython checks for it between lines).
-std::set<unsigned long>& threads_in_stages() {
-  static auto* threads = new std::set<unsigned long>;  // never destroyed, as python_stages()
+// A vector, as few as the graph's threads: once grown, an item allocates nothing here.
+std::vector<unsigned long>& threads_in_stages() {
+  static auto* threads = new std::vector<unsigned long>;  // never destroyed, as python_stages()
   return *threads;
 }
 struct InPythonStage {
   const unsigned long thread = PyThread_get_thread_ident();
-  InPythonStage() { threads_in_stages().insert(thread); }
+  InPythonStage() { threads_in_stages().push_back(thread); }
   ~InPythonStage() {
-    threads_in_stages().erase(thread);
+    std::vector<unsigned long>& threads = threads_in_stages();
+    threads.erase(std::find(threads.begin(), threads.end(), thread));
     PyThreadState_SetAsyncExc(thread, nullptr);  // one that came too late is not left behind
   }
 };

@@ -212,17 +212,7 @@ def test_a_scripted_student_resumes_exactly_on_two_ranks_with_zero_ema_and_bf16(
         assert torch.equal(value, exported["stopped"][name]), name
 
 
-class Pooled(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2)
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.fc(F.relu(self.conv(x)).mean([2, 3]))
-
-
-class MaxPooled(Pooled):
+class MaxPooled(Teacher):  # Teacher's parameters, another forward
     def forward(self, x):
         return self.fc(F.relu(self.conv(x)).amax([2, 3]))
 
@@ -231,7 +221,7 @@ def test_a_checkpoint_knows_its_scripted_student_by_its_code_not_its_path(setup)
     # Moved, the same file resumes; another module in its place (the same parameters, another
     # forward) is refused by resume and by export, naming the file.
     config, _, tmp_path = setup
-    first = save_scripted(Pooled(), tmp_path / "pooled.pt")
+    first = save_scripted(Teacher(), tmp_path / "pooled.pt")
     extra = ", checkpoint_every: 2, resume: true"
     subprocess.run([CLI, "run", config(extra, name="a.yaml", student=first)], check=True,
                    capture_output=True)
