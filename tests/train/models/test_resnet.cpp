@@ -5,6 +5,7 @@
 #include <string>
 
 #include "graph/error.hpp"
+#include "stages/train/models/compute.hpp"
 #include "stages/train/models/model.hpp"
 #include "stages/train/models/resnet.hpp"
 
@@ -121,6 +122,42 @@ TEST_CASE("Train.ResNet.DeterministicInitAndTrainingMode") {
   const torch::Tensor whole = a->forward(images).logits;
   CHECK(torch::allclose(a->forward(images.narrow(0, 2, 1)).logits, whole.narrow(0, 2, 1), 1e-5,
                         1e-6));
+}
+
+TEST_CASE("Train.ResNet.Bf16RunsChannelsLastAndKeepsItsParametersLayout") {
+  torch::manual_seed(4);
+  ImageModel model = make_model(small_resnet());
+  {  // like a trained model: blocks that are not the identity
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : model->parameters()) p.add_(torch::randn_like(p), 0.1);
+  }
+  model->eval();
+  const torch::Tensor images = torch::randn({4, 3, 32, 32});
+  const auto features = [&] { return model->run_blocks(model->embed(images), 0, model->blocks()); };
+  CHECK(features().is_contiguous());  // float32: NCHW, as before
+  const torch::Tensor exact = model->forward(images).logits;
+
+  Autocast bf16(c10::kBFloat16);
+  // Where this LibTorch's bf16 convolution keeps a channels-last input so (oneDNN's does; a
+  // CPU without AVX-512 may take another kernel), the whole network runs channels-last.
+  const torch::Tensor probe =
+      torch::conv2d(torch::randn({1, 8, 6, 6}).contiguous(torch::MemoryFormat::ChannelsLast),
+                    torch::randn({8, 8, 3, 3}));
+  if (probe.is_contiguous(torch::MemoryFormat::ChannelsLast)) {
+    CHECK(features().is_contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+  const ModelOutput out = model->forward(images);
+  // bf16's rounding of the float32 outputs (as the bf16 teacher's in test_inference_model.cpp).
+  CHECK((out.logits.to(torch::kFloat) - exact).norm().item<double>() <
+        0.03 * exact.norm().item<double>());
+  // Parameters and gradients stay contiguous, as gradient sync and checkpoints read them.
+  (out.logits.to(torch::kFloat).square().sum() + out.regression.to(torch::kFloat).sum()).backward();
+  for (const auto& item : model->named_parameters()) {
+    CAPTURE(item.key());
+    REQUIRE(item.value().grad().defined());
+    CHECK(item.value().is_contiguous());
+    CHECK(item.value().grad().is_contiguous());
+  }
 }
 
 TEST_CASE("Train.ResNet.BadConfigErrors") {
