@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "distributed/torch_compat.hpp"
 #include "graph/error.hpp"
 
 namespace flowtrain::train {
@@ -39,13 +40,26 @@ torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
 }  // namespace
 
 PatchEmbedImpl::PatchEmbedImpl(std::int64_t channels, std::int64_t dim, std::int64_t patch)
-    : proj_(register_module(
+    : patch_(patch),
+      proj_(register_module(
           "proj",
           torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, dim, patch).stride(patch)))) {}
 
 torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& images) {
+  const c10::DeviceType device = images.device().type();
   // [B, dim, H/p, W/p] -> [B, patches, dim]
-  return proj_(images).flatten(2).transpose(1, 2);
+  if (!dist::autocast_enabled(device)) return proj_(images).flatten(2).transpose(1, 2);
+  // [B, C, H, W] -> [B, H/p, W/p, C, p, p] in the autocast dtype, in one pass (a copy that
+  // casts), then [B, patches, C * p * p] times the kernel's rows.
+  const std::int64_t batch = images.size(0), channels = images.size(1);
+  const std::int64_t rows = images.size(2) / patch_, columns = images.size(3) / patch_;
+  const torch::Tensor patches =
+      torch::empty({batch, rows, columns, channels, patch_, patch_},
+                   images.options().dtype(dist::autocast_dtype(device)))
+          .copy_(images.reshape({batch, channels, rows, patch_, columns, patch_})
+                     .permute({0, 2, 4, 1, 3, 5}))
+          .view({batch, rows * columns, channels * patch_ * patch_});
+  return torch::linear(patches, proj_->weight.flatten(1), proj_->bias.to(patches.scalar_type()));
 }
 
 AttentionImpl::AttentionImpl(std::int64_t dim, std::int64_t heads, double dropout)

@@ -13,7 +13,10 @@
 
 namespace flowtrain::train {
 
-/// Patch embedding: a Conv2d with kernel = stride = patch, flattened to tokens.
+/// Patch embedding: a Conv2d with kernel = stride = patch, flattened to tokens. Under autocast
+/// it runs as the one matrix product it is (the patches as rows, times the kernel as a
+/// [dim, channels * patch * patch] matrix), the same parameters: a strided convolution's
+/// backward costs several times its product in bf16. Float32 keeps the convolution and its sums.
 ///
 ///   PatchEmbed embed(3, 384, 16);
 ///   torch::Tensor tokens = embed(images);  // [B, 3, 224, 224] -> [B, 196, 384]
@@ -23,6 +26,7 @@ class PatchEmbedImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& images);
 
  private:
+  std::int64_t patch_;
   torch::nn::Conv2d proj_{nullptr};
 };
 TORCH_MODULE(PatchEmbed);

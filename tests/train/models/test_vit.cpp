@@ -6,6 +6,7 @@
 #include <string>
 
 #include "graph/error.hpp"
+#include "stages/train/models/compute.hpp"
 #include "stages/train/models/vit.hpp"
 
 using namespace flowtrain;
@@ -178,6 +179,46 @@ TEST_CASE("Train.ViT.InitLikeTimm") {
       }
     }
   }
+}
+
+TEST_CASE("Train.ViT.Bf16PatchEmbeddingIsOneMatrixProduct") {
+  torch::manual_seed(5);
+  PatchEmbed embed(3, 32, 8);
+  const torch::Tensor images = torch::randn({4, 3, 32, 32});
+  const auto weight_grads = [&](const torch::Tensor& tokens) {
+    embed->zero_grad();
+    tokens.to(torch::kFloat).mul(torch::linspace(-1, 1, 32)).sum().backward();
+    return std::pair{embed->named_parameters()["proj.weight"].grad().clone(),
+                     embed->named_parameters()["proj.bias"].grad().clone()};
+  };
+  const torch::Tensor exact = embed(images);  // float32: the convolution
+  const auto [exact_weight, exact_bias] = weight_grads(exact);
+
+  Autocast bf16(c10::kBFloat16);
+  const torch::Tensor tokens = embed(images);
+  CHECK(tokens.sizes() == torch::IntArrayRef{4, 16, 32});
+  CHECK((tokens.scalar_type() == torch::kBFloat16));
+  // No convolution in its backward, nor anywhere before it.
+  std::vector<torch::autograd::Node*> nodes = {tokens.grad_fn().get()};
+  while (!nodes.empty()) {
+    torch::autograd::Node* node = nodes.back();
+    nodes.pop_back();
+    CAPTURE(node->name());
+    CHECK(node->name().find("Convolution") == std::string::npos);
+    for (const torch::autograd::Edge& edge : node->next_edges()) {
+      if (edge.function) nodes.push_back(edge.function.get());
+    }
+  }
+  // The convolution's values and gradients, within bf16's rounding (each factor to 8 bits:
+  // relative errors ~2^-8, far below the bound).
+  const auto relative_error = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a.to(torch::kFloat) - b).norm().item<double>() / b.norm().item<double>();
+  };
+  CHECK(relative_error(tokens, exact) < 0.02);
+  const auto [weight, bias] = weight_grads(tokens);
+  CHECK(relative_error(weight, exact_weight) < 0.02);
+  CHECK(relative_error(bias, exact_bias) < 0.02);
+  CHECK((weight.scalar_type() == torch::kFloat));  // the parameters stay float32
 }
 
 TEST_CASE("Train.ViT.BadConfigErrors") {
