@@ -112,9 +112,10 @@ struct InferenceOptions {
     declare_device(d, device);
   }
   InferenceModel::Precision precision() const {
-    return autocast == "bf16"   ? InferenceModel::Precision::kBFloat16
-           : autocast == "fp16" ? InferenceModel::Precision::kFloat16
-                                : InferenceModel::Precision::kFloat32;
+    const std::string word = resolve_autocast(autocast);
+    return word == "bf16"   ? InferenceModel::Precision::kBFloat16
+           : word == "fp16" ? InferenceModel::Precision::kFloat16
+                            : InferenceModel::Precision::kFloat32;
   }
   /// load_required of `model` with these options.
   std::unique_ptr<InferenceModel> load(const std::string& init = "") const {

@@ -9,6 +9,7 @@
 #include "distributed/world.hpp"
 #include "graph/error.hpp"
 #include "stages/data/splitmix.hpp"
+#include "stages/train/models/compute.hpp"
 
 namespace flowtrain::train {
 
@@ -125,7 +126,8 @@ std::string hex(std::uint64_t v) {
 }  // namespace
 
 std::uint64_t teacher_fingerprint(const std::string& model, const std::string& autocast) {
-  const std::uint64_t precision = autocast == "bf16" ? 0xbf16 : autocast == "fp16" ? 0xf16 : 0xf32;
+  const std::string word = resolve_autocast(autocast);
+  const std::uint64_t precision = word == "bf16" ? 0xbf16 : word == "fp16" ? 0xf16 : 0xf32;
   return data::splitmix64(hash_file(model) ^ precision);
 }
 
@@ -165,11 +167,12 @@ std::uint64_t TeacherCacheStage::teacher() const {
 TeacherOutputCache& TeacherCacheStage::cache_for(const data::Batch& batch) {
   if (cache_) return *cache_;
   const std::uint64_t recipe = batch.views.empty() ? 0 : batch.views.front().recipe;
+  const std::string precision = resolve_autocast(o_.autocast);
   TeacherOutputCache::Options options;
   options.path = o_.path;
   options.fingerprint = {teacher(), recipe,
                          "teacher " + o_.model + " (" + hex(teacher()) +
-                             (o_.autocast == "none" ? "" : ", " + o_.autocast) +
+                             (precision == "none" ? "" : ", " + precision) +
                              "), data recipe " + hex(recipe)};
   options.top_k = static_cast<std::uint32_t>(o_.top_k);
   options.dtype = o_.dtype;

@@ -98,7 +98,7 @@ TeacherInferStage::TeacherInferStage(const Options& options,
     : model_(options.inference.load(options.init)),
       model_path_(options.inference.model),
       init_(options.init),
-      autocast_(options.inference.autocast),
+      autocast_(resolve_autocast(options.inference.autocast)),
       on_cpu_(!dist::resolve_device(options.inference.device).is_cuda()),
       intraop_threads_(options.inference.intraop_threads),
       partitions_(options.partitions) {
@@ -235,7 +235,7 @@ std::string TeacherInferStage::input_problem(const Stage& input) const {
   };
   return "runs the teacher " + named(model_path_, autocast_) +
          ", but the teacher_cache it takes batches from keys its entries by " +
-         named(cache->options().model, cache->options().autocast) +
+         named(cache->options().model, resolve_autocast(cache->options().autocast)) +
          ": give both the same model and autocast";
 }
 

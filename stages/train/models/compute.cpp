@@ -5,8 +5,13 @@
 #include <ATen/autocast_mode.h>
 #include <omp.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -59,10 +64,40 @@ void check_autocast(c10::ScalarType dtype, const c10::Device& device) {
   }
 }
 
+bool cpu_has_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid(1, eax, ebx, ecx, edx);
+  if (((ecx >> 27) & 1) == 0) return false;  // no OSXSAVE: the OS saves no vector state
+  // The state the OS saves (XCR0): AVX-512's opmask and ZMM registers, AMX's tiles.
+  unsigned low = 0, high = 0;
+  __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+  const std::uint64_t xcr0 = (std::uint64_t{high} << 32) | low;
+  const bool avx512_state = (xcr0 & 0xe6) == 0xe6;
+  const bool amx_state = (xcr0 & 0x60000) == 0x60000;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool amx_bf16 = ((edx >> 22) & 1) != 0;
+  const unsigned subleaves = eax;
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  const bool avx512_bf16 = subleaves >= 1 && ((eax >> 5) & 1) != 0;
+  return (avx512_bf16 && avx512_state) || (amx_bf16 && amx_state);
+#else
+  return false;
+#endif
+}
+
+std::string resolve_autocast(const std::string& autocast) {
+  if (autocast != "auto") return autocast;
+  static const bool bf16 = cpu_has_bf16();
+  return bf16 ? "bf16" : "none";
+}
+
 c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device) {
-  const c10::ScalarType dtype = autocast == "bf16"   ? c10::kBFloat16
-                                : autocast == "fp16" ? c10::kHalf
-                                                     : c10::kFloat;
+  const std::string word = resolve_autocast(autocast);
+  const c10::ScalarType dtype = word == "bf16"   ? c10::kBFloat16
+                                : word == "fp16" ? c10::kHalf
+                                                 : c10::kFloat;
   check_autocast(dtype, device);
   return dtype;
 }

@@ -79,17 +79,27 @@ void declare_intraop_threads(Declare& d, int& intraop_threads) {
 template <class Declare>
 void declare_autocast(Declare& d, std::string& autocast) {
   d(autocast, "autocast",
-    "mixed precision of the forward pass: none, bf16, or fp16 (on a GPU; training then scales "
-    "the loss, as torch.cuda.amp.GradScaler)",
-    {.choices = {"none", "bf16", "fp16"}});
+    "mixed precision of the forward pass: none, bf16, fp16 (on a GPU; training then scales "
+    "the loss, as torch.cuda.amp.GradScaler), or auto: bf16 where this machine's CPU has "
+    "bfloat16 dot-product instructions (avx512_bf16 or amx_bf16), none where it has not (there "
+    "bf16 products run many times slower than float32)",
+    {.choices = {"none", "bf16", "fp16", "auto"}});
 }
 template <class Declare>
 void declare_device(Declare& d, std::string& device) {
   d(device, "device", dist::kDeviceDoc);
 }
-/// True if an `autocast` option asks for bfloat16.
-inline bool wants_bf16(const std::string& autocast) { return autocast == "bf16"; }
-/// The dtype an `autocast` option asks for on `device` (float32 for none). Throws Error for
+/// Whether this machine's CPU has bfloat16 dot-product instructions (AVX512-BF16 or AMX-BF16;
+/// cpuid, as `lscpu` lists them as avx512_bf16 and amx_bf16), with which oneDNN runs bf16
+/// products faster than float32 ones; without them LibTorch 1.13's are scalar loops.
+bool cpu_has_bf16();
+/// An `autocast` option's word with `auto` decided (bf16 if cpu_has_bf16(), else none): the
+/// same on every run on one machine, so a run's results stay reproducible there.
+std::string resolve_autocast(const std::string& autocast);
+/// True if an `autocast` option asks for bfloat16 (`auto` decided).
+inline bool wants_bf16(const std::string& autocast) { return resolve_autocast(autocast) == "bf16"; }
+/// The dtype an `autocast` option asks for on `device` (float32 for none; `auto` decided by
+/// resolve_autocast). Throws Error for
 /// fp16 off a GPU (check_autocast).
 c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device);
 /// Throws Error for float16 autocast off a GPU: the CPU's autocast has no float16, and its loss

@@ -17,6 +17,8 @@
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/train/files/checkpoint.hpp"
+#include "stages/train/inference/teacher_cache.hpp"
+#include "stages/train/models/compute.hpp"
 #include "stages/train/models/vit.hpp"
 #include "stages/train/step/optimizer.hpp"
 #include "stages/train/step/train_step.hpp"
@@ -227,6 +229,39 @@ TEST_CASE("Train.Autocast.Bf16Runs" * doctest::timeout(120)) {
   CHECK(std::isfinite(bf16));
   CHECK(bf16 != fp32);
   CHECK(bf16 == doctest::Approx(fp32).epsilon(0.05));
+}
+
+// autocast: auto is bf16 exactly where the kernel lists a bf16 dot-product instruction (an
+// independent reading of the CPU), and a run with it is the run with its resolution, bit for bit,
+// teacher cache keys included.
+TEST_CASE("Train.Autocast.AutoIsBf16WhereTheCpuHasBf16Instructions" * doctest::timeout(120)) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool listed = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream flags(line.substr(line.find(':') + 1));
+    for (std::string flag; flags >> flag;) listed |= flag == "avx512_bf16" || flag == "amx_bf16";
+    break;
+  }
+  CHECK(cpu_has_bf16() == listed);
+  const std::string resolved = listed ? "bf16" : "none";
+  CHECK(resolve_autocast("auto") == resolved);
+  for (const std::string word : {"none", "bf16", "fp16"}) CHECK(resolve_autocast(word) == word);
+
+  TempDir dir;
+  write_tiny_teacher(dir / "teacher.pt");
+  CHECK(teacher_fingerprint(dir / "teacher.pt", "auto") ==
+        teacher_fingerprint(dir / "teacher.pt", resolved));
+  const auto loss = [&](const std::string& autocast) {
+    return result(run_config("threads: 2\nstages:\n" + data_stages("train", 1, true) +
+                                 "  - {type: teacher_infer, params: {autocast: " + autocast +
+                                 ", model: " + (dir / "teacher.pt") +
+                                 "}}\n  - {type: student_step, params: {autocast: " + autocast +
+                                 ", " + tiny_vit(32, 1, 2) + "}}\n"),
+                  "student_step", "loss");
+  };
+  CHECK(loss("auto") == loss(resolved));
 }
 
 // A regression head trained on a numeric target from a CSV manifest: evaluate reports its mean
