@@ -52,7 +52,9 @@ std::string default_config() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"foodtag: distil a teacher (a ResNet by default) into a small ViT student that tags food photos"};
+  CLI::App app{
+      "foodtag: distil a teacher (a ResNet by default) into a small ViT student that tags food "
+      "photos"};
   app.require_subcommand(1);
   foodtag::Invocation in;
   in.config_path = default_config();

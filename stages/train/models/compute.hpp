@@ -97,10 +97,11 @@ bool cpu_has_bf16();
 /// same on every run on one machine, so a run's results stay reproducible there.
 std::string resolve_autocast(const std::string& autocast);
 /// True if an `autocast` option asks for bfloat16 (`auto` decided).
-inline bool wants_bf16(const std::string& autocast) { return resolve_autocast(autocast) == "bf16"; }
+inline bool wants_bf16(const std::string& autocast) {
+  return resolve_autocast(autocast) == "bf16";
+}
 /// The dtype an `autocast` option asks for on `device` (float32 for none; `auto` decided by
-/// resolve_autocast). Throws Error for
-/// fp16 off a GPU (check_autocast).
+/// resolve_autocast). Throws Error for fp16 off a GPU (check_autocast).
 c10::ScalarType autocast_dtype(const std::string& autocast, const c10::Device& device);
 /// Throws Error for float16 autocast off a GPU: the CPU's autocast has no float16, and its loss
 /// would need no scaling.
