@@ -1,5 +1,6 @@
-// foodtag: distils a ViT teacher into a small ViT student that tags food photos with their food
-// group and an energy estimate (kcal per 100 g). See README.md; the graph of each phase:
+// foodtag: distils a teacher (a ResNet by default) into a small ViT student that tags food
+// photos with their food group and an energy estimate (kcal per 100 g). See README.md; the
+// graph of each phase:
 //
 //   csv_manifest -> decode_crop (x2) -> assemble_batch -> train_step "teacher"
 //   csv_manifest -> decode_crop (x2) -> assemble_batch -> teacher_cache --hit------------+
