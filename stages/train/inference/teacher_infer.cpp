@@ -258,8 +258,7 @@ std::vector<StageResult> TeacherInferStage::results() const {
         {"gflops", static_cast<double>(config->forward_flops()) * images / forward_s / 1e9});
     if (on_cpu_) {
       out.push_back({"matrix_rate_gflops",
-                     matrix_rate_gflops(wants_bf16(autocast_) ? c10::kBFloat16 : c10::kFloat,
-                                        intraop_threads_)});
+                     matrix_rate_gflops(autocast_dtype(autocast_, c10::kCPU), intraop_threads_)});
     }
   }
   return out;
