@@ -86,7 +86,18 @@ double median(std::vector<double> values);
 /// The phases each command runs, in order.
 const std::map<std::string, std::vector<std::string>>& command_phases();
 
-/// The config the phases run: the file with `overrides` and those student.model stands for.
+/// A distillation recipe (student.recipe): the params of phase distill's student it sets.
+struct Recipe {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;
+  std::string doc;  // what it is, and its source
+};
+
+/// foodtag's recipes, in the order `foodtag keys` lists them.
+const std::vector<Recipe>& recipes();
+
+/// The config the phases run: the file with `overrides` and those student.model and
+/// student.recipe stand for (a recipe's before `overrides`, which win over it).
 flowtrain::RunConfig load_phases(const std::string& config_path,
                                  std::vector<std::string> overrides);
 
@@ -130,6 +141,12 @@ void run_phases(const Context& ctx, const std::string& command);
 
 /// Runs `command`'s phases as --nproc local ranks of a job: this program again, without --nproc.
 void launch_phases(const Context& ctx, const std::string& command);
+
+// config.cpp
+
+/// A param's value as YAML writes it: a float always with a point or an exponent (so 1.0 never
+/// reads as the whole number 1), in the shortest form that reads back as the same double.
+std::string value_text(const flowtrain::ParamValue& value);
 
 // One file each: prepare, export, report, sweep, predict, config, run.
 

@@ -7,10 +7,6 @@
 
 namespace foodtag {
 
-namespace {
-
-// A param's value as YAML writes it: a float always with a point or an exponent (so 1.0 never
-// reads as the whole number 1), in the shortest form that reads back as the same double.
 std::string value_text(const flowtrain::ParamValue& value) {
   const auto number = [](double v) {
     char buf[64];
@@ -29,8 +25,6 @@ std::string value_text(const flowtrain::ParamValue& value) {
   }
   return "[" + out + "]";
 }
-
-}  // namespace
 
 int config_command(const Context& ctx) {
   flowtrain::RunConfig config = load_phases(ctx.in.config_path, ctx.in.overrides);

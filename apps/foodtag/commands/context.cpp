@@ -11,6 +11,31 @@ namespace foodtag {
 using flowtrain::Error;
 using flowtrain::Params;
 
+namespace {
+
+std::vector<std::string> recipe_names() {
+  std::vector<std::string> names = {""};
+  for (const Recipe& r : recipes()) names.push_back(r.name);
+  return names;
+}
+
+std::string recipe_doc() {
+  std::string doc =
+      "how phase distill's student learns from the teacher, as the params of its train_step that "
+      "the recipe sets (over the phase's own; an override of one on the command line still "
+      "wins); \"\": the phase's params as written.";
+  for (const Recipe& r : recipes()) {
+    doc += " `" + r.name + "`: " + r.doc + " (";
+    for (std::size_t i = 0; i < r.params.size(); ++i) {
+      doc += (i ? ", " : "") + r.params[i].first + " " + r.params[i].second;
+    }
+    doc += ").";
+  }
+  return doc;
+}
+
+}  // namespace
+
 const std::vector<flowtrain::ConfigSection>& sections() {
   static const std::vector<flowtrain::ConfigSection> kSections = {
       {"data",
@@ -38,12 +63,15 @@ const std::vector<flowtrain::ConfigSection>& sections() {
                                "seconds between progress lines when output is not a terminal",
                                0.1)}},
       {"sweep",
-       "the students `foodtag sweep` trains against one teacher cache",
+       "the students `foodtag sweep` trains against one teacher cache, each beside the same "
+       "student on labels alone",
        {flowtrain::string_param(
-           "grid", "student.lr=0.002,0.004; student.temperature=2,4",
-           "distill's stage params to vary, `STAGE.PARAM=v1,v2,...` separated by `;`, or "
-           "`seed=v1,v2,...` for every seed of phase distill (the photos' order, the views, the "
-           "mixing, the student's initial weights): every combination is one student")}},
+           "grid", "recipe=deit_hard,hinton,function_matching",
+           "what to vary, separated by `;`: distill's stage params, `STAGE.PARAM=v1,v2,...`; "
+           "`recipe=r1,r2,...` (student.recipe); or `seed=v1,v2,...` for every seed of phase "
+           "distill (the photos' order, the views, the mixing, the student's initial weights): "
+           "every combination is one student, compared photo by photo with phase baseline under "
+           "the same overrides (the same steps, views and mixing)")}},
       {"teacher",
        "a teacher of your own, instead of training one",
        {flowtrain::path_param(
@@ -57,7 +85,8 @@ const std::vector<flowtrain::ConfigSection>& sections() {
            "model", "",
            "a model preset (vit_*, resnet*) or a TorchScript file for phase distill's student "
            "train_step, as it is (the step's shape overrides and distillation token are "
-           "dropped); \"\": the one the phase names")}},
+           "dropped); \"\": the one the phase names"),
+        flowtrain::string_param("recipe", "", recipe_doc(), recipe_names())}},
       {"report",
        "the inference-speed measurement of export, and the HTML report",
        {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1, 4096),

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <optional>
 
 #include "apps/foodtag/commands/command.hpp"
 #include "apps/foodtag/compare.hpp"
@@ -72,6 +74,52 @@ bool done(const Context& fold, const std::string& command) {
     if (fs::exists(checkpoint) && time(checkpoint) > time(predictions)) return false;
   }
   return true;
+}
+
+// The overrides under which `command` resumes its phases' training steps from their newest
+// checkpoint, if one is there: a fold's command interrupted midway goes on where it stopped (the
+// train step continues exactly, so the weights are those of an uninterrupted run).
+std::vector<std::string> resume_overrides(const Context& fold, const std::string& command) {
+  const auto phases = command_phases().find(command);
+  if (phases == command_phases().end()) return {};
+  flowtrain::RunConfig config = load_phases(fold.in.config_path, fold.in.overrides);
+  std::vector<std::string> out;
+  for (const std::string& name : phases->second) {
+    flowtrain::PipelineConfig* phase = find_phase(config, name);
+    if (!phase) continue;
+    for (const flowtrain::StageConfig& stage : phase->stages) {
+      if (stage.type == "train_step") {
+        out.push_back("phases." + name + ".stages." + stage.name + ".params.resume=true");
+      }
+    }
+  }
+  return out;
+}
+
+// The models every fold has held-out predictions of (predictions/NAME.csv): foodtag's three,
+// then the others (a PyTorch peer's, a recipe's) by name; `partial` says which some folds lack.
+std::vector<std::string> pooled_models(const std::vector<Context>& folds, std::string& partial) {
+  std::vector<std::string> names = {"teacher", "student", "baseline"};
+  std::map<std::string, std::size_t> others;  // name -> folds holding it
+  for (const Context& fold : folds) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(fold.out_dir / "predictions", ec)) {
+      const std::string name = entry.path().stem().string();
+      if (entry.path().extension() == ".csv" &&
+          std::find(names.begin(), names.begin() + 3, name) == names.begin() + 3) {
+        ++others[name];
+      }
+    }
+  }
+  for (const auto& [name, count] : others) {
+    if (count == folds.size()) {
+      names.push_back(name);
+    } else {
+      partial += name + ": predictions in " + std::to_string(count) + " of " +
+                 std::to_string(folds.size()) + " folds, not pooled\n";
+    }
+  }
+  return names;
 }
 
 // One model over every fold: its held-out predictions in fold order, and each fold's top-1.
@@ -148,26 +196,34 @@ int cv_command(const Context& ctx) {
         continue;
       }
       std::cout << "== foodtag cv " << what << "\n" << std::flush;
-      ctx.in.nproc > 1 ? launch_phases(fold, command) : run_phases(fold, command);
+      Context resumable = fold;
+      for (std::string& o : resume_overrides(fold, command)) {
+        resumable.in.overrides.push_back(std::move(o));
+      }
+      ctx.in.nproc > 1 ? launch_phases(resumable, command) : run_phases(resumable, command);
     }
     times.push_back("fold " + std::to_string(f + 1) + " " + duration_text(seconds_since(fold_begin)));
   }
 
   // Every photo's held-out prediction, pooled over the folds.
+  std::string partial;
   std::vector<Pooled> models;
-  for (const char* name : {"teacher", "student", "baseline"}) {
+  for (const std::string& name : pooled_models(contexts, partial)) {
     Pooled m{.name = name, .all = {.name = name}};
     for (const Context& fold : contexts) {
-      const Predictions p = read_predictions(
-          name, (fold.out_dir / "predictions" / (std::string(name) + ".csv")).string());
+      const Predictions p =
+          read_predictions(name, (fold.out_dir / "predictions" / (name + ".csv")).string());
       const auto right = static_cast<std::uint64_t>(std::count(p.right.begin(), p.right.end(), true));
       m.right += right;
       m.fold_top1.push_back(p.right.empty() ? 0 : static_cast<double>(right) / p.right.size());
-      const flowtrain::RunReport eval =
-          flowtrain::read_report_file(fold.profile(std::string(name) + "_eval").string());
+      // The energy errors of foodtag's own models (their eval profiles); none for the others.
+      const fs::path profile = fold.profile(name + "_eval");
+      const std::optional<flowtrain::RunReport> eval =
+          fs::exists(profile) ? std::optional(flowtrain::read_report_file(profile.string()))
+                              : std::nullopt;
       const auto photos = static_cast<double>(p.right.size());
-      m.mae_sum += photos * stage_result(eval, "mae").value_or(NAN);
-      m.group_mae_sum += photos * stage_result(eval, "mae_by_class").value_or(NAN);
+      m.mae_sum += photos * (eval ? stage_result(*eval, "mae").value_or(NAN) : NAN);
+      m.group_mae_sum += photos * (eval ? stage_result(*eval, "mae_by_class").value_or(NAN) : NAN);
       m.all.paths.insert(m.all.paths.end(), p.paths.begin(), p.paths.end());
       m.all.right.insert(m.all.right.end(), p.right.begin(), p.right.end());
     }
@@ -202,9 +258,11 @@ int cv_command(const Context& ctx) {
         percent(m.right / n) + " (" + percent(low) + "-" + percent(high) + ")";
     const std::string spread_text =
         percent(*min) + "-" + percent(*max) + " (sd " + percent(sd) + ")";
-    char mae[32], group_mae[32];
-    std::snprintf(mae, sizeof mae, "%.1f kcal", m.mae_sum / n);
-    std::snprintf(group_mae, sizeof group_mae, "%.1f kcal", m.group_mae_sum / n);
+    char mae[32] = "", group_mae[32] = "";
+    if (!std::isnan(m.mae_sum)) std::snprintf(mae, sizeof mae, "%.1f kcal", m.mae_sum / n);
+    if (!std::isnan(m.group_mae_sum)) {
+      std::snprintf(group_mae, sizeof group_mae, "%.1f kcal", m.group_mae_sum / n);
+    }
     std::snprintf(line, sizeof line, "  %-10s %-22s %-26s %-12s %s\n", m.name.c_str(),
                   top1.c_str(), spread_text.c_str(), mae, group_mae);
     text += line;
@@ -220,8 +278,13 @@ int cv_command(const Context& ctx) {
   std::snprintf(line, sizeof line, "  %-10s %-22s %-26s %-12s %s\n", "no model",
                 percent(trivial_top1 / n).c_str(), "", mae, "");
   text += line;
+  text += partial;
   text += compare(models[1].all, models[2].all).text() + "\n";
   text += compare(models[1].all, models[0].all).text() + "\n";
+  for (std::size_t i = 3; i < models.size(); ++i) {  // the others, against both references
+    text += compare(models[i].all, models[2].all).text() + "\n";
+    text += compare(models[i].all, models[0].all).text() + "\n";
+  }
   text += "wall " + duration_text(seconds_since(begin)) + ":";
   for (const std::string& t : times) text += " " + t;
   text += "\n";

@@ -64,7 +64,46 @@ std::vector<std::string> student_overrides(flowtrain::RunConfig& config,
   return out;
 }
 
+// student.recipe as the overrides of phase distill's student it stands for (none when unset).
+// They come before the command line's, which win over them.
+std::vector<std::string> recipe_overrides(flowtrain::RunConfig& config) {
+  const std::string name = config.sections.at("student").get_string("recipe");
+  flowtrain::PipelineConfig* distill = find_phase(config, "distill");
+  if (name.empty() || !distill) return {};
+  const flowtrain::StageConfig* step = find_stage(*distill, "train_step");
+  if (!step) throw Error("student.recipe: phase distill has no train_step stage to take it");
+  const auto recipe = std::find_if(recipes().begin(), recipes().end(),
+                                   [&](const Recipe& r) { return r.name == name; });
+  std::vector<std::string> out;
+  for (const auto& [param, value] : recipe->params) {
+    out.push_back("phases.distill.stages." + step->name + ".params." + param + "=" + value);
+  }
+  return out;
+}
+
 }  // namespace
+
+const std::vector<Recipe>& recipes() {
+  static const std::vector<Recipe> kRecipes = {
+      {"deit_hard",
+       {{"distillation_token", "true"}, {"distillation", "hard"}, {"alpha", "0.5"}},
+       "DeiT's hard distillation (Touvron et al. 2021): a distillation token whose head learns "
+       "the teacher's top class, while the class token learns the labels; predictions average "
+       "the two heads"},
+      {"hinton",
+       {{"distillation_token", "false"}, {"distillation", "soft"}, {"alpha", "0.5"},
+        {"temperature", "2"}},
+       "knowledge distillation (Hinton et al. 2015): one head learns half from the labels, half "
+       "from the teacher's outputs softened at temperature 2"},
+      {"function_matching",
+       {{"distillation_token", "false"}, {"distillation", "soft"}, {"alpha", "0"},
+        {"temperature", "1"}},
+       "function matching (Beyer et al. 2022, \"A good teacher is patient and consistent\"): the "
+       "teacher's outputs only, at temperature 1, on the same mixed view the student sees (the "
+       "phase's mixup stage); no label loss for the classes"},
+  };
+  return kRecipes;
+}
 
 const std::map<std::string, std::vector<std::string>>& command_phases() {
   static const std::map<std::string, std::vector<std::string>> kPhases = {
@@ -80,10 +119,12 @@ const std::map<std::string, std::vector<std::string>>& command_phases() {
 flowtrain::RunConfig load_phases(const std::string& config_path,
                                  std::vector<std::string> overrides) {
   flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides, sections());
+  std::vector<std::string> derived = recipe_overrides(config);
   const std::vector<std::string> student = student_overrides(config, config_path, overrides);
-  if (student.empty()) return config;
-  overrides.insert(overrides.end(), student.begin(), student.end());
-  return flowtrain::load_run_config(config_path, overrides, sections());
+  if (derived.empty() && student.empty()) return config;
+  derived.insert(derived.end(), overrides.begin(), overrides.end());
+  derived.insert(derived.end(), student.begin(), student.end());
+  return flowtrain::load_run_config(config_path, derived, sections());
 }
 
 std::vector<std::string> derive_phases(flowtrain::RunConfig& config,

@@ -1,13 +1,18 @@
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
 #include "apps/foodtag/commands/command.hpp"
+#include "apps/foodtag/compare.hpp"
 #include "apps/foodtag/profile.hpp"
 #include "runner/run_phases.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
+#include "graph/report_io.hpp"
 
 namespace foodtag {
 
@@ -15,11 +20,12 @@ using flowtrain::Error;
 
 namespace {
 
+using Point = std::vector<std::pair<std::string, std::string>>;
+
 // The combinations of a sweep grid "student.lr=0.001,0.002; student.temperature=2,4": each a
-// list of (STAGE.PARAM or `seed`, value), the first key varying slowest.
-std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
-    const std::string& grid) {
-  std::vector<std::vector<std::pair<std::string, std::string>>> points = {{}};
+// list of (STAGE.PARAM, `seed` or `recipe`, value), the first key varying slowest.
+std::vector<Point> sweep_points(const std::string& grid) {
+  std::vector<Point> points = {{}};
   std::stringstream axes(grid);
   for (std::string axis; std::getline(axes, axis, ';');) {
     axis.erase(0, axis.find_first_not_of(" "));
@@ -27,10 +33,12 @@ std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
     if (axis.empty()) continue;
     const std::size_t eq = axis.find('=');
     const std::string key = axis.substr(0, eq);
-    if (eq == std::string::npos || (key.find('.') == std::string::npos && key != "seed")) {
-      throw Error("sweep.grid: '" + axis + "' is not STAGE.PARAM=v1,v2,... or seed=v1,v2,...");
+    if (eq == std::string::npos ||
+        (key.find('.') == std::string::npos && key != "seed" && key != "recipe")) {
+      throw Error("sweep.grid: '" + axis +
+                  "' is not STAGE.PARAM=v1,v2,..., seed=v1,v2,... or recipe=r1,r2,...");
     }
-    std::vector<std::vector<std::pair<std::string, std::string>>> next;
+    std::vector<Point> next;
     for (const auto& point : points) {
       std::stringstream values(axis.substr(eq + 1));
       for (std::string v; std::getline(values, v, ',');) {
@@ -43,16 +51,18 @@ std::vector<std::vector<std::pair<std::string, std::string>>> sweep_points(
   return points;
 }
 
-// The overrides of phase distill that set a sweep point: STAGE.PARAM's, and for `seed` the seed
-// of each of its stages that has one (the order of the photos, the views, the mixing and the
-// student's initial weights).
-std::vector<std::string> sweep_overrides(
-    flowtrain::RunConfig& config, const std::vector<std::pair<std::string, std::string>>& point) {
+// The overrides that set a sweep point: STAGE.PARAM's of phase distill (and so of baseline,
+// which extends it), student.recipe for `recipe`, and for `seed` the seed of each stage of
+// distill that has one (the order of the photos, the views, the mixing and the student's
+// initial weights).
+std::vector<std::string> sweep_overrides(flowtrain::RunConfig& config, const Point& point) {
   std::vector<std::string> overrides;
   const std::string prefix = "phases.distill.stages.";
   const flowtrain::PipelineConfig* distill = find_phase(config, "distill");
   for (const auto& [key, value] : point) {
-    if (key != "seed") {
+    if (key == "recipe") {
+      overrides.push_back("student.recipe=" + value);
+    } else if (key != "seed") {
       overrides.push_back(prefix + key.substr(0, key.find('.')) + ".params." +
                           key.substr(key.find('.') + 1) + "=" + value);
     } else if (distill) {
@@ -66,28 +76,63 @@ std::vector<std::string> sweep_overrides(
   return overrides;
 }
 
-// One student of a sweep point trained on one context's data (the run's, or a fold's) into
-// DIR/sweep/N/ and validated with student_eval.
-struct SweepRun {
-  double top1 = 0, mae = 0, images = 0, wall_s = 0, hits = 0, misses = 0;
+// What a training phase learns from: its stages and every param, but where it writes its
+// checkpoints and how often. Two runs of equal keys train the same weights.
+std::string training_key(const flowtrain::PipelineConfig& phase) {
+  std::string key;
+  for (const flowtrain::StageConfig& stage : phase.stages) {
+    key += stage.name + ": " + stage.type + "\n";
+    for (const auto& [name, value] : stage.params.values()) {
+      if (name == "checkpoint_dir" || name == "checkpoint_every" || name == "snapshot_every" ||
+          name == "resume") {
+        continue;
+      }
+      key += "  " + name + ": " + value_text(value) + "\n";
+    }
+  }
+  return key;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// One model a sweep trains and validates: its held-out predictions and the reports of its
+// training and validation phases.
+struct Trained {
+  Predictions predictions;
+  flowtrain::RunReport training, eval;
 };
 
-SweepRun sweep_run(const Context& ctx,
-                   flowtrain::RunConfig& config,
-                   const std::vector<std::pair<std::string, std::string>>& point,
-                   std::size_t index) {
-  const fs::path dir = ctx.out_dir / "sweep" / std::to_string(index + 1);
-  std::vector<std::string> overrides = ctx.in.overrides;
-  for (std::string& o : sweep_overrides(config, point)) overrides.push_back(std::move(o));
-  overrides.push_back("phases.distill.stages.student.params.checkpoint_dir=" + dir.string());
-  overrides.push_back("phases.distill.stages.student.params.snapshot_every=0");
-  overrides.push_back("phases.student_eval.stages.evaluate.params.model=" +
-                      (dir / "final.pt").string());
-  overrides.push_back("phases.student_eval.stages.evaluate.params.predictions=" +
-                      (dir / "predictions.csv").string());  // not the run's student's
+// Trains one model into `dir` with the phases of `command` and then `eval_phase` under
+// `overrides`, which point its checkpoints and predictions there; or keeps what `dir` holds when
+// its key.txt is the key of those phases now (a sweep run again, or one interrupted, trains only
+// what it has not).
+Trained train_or_keep(const Context& ctx,
+                      const std::string& command,
+                      const std::string& eval_phase,
+                      const std::vector<std::string>& overrides,
+                      const fs::path& dir,
+                      const std::string& what) {
+  PhasePlan plan = check_phases(ctx, command, overrides);
+  if (plan.phases.back() != eval_phase) plan.phases.push_back(eval_phase);
+  const std::string training_phase = plan.phases[plan.phases.size() - 2];
+  const std::string key = training_key(*find_phase(plan.config, training_phase)) +
+                          training_key(*find_phase(plan.config, eval_phase));
+  const fs::path key_file = dir / "key.txt", predictions = dir / "predictions.csv";
+  const fs::path training_report = dir / (training_phase + ".yaml");
+  const fs::path eval_report = dir / (eval_phase + ".yaml");
+  if (fs::exists(key_file) && read_text(key_file) == key && fs::exists(predictions) &&
+      fs::exists(training_report) && fs::exists(eval_report)) {
+    std::cout << "== foodtag sweep " << what << " (done before, kept)\n" << std::flush;
+    return {read_predictions(what, predictions.string()),
+            flowtrain::read_report_file(training_report.string()),
+            flowtrain::read_report_file(eval_report.string())};
+  }
+  std::cout << "== foodtag sweep " << what << "\n" << std::flush;
   std::error_code ec;
-  fs::remove_all(dir, ec);  // a fresh student, not a resumed one
-  PhasePlan plan = check_phases(ctx, "sweep", overrides);
+  fs::remove_all(dir, ec);  // a fresh model, not a resumed one
   flowtrain::runner::PhaseHooks hooks;
   hooks.progress = progress_line;
   const flowtrain::runner::PhasesOutcome outcome = flowtrain::runner::run_phases(
@@ -98,77 +143,166 @@ SweepRun sweep_run(const Context& ctx,
        .phases = plan.phases},
       hooks);
   if (outcome.stopped) throw Error("stopped by " + *outcome.stopped);
-  const flowtrain::RunReport& distill = outcome.reports[outcome.reports.size() - 2];
-  const flowtrain::RunReport& eval = outcome.reports.back();
-  return {.top1 = stage_result(eval, "top1").value_or(-1),
-          .mae = stage_result(eval, "mae").value_or(-1),
-          .images = stage_result(eval, "images").value_or(0),
-          .wall_s = distill.wall_s,
-          .hits = stage_result(distill, "hits").value_or(0),
-          .misses = stage_result(distill, "misses").value_or(0)};
+  Trained out{read_predictions(what, predictions.string()),
+              outcome.reports[outcome.reports.size() - 2], outcome.reports.back()};
+  flowtrain::write_report_file(out.training, training_report.string());
+  flowtrain::write_report_file(out.eval, eval_report.string());
+  flowtrain::write_file_atomically(key_file.string(), key);  // last: the model is complete
+  return out;
+}
+
+// The overrides that train phase `training`'s train_step into `dir` (no snapshots) and have
+// phase `eval` validate that model, its predictions in `dir`.
+std::vector<std::string> into(flowtrain::RunConfig& config,
+                              const std::string& training,
+                              const std::string& eval,
+                              const fs::path& dir) {
+  const flowtrain::StageConfig* step = find_stage(*find_phase(config, training), "train_step");
+  const std::string key = "phases." + training + ".stages." + step->name + ".params.";
+  return {key + "checkpoint_dir=" + dir.string(), key + "snapshot_every=0",
+          "phases." + eval + ".stages.evaluate.params.model=" + (dir / "final.pt").string(),
+          "phases." + eval + ".stages.evaluate.params.predictions=" +
+              (dir / "predictions.csv").string()};
+}
+
+// A sweep point's student, trained on one context's data (the run's, or a fold's) into
+// DIR/sweep/N/ and validated with student_eval; and the same student on the labels alone,
+// trained as long with the same data, views and mixing (phase baseline under the point's
+// overrides) into DIR/sweep/labels-<key>/, which every point of an equal baseline shares.
+struct PointRun {
+  Trained student, labels;
+};
+
+PointRun point_run(const Context& ctx, const Point& point, std::size_t index, const std::string& what) {
+  std::vector<std::string> overrides = ctx.in.overrides;
+  flowtrain::RunConfig config = load_phases(ctx.in.config_path, overrides);
+  for (std::string& o : sweep_overrides(config, point)) overrides.push_back(std::move(o));
+  config = load_phases(ctx.in.config_path, overrides);
+
+  const fs::path dir = ctx.out_dir / "sweep" / std::to_string(index + 1);
+  std::vector<std::string> student = overrides;
+  for (std::string& o : into(config, "distill", "student_eval", dir)) student.push_back(std::move(o));
+  PointRun run;
+  run.student = train_or_keep(ctx, "sweep", "student_eval", student, dir, what + ", the student");
+
+  const flowtrain::PipelineConfig* baseline = find_phase(config, "baseline");
+  if (!baseline || !find_phase(config, "baseline_eval")) {
+    throw Error(ctx.in.config_path +
+                ": foodtag sweep compares each student with phase baseline (the student on labels "
+                "alone), validated by phase baseline_eval; the config lacks one of them");
+  }
+  const std::string key = training_key(*baseline);
+  char name[32];
+  std::snprintf(name, sizeof name, "labels-%016zx", std::hash<std::string>{}(key));
+  const fs::path labels_dir = ctx.out_dir / "sweep" / name;
+  std::vector<std::string> labels = overrides;
+  for (std::string& o : into(config, "baseline", "baseline_eval", labels_dir)) {
+    labels.push_back(std::move(o));
+  }
+  run.labels = train_or_keep(ctx, "baseline", "baseline_eval", labels, labels_dir,
+                             what + ", the student on labels alone");
+  return run;
+}
+
+std::string number(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
 }
 
 }  // namespace
 
 int sweep_command(const Context& ctx) {
   const auto points = sweep_points(ctx.section("sweep").get_string("grid"));
-  flowtrain::RunConfig config =
-      flowtrain::load_run_config(ctx.in.config_path, ctx.in.overrides, sections());
   // On folds (--folds K, after `foodtag cv --folds K`): each point trains a student per fold,
   // and its top-1 is over every held-out photo.
   const std::vector<Context> contexts =
       ctx.in.folds > 0 ? cv_folds(ctx, ctx.in.folds) : std::vector<Context>{ctx};
   const fs::path table_dir = ctx.in.folds > 0 ? contexts.front().out_dir.parent_path() : ctx.out_dir;
-  std::vector<std::string> keys;
-  for (const auto& [key, value] : points.front()) keys.push_back(key);
   std::vector<std::string> header = {"run"};
-  header.insert(header.end(), keys.begin(), keys.end());
-  for (const char* column : {"top1", "mae", "minutes", "teacher_hit_rate", "photos"}) {
+  for (const auto& [key, value] : points.front()) header.push_back(key);
+  for (const char* column : {"top1", "low", "high", "labels_top1", "only_student", "only_labels",
+                             "p", "mae", "minutes", "labels_minutes", "teacher_hit_rate",
+                             "photos"}) {
     header.push_back(column);
   }
   std::string csv = flowtrain::csv_line(header);
+  // Each key's column as wide as its widest value.
+  std::vector<std::size_t> widths;
+  for (std::size_t k = 0; k < points.front().size(); ++k) {
+    widths.push_back(points.front()[k].first.size());
+    for (const Point& point : points) widths[k] = std::max(widths[k], point[k].second.size());
+  }
   std::string table = "  run";
-  for (const std::string& key : keys) table += "  " + key;
-  table += "  val top-1  energy MAE  time  teacher cache hits  photos\n";
+  for (std::size_t k = 0; k < widths.size(); ++k) {
+    const std::string& key = points.front()[k].first;
+    table += "  " + std::string(widths[k] - key.size(), ' ') + key;
+  }
+  char row[256];
+  const char* format = "  %-20s  %12s  %22s  %10s  %10s  %6s  %18s  %6s\n";
+  std::snprintf(row, sizeof row, format, "top-1 (95% interval)", "labels alone",
+                "right only: it / labels", "McNemar p", "energy MAE", "time",
+                "teacher cache hits", "photos");
+  table += row;
   for (std::size_t i = 0; i < points.size(); ++i) {
-    SweepRun pooled;  // photo-weighted over the folds
+    Predictions student{.name = "student"}, labels{.name = "labels"};
+    double mae = 0, wall_s = 0, labels_wall_s = 0, hits = 0, misses = 0;
     for (std::size_t f = 0; f < contexts.size(); ++f) {
-      std::cout << "== foodtag sweep " << (i + 1) << "/" << points.size() << ":";
-      for (const auto& [key, value] : points[i]) std::cout << " " << key << "=" << value;
-      if (ctx.in.folds > 0) std::cout << ", fold " << (f + 1) << "/" << contexts.size();
-      std::cout << "\n" << std::flush;
-      const SweepRun run = sweep_run(contexts[f], config, points[i], i);
-      pooled.top1 += run.top1 * run.images;
-      pooled.mae += run.mae * run.images;
-      pooled.images += run.images;
-      pooled.wall_s += run.wall_s;
-      pooled.hits += run.hits;
-      pooled.misses += run.misses;
+      std::string what = std::to_string(i + 1) + "/" + std::to_string(points.size()) + ":";
+      for (const auto& [key, value] : points[i]) what += " " + key + "=" + value;
+      if (ctx.in.folds > 0) {
+        what += ", fold " + std::to_string(f + 1) + "/" + std::to_string(contexts.size());
+      }
+      const PointRun run = point_run(contexts[f], points[i], i, what);
+      for (auto [all, one] : {std::pair{&student, &run.student}, std::pair{&labels, &run.labels}}) {
+        all->paths.insert(all->paths.end(), one->predictions.paths.begin(),
+                          one->predictions.paths.end());
+        all->right.insert(all->right.end(), one->predictions.right.begin(),
+                          one->predictions.right.end());
+      }
+      mae += stage_result(run.student.eval, "mae").value_or(0) *
+             static_cast<double>(run.student.predictions.right.size());
+      wall_s += run.student.training.wall_s;
+      labels_wall_s += run.labels.training.wall_s;
+      hits += stage_result(run.student.training, "hits").value_or(0);
+      misses += stage_result(run.student.training, "misses").value_or(0);
     }
-    const double top1 = pooled.images > 0 ? pooled.top1 / pooled.images : -1;
-    const double mae = pooled.images > 0 ? pooled.mae / pooled.images : -1;
-    const double lookups = pooled.hits + pooled.misses;
-    const double hit_rate = lookups > 0 ? pooled.hits / lookups : 0;
+    const std::uint64_t photos = student.right.size();
+    const auto right = [](const Predictions& p) {
+      return static_cast<std::uint64_t>(std::count(p.right.begin(), p.right.end(), true));
+    };
+    const double n = static_cast<double>(std::max<std::uint64_t>(photos, 1));
+    const auto [low, high] = wilson_interval(right(student), photos);
+    const PairedComparison c = compare(student, labels);
+    const double lookups = hits + misses;
+    const double hit_rate = lookups > 0 ? hits / lookups : 0;
     std::vector<std::string> fields = {std::to_string(i + 1)};
     table += "  " + std::to_string(i + 1);
-    for (const auto& [key, value] : points[i]) {
+    for (std::size_t k = 0; k < widths.size(); ++k) {
+      const std::string& value = points[i][k].second;
       fields.push_back(value);
-      table += "  " + std::string(key.size() > value.size() ? key.size() - value.size() : 0, ' ') +
-               value;
+      table += "  " + std::string(widths[k] - value.size(), ' ') + value;
     }
-    char row[160];
-    const auto number = [&row](const char* format, double value) {
-      std::snprintf(row, sizeof row, format, value);
-      return std::string(row);
-    };
-    fields.push_back(number("%.4f", top1));
-    fields.push_back(number("%.2f", mae));
-    fields.push_back(number("%.2f", pooled.wall_s / 60));
+    for (const double v : {right(student) / n, low, high, right(labels) / n}) {
+      fields.push_back(number("%.4f", v));
+    }
+    fields.push_back(std::to_string(c.only_a));
+    fields.push_back(std::to_string(c.only_b));
+    fields.push_back(number("%.3g", c.p_value));
+    fields.push_back(number("%.2f", mae / n));
+    fields.push_back(number("%.2f", wall_s / 60));
+    fields.push_back(number("%.2f", labels_wall_s / 60));
     fields.push_back(number("%.3f", hit_rate));
-    fields.push_back(number("%.0f", pooled.images));
+    fields.push_back(std::to_string(photos));
     csv += flowtrain::csv_line(fields);
-    std::snprintf(row, sizeof row, "  %8.1f%%  %10.1f  %4s  %17.0f%%  %6.0f\n", 100 * top1, mae,
-                  duration_text(pooled.wall_s).c_str(), 100 * hit_rate, pooled.images);
+    const std::string top1 = number("%.1f%%", 100 * right(student) / n) + " (" +
+                             number("%.1f", 100 * low) + "-" + number("%.1f%%", 100 * high) + ")";
+    const std::string only = std::to_string(c.only_a) + " / " + std::to_string(c.only_b);
+    std::snprintf(row, sizeof row, format, top1.c_str(),
+                  number("%.1f%%", 100 * right(labels) / n).c_str(), only.c_str(),
+                  number("%.2g", c.p_value).c_str(), number("%.1f", mae / n).c_str(),
+                  duration_text(wall_s).c_str(), number("%.0f%%", 100 * hit_rate).c_str(),
+                  std::to_string(photos).c_str());
     table += row;
   }
   flowtrain::write_file_atomically((table_dir / "sweep.csv").string(), csv);
