@@ -93,9 +93,26 @@ std::string training_key(const flowtrain::PipelineConfig& phase) {
   return key;
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+// Whether `dir` holds a model trained under `key` since the model files `phase` reads (its
+// teacher, an init) were written: its key.txt says that key and is newer than each of them.
+bool trained_under(const fs::path& dir, const std::string& key,
+                   const flowtrain::PipelineConfig& phase) {
+  const fs::path key_file = dir / "key.txt";
+  std::ifstream in(key_file, std::ios::binary);
+  if (!in || std::string(std::istreambuf_iterator<char>(in), {}) != key) return false;
+  std::error_code ec;
+  const fs::file_time_type trained = fs::last_write_time(key_file, ec);
+  for (const flowtrain::StageConfig& stage : phase.stages) {
+    for (const char* param : {"model", "init"}) {
+      const auto it = stage.params.values().find(param);
+      const std::string* file =
+          it == stage.params.values().end() ? nullptr : std::get_if<std::string>(&it->second);
+      if (file && fs::is_regular_file(*file, ec) && fs::last_write_time(*file, ec) > trained) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 // One model a sweep trains and validates: its held-out predictions and the reports of its
@@ -107,8 +124,8 @@ struct Trained {
 
 // Trains one model into `dir` with the phases of `command` and then `eval_phase` under
 // `overrides`, which point its checkpoints and predictions there; or keeps what `dir` holds when
-// its key.txt is the key of those phases now (a sweep run again, or one interrupted, trains only
-// what it has not).
+// it was trained under the same settings and teacher (a sweep run again, or one interrupted,
+// trains only what it has not).
 Trained train_or_keep(const Context& ctx,
                       const std::string& command,
                       const std::string& eval_phase,
@@ -120,11 +137,11 @@ Trained train_or_keep(const Context& ctx,
   const std::string training_phase = plan.phases[plan.phases.size() - 2];
   const std::string key = training_key(*find_phase(plan.config, training_phase)) +
                           training_key(*find_phase(plan.config, eval_phase));
-  const fs::path key_file = dir / "key.txt", predictions = dir / "predictions.csv";
+  const fs::path predictions = dir / "predictions.csv";
   const fs::path training_report = dir / (training_phase + ".yaml");
   const fs::path eval_report = dir / (eval_phase + ".yaml");
-  if (fs::exists(key_file) && read_text(key_file) == key && fs::exists(predictions) &&
-      fs::exists(training_report) && fs::exists(eval_report)) {
+  if (trained_under(dir, key, *find_phase(plan.config, training_phase)) &&
+      fs::exists(predictions) && fs::exists(training_report) && fs::exists(eval_report)) {
     std::cout << "== foodtag sweep " << what << " (done before, kept)\n" << std::flush;
     return {read_predictions(what, predictions.string()),
             flowtrain::read_report_file(training_report.string()),
@@ -147,7 +164,7 @@ Trained train_or_keep(const Context& ctx,
               outcome.reports[outcome.reports.size() - 2], outcome.reports.back()};
   flowtrain::write_report_file(out.training, training_report.string());
   flowtrain::write_report_file(out.eval, eval_report.string());
-  flowtrain::write_file_atomically(key_file.string(), key);  // last: the model is complete
+  flowtrain::write_file_atomically((dir / "key.txt").string(), key);  // last: it is complete
   return out;
 }
 
