@@ -72,6 +72,11 @@ bool nothing_to_train(const Context& ctx, const std::string& command);
 /// The value of the result `name` of any stage of `report`, if one has it.
 std::optional<double> stage_result(const flowtrain::RunReport& report, const std::string& name);
 
+/// The override that sets param `param` of stage `stage` in phase `phase`:
+/// "phases.PHASE.stages.STAGE.params.PARAM=VALUE".
+std::string param_override(const std::string& phase, const std::string& stage,
+                           const std::string& param, const std::string& value);
+
 /// The first stage of `type` in `phase`, or nullptr.
 flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::string& type);
 

@@ -175,6 +175,11 @@ std::optional<double> stage_result(const flowtrain::RunReport& report, const std
   return std::nullopt;
 }
 
+std::string param_override(const std::string& phase, const std::string& stage,
+                           const std::string& param, const std::string& value) {
+  return "phases." + phase + ".stages." + stage + ".params." + param + "=" + value;
+}
+
 flowtrain::StageConfig* find_stage(flowtrain::PipelineConfig& phase, const std::string& type) {
   for (flowtrain::StageConfig& stage : phase.stages) {
     if (stage.type == type) return &stage;

@@ -89,7 +89,7 @@ std::vector<std::string> resume_overrides(const Context& fold, const std::string
     if (!phase) continue;
     for (const flowtrain::StageConfig& stage : phase->stages) {
       if (stage.type == "train_step") {
-        out.push_back("phases." + name + ".stages." + stage.name + ".params.resume=true");
+        out.push_back(param_override(name, stage.name, "resume", "true"));
       }
     }
   }

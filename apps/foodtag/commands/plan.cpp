@@ -76,7 +76,7 @@ std::vector<std::string> recipe_overrides(flowtrain::RunConfig& config) {
                                    [&](const Recipe& r) { return r.name == name; });
   std::vector<std::string> out;
   for (const auto& [param, value] : recipe->params) {
-    out.push_back("phases.distill.stages." + step->name + ".params." + param + "=" + value);
+    out.push_back(param_override("distill", step->name, param, value));
   }
   return out;
 }

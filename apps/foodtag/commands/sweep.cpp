@@ -135,12 +135,12 @@ Trained train_or_keep(const Context& ctx,
   PhasePlan plan = check_phases(ctx, command, overrides);
   if (plan.phases.back() != eval_phase) plan.phases.push_back(eval_phase);
   const std::string training_phase = plan.phases[plan.phases.size() - 2];
-  const std::string key = training_key(*find_phase(plan.config, training_phase)) +
-                          training_key(*find_phase(plan.config, eval_phase));
+  const flowtrain::PipelineConfig& training = *find_phase(plan.config, training_phase);
+  const std::string key = training_key(training) + training_key(*find_phase(plan.config, eval_phase));
   const fs::path predictions = dir / "predictions.csv";
   const fs::path training_report = dir / (training_phase + ".yaml");
   const fs::path eval_report = dir / (eval_phase + ".yaml");
-  if (trained_under(dir, key, *find_phase(plan.config, training_phase)) &&
+  if (trained_under(dir, key, training) &&
       fs::exists(predictions) && fs::exists(training_report) && fs::exists(eval_report)) {
     std::cout << "== foodtag sweep " << what << " (done before, kept)\n" << std::flush;
     return {read_predictions(what, predictions.string()),
@@ -175,11 +175,10 @@ std::vector<std::string> into(flowtrain::RunConfig& config,
                               const std::string& eval,
                               const fs::path& dir) {
   const flowtrain::StageConfig* step = find_stage(*find_phase(config, training), "train_step");
-  const std::string key = "phases." + training + ".stages." + step->name + ".params.";
-  return {key + "checkpoint_dir=" + dir.string(), key + "snapshot_every=0",
-          "phases." + eval + ".stages.evaluate.params.model=" + (dir / "final.pt").string(),
-          "phases." + eval + ".stages.evaluate.params.predictions=" +
-              (dir / "predictions.csv").string()};
+  return {param_override(training, step->name, "checkpoint_dir", dir.string()),
+          param_override(training, step->name, "snapshot_every", "0"),
+          param_override(eval, "evaluate", "model", (dir / "final.pt").string()),
+          param_override(eval, "evaluate", "predictions", (dir / "predictions.csv").string())};
 }
 
 // A sweep point's student, trained on one context's data (the run's, or a fold's) into
