@@ -1,6 +1,6 @@
 # Installs the build tree into a scratch prefix, imports the Python package installed there,
-# then configures, builds and runs the user project in tests/package against it:
-# find_package(flowtrain) must work for users. The project's plugin (libsquare_stages.so) must
+# then configures, builds and runs the user project in tests/package against it, and again
+# against the build tree itself: find_package(flowtrain) must work for users. The project's plugin (libsquare_stages.so) must
 # run from YAML with the installed flowtrain: by `flowtrain run --plugin`, and by a config's
 # `plugins:` list (its path relative to the config, run from another folder), in the CLI and
 # in Python.
@@ -26,7 +26,11 @@ foreach(step
     "${WORK}/build/consumer"
     "${prefix}/bin/flowtrain;run;--plugin;${plugin};${SOURCE}/squares.yaml"
     "${prefix}/bin/flowtrain;run;build/plugin.yaml"
-    "${python_env};-c;import flowtrain\nr = flowtrain.run('build/plugin.yaml')\nprint('python:', [x for s in r['phases'][0]['stages'] for x in s['results']])")
+    "${python_env};-c;import flowtrain\nr = flowtrain.run('build/plugin.yaml')\nprint('python:', [x for s in r['phases'][0]['stages'] for x in s['results']])"
+    # The build tree is a package too, before any install.
+    "${CMAKE_COMMAND};-S;${SOURCE};-B;${WORK}/from-build-tree;-DCMAKE_PREFIX_PATH=${BUILD}"
+    "${CMAKE_COMMAND};--build;${WORK}/from-build-tree"
+    "${WORK}/from-build-tree/consumer")
   execute_process(COMMAND ${step} WORKING_DIRECTORY ${WORK}
     RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT code EQUAL 0)
@@ -35,7 +39,7 @@ foreach(step
   string(APPEND all "${out}")
 endforeach()
 foreach(expected
-    "consumer ran 5 items"
+    "consumer ran 5 items\n(.*\n)*consumer ran 5 items"
     "results of 'sum': sum 285\n"
     "results of 'sum': sum 30\n"
     "python: \\[{'name': 'sum', 'value': 30(\\.0)?}\\]")

@@ -24,7 +24,7 @@ const std::vector<std::string> kPhaseKeys = {"name",     "threads", "cores",   "
                                              "autotune", "stages",  "extends", "without"};
 const std::vector<std::string> kAutotuneKeys = {"enabled",  "warmup_s", "trial_s",
                                                 "max_trials", "min_gain", "memory_mb"};
-const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace", "drops"};
+const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace", "drops", "tensorboard"};
 const std::vector<std::string> kStageKeys = {"type",           "name",    "params", "concurrency",
                                              "queue_capacity", "ordered", "inputs",
                                              "token_from"};
@@ -448,6 +448,12 @@ void read_run_options(const YAML::Node& map,
     if (const YAML::Node drops = metrics["drops"]) {
       if (!drops.IsScalar()) loc.fail(drops, ctx + "metrics.drops must be a file path");
       run.drops_path = drops.Scalar();
+    }
+    if (const YAML::Node tensorboard = metrics["tensorboard"]) {
+      if (!tensorboard.IsScalar()) {
+        loc.fail(tensorboard, ctx + "metrics.tensorboard must be a folder path");
+      }
+      run.tensorboard_dir = tensorboard.Scalar();
     }
   }
 }

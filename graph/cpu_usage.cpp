@@ -116,4 +116,30 @@ CpuReport CpuRecorder::finish() {
   return report;
 }
 
+void append_cpu(CpuReport& whole, double whole_wall_s, CpuReport segment, double segment_wall_s) {
+  if (whole.core_mean.empty()) {  // the first run, or one without /proc/stat
+    const double process_cpu_s = whole.process_cpu_s + segment.process_cpu_s;
+    const std::uint64_t page_faults = whole.page_faults + segment.page_faults;
+    for (double& t : segment.times_s) t += whole_wall_s;
+    whole = std::move(segment);
+    whole.process_cpu_s = process_cpu_s;
+    whole.page_faults = page_faults;
+    return;
+  }
+  whole.process_cpu_s += segment.process_cpu_s;
+  whole.page_faults += segment.page_faults;
+  if (segment.core_mean.size() != whole.core_mean.size()) return;  // cores went offline
+  const double total = whole_wall_s + segment_wall_s;
+  for (std::size_t c = 0; c < whole.core_mean.size(); ++c) {
+    if (total > 0) {
+      whole.core_mean[c] =
+          (whole.core_mean[c] * whole_wall_s + segment.core_mean[c] * segment_wall_s) / total;
+    }
+    if (c < whole.cores.size() && c < segment.cores.size()) {
+      whole.cores[c].insert(whole.cores[c].end(), segment.cores[c].begin(), segment.cores[c].end());
+    }
+  }
+  for (const double t : segment.times_s) whole.times_s.push_back(t + whole_wall_s);
+}
+
 }  // namespace flowtrain::detail

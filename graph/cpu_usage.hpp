@@ -71,4 +71,11 @@ class CpuRecorder {
   std::vector<SeriesBuilder> series_;  // [core]
 };
 
+/// Appends the CpuReport of a paused pipeline's next run (`segment`, `segment_wall_s` long) to
+/// that of its runs before (`whole`, `whole_wall_s` long), so a report that covers every run of
+/// the pipeline (autotune's trials, then the rest) has the CPU figures of every run too: CPU
+/// time and page faults summed, each core's mean weighted by the runs' wall times, the
+/// samples' times continued.
+void append_cpu(CpuReport& whole, double whole_wall_s, CpuReport segment, double segment_wall_s);
+
 }  // namespace flowtrain::detail

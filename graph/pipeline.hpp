@@ -73,6 +73,9 @@ struct RunOptions {
   /// List every dropped item here (CSV: stage,item,reason) when not empty; the report lists the
   /// first StageReport::kMaxDropRecords of each stage. No file is left when nothing is dropped.
   std::string drops_path;
+  /// Write TensorBoard event files of the run's scalars into this folder when not empty (the
+  /// runner does: see run_phases; Pipeline::run ignores it).
+  std::string tensorboard_dir;
   /// Called every `progress_interval_s` from a background thread while the run lasts.
   std::function<void(const Progress&)> on_progress;
   double progress_interval_s = 1;

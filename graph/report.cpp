@@ -14,6 +14,8 @@ std::string count_text(std::size_t n, const char* noun) {
 namespace {
 // Below this busy fraction no stage is called a bottleneck.
 constexpr double kSaturated = 0.5;
+// Above this share of the graph threads' time, summed over the stages, the threads are.
+constexpr double kThreadsSaturated = 0.85;
 
 std::string percent(double fraction) {
   char buf[16];
@@ -76,6 +78,19 @@ std::string RunReport::bottleneck_verdict() const {
   if (!b) return "no stage did any work";
   const StageReport& s = stages[*b];
   if (s.busy_fraction < kSaturated) {
+    // The stages together may still keep every graph thread busy: they take turns on them.
+    double busy_s = 0;
+    for (const StageReport& stage : stages) busy_s += stage.busy_s;
+    const double threads_busy = threads > 0 && wall_s > 0 ? busy_s / (wall_s * threads) : 0;
+    if (threads_busy >= kThreadsSaturated) {
+      return "the " + count_text(threads, "graph thread") + (threads == 1 ? " is" : " are") +
+             " the bottleneck: busy " + percent(std::min(threads_busy, 1.0)) +
+             " of the run with the stages' work together (the busiest, '" + s.name + "', " +
+             percent(s.busy_fraction) + " of its " + workers_text(s) +
+             "): the stages wait for a thread, not for each other: raise " + key_prefix +
+             "threads (now " + std::to_string(threads) +
+             ") within the cores, or make the stages cheaper";
+    }
     return "no stage is saturated; the busiest is '" + s.name + "' at " + percent(s.busy_fraction) +
            " of its " + workers_text(s) +
            " (the run is short, or bound by something outside the stages)";
@@ -114,15 +129,38 @@ std::string RunReport::bottleneck_verdict() const {
             " of the time";
   }
   if (s.max_concurrency == kSerial && s.intra_op_parallel) {
-    // A serial compute stage (a training step): only its intra-op threads can speed it up.
+    // A serial compute stage (a training step): its intra-op threads, and the graph threads of
+    // the stages that feed it, share the cores. Which split is faster is measured, never
+    // guessed: more intra-op threads can starve its feeders.
     line += "; it runs serially by design on " +
-            count_text(s.threads_per_invocation, "intra-op thread") +
-            (s.threads_per_invocation < cores
-                 ? ": make each item cheaper, or give it more of the " + count_text(cores, "core") +
-                       " (fewer graph threads, more intraop_threads)"
-                 : ": make each item cheaper, or give the run more cores");
+            count_text(s.threads_per_invocation, "intra-op thread") + " (" + layout() + ")";
+    const bool rehearsed =
+        autotune && std::any_of(autotune->trials.begin(), autotune->trials.end(),
+                                [](const AutotuneTrial& t) { return t.rehearsal; });
+    const bool other_model =
+        std::any_of(stages.begin(), stages.end(), [&](const StageReport& other) {
+          return &other != &s && other.intra_op_parallel;
+        });
+    if (rehearsed) {
+      line += ": autotune measured its intra-op threads on rehearsals and chose these; make each "
+              "item cheaper, or give the run more cores";
+    } else if (autotune) {
+      line += ": make each item cheaper; autotune kept the fastest layout it tried but did not "
+              "rehearse its intra-op threads (a job of several ranks keeps them as configured): "
+              "time other " + key_prefix + "stages." + s.name.substr(0, s.name.find('/')) +
+              ".params.intraop_threads by hand";
+    } else if (s.threads_per_invocation < cores) {
+      line += ": make each item cheaper, or measure other splits of the cores between its " +
+              key_prefix + "stages." + s.name.substr(0, s.name.find('/')) +
+              ".params.intraop_threads, the graph threads that feed it" +
+              (other_model ? " and the other model stages' concurrency" : std::string()) +
+              " (" + key_prefix +
+              "autotune: true tries them; taking threads from its feeders can make it slower)";
+    } else {
+      line += ": make each item cheaper, or give the run more cores";
+    }
   } else if (s.max_concurrency == kSerial) {
-    line += "; it runs serially: make it cheaper, or split its work into a parallel stage after it";
+    line += "; it runs serially by design: make each item cheaper";
   } else if (s.concurrency != kUnlimited && s.workers < s.concurrency && *b + 1 < stages.size() &&
              s.workers == stages[*b + 1].queue_capacity) {
     line += "; raise " + key_prefix + "stages." + stages[*b + 1].name + ".queue_capacity (now " +

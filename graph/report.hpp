@@ -59,6 +59,9 @@ struct StageReport {
   std::size_t queue_capacity = 0;     // of its input queue; 0 for a source
   std::size_t threads_per_invocation = 1;  // intra-op threads of one invocation
   bool intra_op_parallel = false;          // Stage::intra_op_parallel()
+  /// The type of the items it takes (a source: that it emits), without its namespace:
+  /// "Sample", "Batch", "StepRecord"; what items_in and items_out count.
+  std::string item;
 
   std::uint64_t items_in = 0;     // real items processed (sources: 0)
   std::uint64_t items_out = 0;    // items emitted

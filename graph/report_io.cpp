@@ -114,6 +114,8 @@ void write_stage(Out& out, const StageReport& s) {
   field(out, "workers", s.workers);
   field(out, "queue_capacity", s.queue_capacity);
   field(out, "threads_per_invocation", s.threads_per_invocation);
+  field(out, "intra_op_parallel", s.intra_op_parallel);
+  field(out, "item", s.item);
   field(out, "items_in", s.items_in);
   field(out, "items_out", s.items_out);
   field(out, "dropped", s.dropped);
@@ -373,6 +375,8 @@ StageReport read_stage(const Reader& in, const YAML::Node& map, const std::strin
   in.field(map, "workers", s.workers, path);
   in.field(map, "queue_capacity", s.queue_capacity, path);
   in.field(map, "threads_per_invocation", s.threads_per_invocation, path);
+  in.field(map, "intra_op_parallel", s.intra_op_parallel, path);
+  in.field(map, "item", s.item, path);
   in.field(map, "items_in", s.items_in, path);
   in.field(map, "items_out", s.items_out, path);
   in.field(map, "dropped", s.dropped, path);

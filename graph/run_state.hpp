@@ -24,6 +24,7 @@ struct Pipeline::RunState {
   std::vector<std::uint64_t> next_seq;
   std::optional<detail::DropLog> drop_log;  // the stages' counters point to it
   double earlier_wall_s = 0;                // of the paused runs before this one
+  CpuReport earlier_cpu;                    // of the same runs (detail::append_cpu)
 
   RunState(const std::vector<Node>& nodes, const RunOptions& options) : next_seq(nodes.size(), 0) {
     const auto mix = std::find_if(nodes.begin(), nodes.end(), [](const Node& n) {

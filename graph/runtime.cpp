@@ -16,6 +16,7 @@
 
 #include "graph/atomic_file.hpp"
 #include "graph/checks.hpp"
+#include "graph/cpu_usage.hpp"
 #include "graph/error.hpp"
 #include "graph/metrics.hpp"
 #include "graph/mix.hpp"
@@ -731,6 +732,13 @@ class Pipeline::Runtime {
       s.queue_capacity = pulled(nodes_[i].shape.kind) ? 0 : nodes_[i].options.queue_capacity;
       s.threads_per_invocation = nodes_[i].stage->threads_per_invocation();
       s.intra_op_parallel = nodes_[i].stage->intra_op_parallel();
+      {
+        const ItemType& item = pulled(s.kind) ? nodes_[i].shape.output : nodes_[i].shape.input;
+        s.item = item.name();
+        if (const std::size_t colon = s.item.rfind("::"); colon != std::string::npos) {
+          s.item.erase(0, colon + 2);
+        }
+      }
       s.results = nodes_[i].stage->results();
       s.waiting = nodes_[i].stage->waiting();
       s.timeline = nodes_[i].stage->timeline();
@@ -804,6 +812,10 @@ RunReport Pipeline::run(const RunOptions& options) {
   Runtime runtime(*this, options);
   RunReport report = runtime.run(options);
   paused_ = report.paused;
+  // The report covers every run since the first: its CPU figures too, not this run's alone.
+  detail::append_cpu(state_->earlier_cpu, state_->earlier_wall_s, std::move(report.cpu),
+                     report.wall_s - state_->earlier_wall_s);
+  report.cpu = state_->earlier_cpu;
   state_->earlier_wall_s = report.wall_s;
   return report;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
 #include "graph/pipeline.hpp"
+#include "graph/tensorboard.hpp"
 
 namespace flowtrain::runner {
 
@@ -77,7 +79,9 @@ std::vector<PipelineConfig*> selected(RunConfig& config, const RunPhasesOptions&
     const auto it = std::find_if(config.phases.begin(), config.phases.end(),
                                  [&](const PipelineConfig& p) { return p.name == name; });
     if (it == config.phases.end()) {
-      throw Error(config.origin + ": no phase named '" + name + "' (it has: " + known + ")");
+      throw Error(config.origin + ": no phase named '" + name + "' (" +
+                  (known.empty() ? "it is one pipeline, without phases" : "it has: " + known) +
+                  ")");
     }
     out.push_back(&*it);
   }
@@ -128,6 +132,29 @@ PhasesOutcome run_phases(RunConfig& config,
     BuildContext context;
     context.provide(placement);
     if (world) context.provide(*world);
+    // TensorBoard: rank 0 writes a run folder for each phase (DIR/NAME), so that its curves sit
+    // beside the other phases'.
+    std::unique_ptr<EventWriter> events;
+    if (leader && !phase.run.tensorboard_dir.empty()) {
+      events = std::make_unique<EventWriter>(
+          phase.name.empty() ? phase.run.tensorboard_dir
+                             : (std::filesystem::path(phase.run.tensorboard_dir) / phase.name)
+                                   .string());
+      context.provide(*events);
+      phase.run.on_progress = [print = phase.run.on_progress, to = events.get(),
+                               failed = false](const Progress& p) mutable {
+        if (print) print(p);
+        const auto second = static_cast<std::int64_t>(std::llround(p.elapsed_s));
+        try {
+          for (const StageProgress& stage : p.stages) {
+            to->scalar("busy/" + stage.name, second, stage.busy_fraction);
+          }
+        } catch (const std::exception& e) {  // on the sampler's thread: said once, not thrown
+          if (!failed) std::fprintf(stderr, "tensorboard: %s\n", e.what());
+          failed = true;
+        }
+      };
+    }
     // Autotune fixes a training step's intra-op threads on rehearsals, before the phase is
     // built. Each rank would choose its own, so with several they stay as configured.
     std::optional<AutotuneReport> rehearsed;
@@ -157,6 +184,16 @@ PhasesOutcome run_phases(RunConfig& config,
     // step counts differ (World::wait).
     if (world && !report.stopped) {
       world->finished_phase(what + " (" + rank_summary(world->rank(), report) + ")");
+    }
+    if (events) {  // at the phase's last second: its shares, and what each stage reported
+      const std::int64_t second = std::llround(report.wall_s);
+      for (const StageReport& stage : report.stages) {
+        events->scalar("busy/" + stage.name, second, stage.busy_fraction);
+        for (const StageResult& result : stage.results) {
+          events->scalar("results/" + stage.name + "/" + result.name, second, result.value);
+        }
+      }
+      events->flush();
     }
     if (terminal && report.wall_s >= phase.run.progress_interval_s) std::fprintf(stderr, "\n");
     if (leader) {

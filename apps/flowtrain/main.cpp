@@ -3,9 +3,11 @@
 //   flowtrain run CONFIG [key.path=value ...]    run a config's pipeline (or its phases in
 //                [--nproc N] [--timeout S]       turn), print each one's stage report; as one
 //                [--report FILE.json]            rank of a data-parallel job when the launcher's
-//                                                environment says so, or start N local ranks;
-//                                                --report: rank 0 writes the reports of the
-//                                                phases that ran (a stopped one's too) as JSON
+//                [--phases a,b]                  environment says so, or start N local ranks;
+//                [--tensorboard DIR]             --report: rank 0 writes the reports of the
+//                                                phases that ran (a stopped one's too) as JSON;
+//                                                --phases: only those; --tensorboard: event
+//                                                files of each phase's scalars
 //   flowtrain check CONFIG [key.path=value ...]  validate only: print the graph of each phase and
 //                                                exit 0, or one line naming the problem
 //   flowtrain export CHECKPOINT --out FILE       write a trained model as TorchScript (for
@@ -58,14 +60,29 @@ void check_report_path(const std::string& path) {
 // Runs the config's phases in turn (runner/run_phases.hpp: as a rank of a job when the
 // launcher's environment says so); 130 when a signal stopped it. With a `report_path`, rank 0
 // writes the reports of the phases that ran there as JSON, a stopped run's too.
+struct RunFlags {
+  double timeout_s = 300;
+  std::string report_path;
+  std::string tensorboard_dir;      // every phase's metrics.tensorboard
+  std::vector<std::string> phases;  // empty: all
+};
+
 int run(const std::string& path,
         const std::vector<std::string>& overrides,
-        double timeout_s,
-        const std::string& report_path) {
+        const RunFlags& flags) {
+  const std::string& report_path = flags.report_path;
   // A config error is this rank's alone: say it before joining the job.
   flowtrain::RunConfig config = flowtrain::load_run_config(path, overrides);
+  if (!flags.tensorboard_dir.empty()) {
+    for (flowtrain::PipelineConfig& phase : config.phases) {
+      phase.run.tensorboard_dir = flags.tensorboard_dir;
+    }
+  }
   const flowtrain::runner::PhasesOutcome outcome = flowtrain::runner::run_phases(
-      config, {.config_path = path, .overrides = overrides, .timeout_s = timeout_s});
+      config, {.config_path = path,
+               .overrides = overrides,
+               .timeout_s = flags.timeout_s,
+               .phases = flags.phases});
   if (!report_path.empty() && outcome.leader) {
     flowtrain::write_file_atomically(
         report_path, flowtrain::run_report_json(outcome.reports,
@@ -224,16 +241,22 @@ int main(int argc, char** argv) {
   run_cmd->add_option("config", config_path, "Pipeline config (YAML)")->required();
   run_cmd->add_option("overrides", overrides, "key.path=value overrides, e.g. threads=1");
   int nproc = 0;
-  double timeout_s = 300;
+  RunFlags flags;
+  double& timeout_s = flags.timeout_s;
+  std::string& report_path = flags.report_path;
   run_cmd->add_option("--nproc", nproc, "Start N ranks of a data-parallel job on this machine")
       ->check(CLI::PositiveNumber);
   run_cmd
       ->add_option("--timeout", timeout_s,
                    "Seconds to wait for the other ranks (rendezvous, collectives, barriers)")
       ->capture_default_str();  // checked below, with the other run checks: one line
-  std::string report_path;
   run_cmd->add_option("--report", report_path,
                       "Write the reports of the phases that ran as one JSON document (rank 0)");
+  run_cmd->add_option("--phases", flags.phases,
+                      "Run only these phases, in this order (comma-separated names)")
+      ->delimiter(',');
+  run_cmd->add_option("--tensorboard", flags.tensorboard_dir,
+                      "Write TensorBoard event files of every phase here (metrics.tensorboard)");
 
   CLI::App* check_cmd =
       app.add_subcommand("check", "Validate a pipeline config without running it");
@@ -328,7 +351,7 @@ int main(int argc, char** argv) {
       return flowtrain::runner::relaunch_as_ranks(nproc, argc, argv);
     }
     if (run_cmd->parsed()) {
-      const int code = run(config_path, overrides, timeout_s, report_path);
+      const int code = run(config_path, overrides, flags);
       // Stopped early: the peers' state is unknown.
       if (flowtrain::dist::World::current()) flowtrain::dist::leave_now(code);
       return code;

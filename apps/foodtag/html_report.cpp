@@ -504,6 +504,17 @@ std::string header_section(const ReportData& d) {
   if (!d.created.empty()) out += "created " + escape(d.created);
   if (!d.created.empty() && !d.machine.empty()) out += " · ";
   if (!d.machine.empty()) out += "on " + escape(d.machine);
+  if (!d.phases.empty()) {
+    // The phases' wall time together (what `foodtag run` took, the data and export aside).
+    double wall_s = 0;
+    std::string names;
+    for (const PhaseProfile& p : d.phases) {
+      wall_s += p.report.wall_s;
+      names += (names.empty() ? "" : ", ") + p.name;
+    }
+    out += "</p>\n<p class=\"meta\"><b>run time " + escape(duration_text(wall_s)) + "</b> (" +
+           escape(names) + ")";
+  }
   out += "</p>\n";
   if (!d.verdict.empty()) out += "<div class=\"verdict\">" + escape(d.verdict) + "</div>\n";
   return out + "</header>\n";
@@ -525,8 +536,10 @@ std::string sweep_section(const std::vector<std::vector<std::string>>& rows) {
       "(validation top-1 with its 95% interval, low to high; the labels-only top-1; the photos "
       "only the student and only the labels-only student got right, and McNemar's p; energy "
       "MAE; minutes of distillation and of the labels-only training; the share of views whose "
-      "teacher outputs came from the cache).</p>\n<table class=\"models\">\n" +
-      cells(rows.front(), "th");
+      "teacher outputs came from the cache).</p>\n<table class=\"models\">\n";
+  std::vector<std::string> header = rows.front();  // sweep.csv's names, which wrap at spaces
+  for (std::string& name : header) std::replace(name.begin(), name.end(), '_', ' ');
+  out += cells(header, "th");
   for (std::size_t i = 1; i < rows.size(); ++i) out += cells(rows[i]);
   return out + "</table>\n</section>\n";
 }
@@ -537,8 +550,8 @@ std::string models_section(const std::vector<ModelFacts>& models,
   if (models.empty()) return out + "<p class=\"no-data\">no models measured</p>\n</section>\n";
   out += "<table class=\"models\">\n" +
          cells({"model", "parameters", "file (MB)", "val top-1 (95% interval)", "val top-5",
-                "energy MAE (kcal)",
-                "its group's median: MAE (kcal)", "images/s", "ms/image"},
+                "energy MAE (kcal / 100 g)", "its group's median: MAE (kcal / 100 g)",
+                "inference (images/s)", "inference (ms / image)"},
                "th");
   for (const ModelFacts& m : models) {
     out += cells({m.name, parameters_cell(m.parameters), measured(m.file_mb, 1),
@@ -609,6 +622,15 @@ double items_per_s(const StageReport& s, double wall_s) {
 
 std::string rate_text(double per_s) { return fixed(per_s, per_s < 10 ? 1 : 0); }
 
+// What a stage's items are, in the words of a rate: "images", "batches", "steps".
+std::string item_unit(const std::string& item) {
+  if (item == "Sample" || item == "BatchRow") return "images";
+  if (item == "Batch") return "batches";
+  if (item == "StepRecord") return "steps";
+  if (item == "GradBucket") return "buckets";
+  return item.empty() ? "items" : item + " items";
+}
+
 std::string utilisation_chart(const RunReport& r, const std::string& id) {
   BarChart c{.id = id,
              .title = "Where each stage's worker time goes",
@@ -630,7 +652,7 @@ std::string utilisation_chart(const RunReport& r, const std::string& id) {
     const double other = std::max(0.0, 1 - busy - starved - blocked);
     c.bars.push_back({s.name,
                       std::to_string(s.workers) + (s.workers == 1 ? " worker" : " workers"),
-                      rate_text(items_per_s(s, r.wall_s)) + " items/s",
+                      rate_text(items_per_s(s, r.wall_s)) + " " + item_unit(s.item) + "/s",
                       {{busy * 100, kBusyColour},
                        {starved * 100, kStarvedColour},
                        {blocked * 100, kBlockedColour},
@@ -696,15 +718,16 @@ std::string cpu_chart(const flowtrain::CpuReport& cpu, const std::string& id) {
 
 std::string stage_table(const RunReport& r) {
   std::string out = "<figure><figcaption>Stages</figcaption>\n<table class=\"stages\">\n" +
-                    cells({"stage", "kind", "workers", "busy", "starved", "blocked", "items/s",
-                           "queue mean / max / cap"},
+                    cells({"stage", "kind", "workers", "busy", "starved", "blocked",
+                           "rate (per s)", "queue mean / max / cap"},
                           "th");
   for (const StageReport& s : r.stages) {
     const bool source = s.kind == Kind::kSource, sink = s.kind == Kind::kSink;
     out +=
         cells({s.name, flowtrain::to_string(s.kind), std::to_string(s.workers),
                percent(s.busy_fraction), source ? kMissing : percent(s.starved_fraction),
-               sink ? kMissing : percent(s.blocked_fraction), rate_text(items_per_s(s, r.wall_s)),
+               sink ? kMissing : percent(s.blocked_fraction),
+               rate_text(items_per_s(s, r.wall_s)) + " " + item_unit(s.item),
                source ? kMissing
                       : fixed(s.queue_mean, 1) + " / " + fixed(s.queue_max, 0) + " / " +
                             std::to_string(s.queue_capacity)});
@@ -791,6 +814,8 @@ svg.chart text.sub { font-size: 11px; fill: #666; }
            text-align: center; border: 1px dashed #ccc; }
 table { border-collapse: collapse; }
 th, td { padding: 4px 10px; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
+th { white-space: normal; vertical-align: bottom; }  /* headers wrap: the numbers set the widths */
+table.models td:first-child { white-space: normal; max-width: 14em; }  /* long model names wrap */
 th:first-child, td:first-child { text-align: left; }
 th { background: #f3f3f3; }
 tr.ratio td { font-style: italic; color: #444; background: #fafafa; }

@@ -33,10 +33,12 @@ class Loader:
     every tensor viewing it, so a batch you keep is never overwritten. Keeping more images than
     the pool holds stalls the graph until its `wait_timeout_s`; keep `.clone()`s instead.
 
-    One graph runs across epochs, and its batches are those of `flowtrain run` over the same
-    config: each `for` is the next epoch of its source over this rank's shard (under torchrun or
-    Slurm, each process reads its own, as DistributedSampler would), the batches that end in it;
-    the source's `epochs` param is how many there are.
+    Each `for` is the next epoch of its source over this rank's shard (under torchrun or Slurm,
+    each process reads its own, as DistributedSampler would), and yields exactly its samples,
+    as a DataLoader does: `len(loader)` batches, the last one partial unless `drop_last`. The
+    source's `epochs` param is how many epochs there are. `rollover=True` gives the batches of
+    `flowtrain run` over the same config instead: one graph streams every epoch, and the batch
+    that straddles an epoch's end belongs to the next epoch.
     A loop that breaks out leaves the loader after the last batch it yielded: the next `for`
     goes on from there. `set_epoch(e)` for another epoch restarts at e's first sample;
     `state_dict()` / `load_state_dict()` resume at the exact next batch.
@@ -47,19 +49,43 @@ class Loader:
         output: the stage whose batches to yield; the stages after it are not run.
         phase: the phase of a multi-phase config (default: the first that has `output`).
         prefetch: batches made ready ahead of the loop.
+        drop_last: True leaves out each epoch's last batch if it is partial, False keeps it;
+            None (the default): as the batching stage's `drop_last` param says (false unless
+            set).
+        rollover: the batches of `flowtrain run` (see above), for a loop that must train on
+            exactly what flowtrain's own train_step does.
+        progress: a tqdm progress bar on stderr for each `for` (python3-tqdm).
     """
 
-    def __init__(self, config, overrides=(), output="collate", phase="", prefetch=2):
-        self._loader = _Loader(str(config), list(overrides), output, phase, prefetch)
+    def __init__(self, config, overrides=(), output="collate", phase="", prefetch=2,
+                 drop_last=None, rollover=False, progress=False):
+        self._loader = _Loader(str(config), list(overrides), output, phase, prefetch, rollover,
+                               drop_last)
+        self._progress = progress
         self._closed = False
         _live_loaders.add(self)
 
     def __len__(self):
-        """Batches of one epoch on this rank, rounded up (0 when a stage cannot tell ahead)."""
+        """Batches of one epoch on this rank (with rollover, about as many); 0 when a stage
+        cannot tell ahead."""
         return self._loader.size()
 
     def __iter__(self):
-        return self
+        return self._with_progress() if self._progress else self
+
+    def _with_progress(self):
+        from tqdm import tqdm
+
+        epoch = self._loader.state()[0]
+        with tqdm(total=len(self) or None, desc=f"epoch {epoch}", unit="batch") as bar:
+            while True:
+                try:
+                    batch = self.__next__()
+                except StopIteration:
+                    return
+                bar.update(1)
+                yield batch
+                del batch  # the loop's reference alone keeps its buffer
 
     def __next__(self):
         if self._closed:

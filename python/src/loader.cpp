@@ -132,6 +132,18 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
                 "assemble_batch, stage_to_device, teacher_infer)");
   }
   phase_ = cut_to(*phase, *output);
+  if (options_.drop_last) {
+    bool batching = false;
+    for (StageConfig& s : phase_.stages) {
+      if (Registry::global().find(s.type)->find_param("drop_last") == nullptr) continue;
+      s.params.set("drop_last", *options_.drop_last);
+      batching = true;
+    }
+    if (!batching) {
+      throw Error("Loader: drop_last: no stage that '" + options_.output + "' of " + where +
+                  " depends on batches with a drop_last param (collate, assemble_batch)");
+    }
+  }
   // Under torchrun or Slurm, the ranks on this machine share its cores, as in flowtrain run.
   placement_ = job_placement_from_env();
   runner::plan_for_job(phase_, placement_);
@@ -209,7 +221,8 @@ std::uint64_t Loader::size() {
 }
 
 void Loader::start() {
-  pipeline_ = build(epochs_total_, state_.position, &sink_);
+  // Without rollover, a graph runs the epoch the loader is in, to its end.
+  pipeline_ = build(whole_epochs() ? state_.epoch + 1 : epochs_total_, state_.position, &sink_);
   pipeline_->check();
   thread_ = std::thread([this, run = phase_.run] {
     Handoff& handoff = sink_->handoff();
@@ -233,12 +246,10 @@ std::exception_ptr Loader::join() {
 }
 
 Loader::Next Loader::next(data::Batch& batch, double wait_s) {
-  if (has_epochs()) {
-    check_epoch(state_.epoch);
-    if (state_.position == epoch_start(state_.epoch + 1)) {
-      state_.epoch += 1;  // the last batch ended with the epoch's last sample
-      return Next::kEnd;
-    }
+  if (has_epochs()) check_epoch(state_.epoch);
+  if (has_epochs() && options_.rollover && state_.position == epoch_start(state_.epoch + 1)) {
+    state_.epoch += 1;  // the last batch ended with the epoch's last sample
+    return Next::kEnd;
   }
   if (cancelled_) stop();  // what the cancelled run says no longer matters
   if (!running()) start();
@@ -248,7 +259,7 @@ Loader::Next Loader::next(data::Batch& batch, double wait_s) {
     handoff.changed.wait_for(lock, std::chrono::duration<double>(wait_s),
                              [&] { return !handoff.ready.empty() || handoff.ended; });
     if (!handoff.ready.empty()) {
-      if (has_epochs() && epoch_of(handoff.ready.front()) > state_.epoch) {
+      if (has_epochs() && options_.rollover && epoch_of(handoff.ready.front()) > state_.epoch) {
         // The epoch is over; this batch waits for the next one's loop.
         state_.epoch += 1;
         return Next::kEnd;
@@ -262,7 +273,9 @@ Loader::Next Loader::next(data::Batch& batch, double wait_s) {
     if (!handoff.ended) return Next::kWaiting;
   }
   if (const std::exception_ptr error = join()) std::rethrow_exception(error);
-  if (has_epochs()) {
+  if (whole_epochs()) {
+    state_ = {state_.epoch + 1, epoch_start(state_.epoch + 1)};  // the epoch's graph ended
+  } else if (has_epochs()) {
     state_.epoch += 1;  // the stream ended with its last epoch
   } else {
     state_ = {};  // a stream: the next loop runs it again

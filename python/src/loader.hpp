@@ -28,6 +28,12 @@ struct LoaderOptions {
   std::string output = "collate";      // the stage whose batches the loader yields
   std::string phase;                   // of a multi-phase config; empty: the first having `output`
   std::size_t prefetch = 2;            // batches ready ahead of the loop
+  // Each epoch its own batches, as a DataLoader's (false), or one stream over the epochs whose
+  // batch across an epoch's end belongs to the next, as `flowtrain run` batches it (true).
+  bool rollover = false;
+  // Sets `drop_last` of the batching stages it runs (collate, assemble_batch); unset: as the
+  // config says.
+  std::optional<bool> drop_last;
 };
 
 /// Where a loader stands: the epoch, and the source position after the last batch it yielded.
@@ -47,12 +53,14 @@ class HandoffSink;
 ///     if (n == Loader::Next::kBatch) use(batch);  // else kWaiting: check for Ctrl-C
 ///   }
 ///
-/// The batches are those of `flowtrain run` over the same config: one stream over the epochs
-/// of its dataset source on this rank's shard, where a batch that begins in one epoch and ends
-/// in the next belongs to the next. Epoch e of the loader ends before its first batch that ends
-/// past e * P + P (P: the source's positions of one epoch); the graph works on ahead. Its last
-/// epoch ends with the stream. A graph whose source has no epochs (or a mix of sources) is one
-/// stream, iterated whole each time.
+/// Epoch e of the loader is epoch e of its dataset source on this rank's shard: a graph runs
+/// that epoch alone, and its last batch is partial unless the batching stage drops it
+/// (`drop_last`), as a DataLoader's epochs are. With `rollover`, its batches are those of
+/// `flowtrain run` over the same config: one graph streams all the epochs, the graph works on
+/// ahead, and a batch that begins in one epoch and ends in the next belongs to the next. Epoch e
+/// then ends before its first batch that ends past e * P + P (P: the source's positions of one
+/// epoch), and its last epoch ends with the stream. A graph whose source has no epochs (or a mix
+/// of sources) is one stream, iterated whole each time.
 class Loader {
  public:
   explicit Loader(LoaderOptions options);
@@ -60,10 +68,13 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  /// Batches of one whole epoch on this rank (Stage::plan); 0 when a stage cannot tell.
+  /// Batches of one epoch on this rank (Stage::plan): what each epoch yields, or with rollover
+  /// about as many; 0 when a stage cannot tell.
   std::uint64_t size();
   /// The graph has one dataset source, with epochs; else the loader is one stream.
   bool has_epochs() const { return epochs_; }
+  /// A graph runs each epoch alone (has epochs, without rollover).
+  bool whole_epochs() const { return epochs_ && !options_.rollover; }
 
   enum class Next { kBatch, kEnd, kWaiting };
   /// The next batch of the epoch, waiting up to `wait_s`; kWaiting if none came in time, kEnd

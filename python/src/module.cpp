@@ -381,12 +381,14 @@ PYBIND11_MODULE(_flowtrain, m) {
 
   py::class_<Loader>(m, "_Loader")
       .def(py::init([](const std::string& config, std::vector<std::string> overrides,
-                       std::string output, std::string phase, std::size_t prefetch) {
-             return std::make_unique<Loader>(LoaderOptions{
-                 config, std::move(overrides), std::move(output), std::move(phase), prefetch});
+                       std::string output, std::string phase, std::size_t prefetch,
+                       bool rollover, std::optional<bool> drop_last) {
+             return std::make_unique<Loader>(LoaderOptions{config, std::move(overrides),
+                                                           std::move(output), std::move(phase),
+                                                           prefetch, rollover, drop_last});
            }),
            py::arg("config"), py::arg("overrides"), py::arg("output"), py::arg("phase"),
-           py::arg("prefetch"))
+           py::arg("prefetch"), py::arg("rollover"), py::arg("drop_last"))
       .def("size", &Loader::size, py::call_guard<py::gil_scoped_release>())
       .def("next", &next_batch)
       .def("stop", &Loader::stop, py::call_guard<py::gil_scoped_release>())

@@ -325,6 +325,30 @@ TEST_CASE("Foodtag.Report.ChromiumDrawsTheCharts" * doctest::timeout(120)) {
   CHECK(pixels_of(png, kBusyColour).size() > 5000);
 }
 
+TEST_CASE("Foodtag.Report.FitsTwelveHundredPixelsWithItsUnitsAndRunTime" * doctest::timeout(120)) {
+  ReportData d = sample_report();
+  d.phases[0].report.stages[1].item = "Sample";  // decode: images
+  d.phases[0].report.stages[3].item = "Batch";
+  d.phases.push_back(d.phases[0]);  // two phases of 20 s
+  d.phases[1].name = "baseline";
+  const std::string html = foodtag::render_html(d);
+  CHECK(html.find("<b>run time 40s</b> (distill, baseline)") != std::string::npos);
+  CHECK(html.find("images/s") != std::string::npos);
+  CHECK(html.find("batches/s") != std::string::npos);
+  CHECK(html.find("<th>rate (per s)</th>") != std::string::npos);
+  // Laid out by Chromium in a 1,200 px window, no element reaches past its right edge.
+  TempDir dir;
+  const fs::path path = dir.path() / "report.html";
+  foodtag::write_html_report(d, path.string());
+  const flowtrain::testing::Exit e = flowtrain::testing::wait_for(
+      flowtrain::testing::spawn(
+          {std::string(FLOWTRAIN_SOURCE_DIR) + "/scripts/report-overflow", path.string(), "1200"},
+          {}, (dir.path() / "overflow.log").string()),
+      90);
+  CHECK_MESSAGE(e.code == 0, e.output);
+  CHECK(e.output.find("fits 1200 px") != std::string::npos);
+}
+
 TEST_CASE("Foodtag.Report.ChromiumDrawsTheCurveShapes" * doctest::timeout(120)) {
   // Only the loss chart: every pixel of the two colours is in it (or in its legend).
   ReportData d;

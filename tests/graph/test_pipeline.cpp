@@ -323,6 +323,99 @@ TEST_CASE("Pipeline.Metrics.BottleneckVerdictNamesTheSlowStage" * doctest::timeo
   CHECK(single.verdict().find("; raise stages.slow.concurrency (now 1)") != std::string::npos);
 }
 
+TEST_CASE("Pipeline.Cpu.PausedRunsAddUp") {
+  // Two runs of a paused pipeline (autotune's trials, then the rest): the report after the
+  // second covers both, its CPU figures too (they were the last run's alone: 0.00 CPU-s per
+  // wall-s after a long tuning).
+  CpuReport first;
+  first.interval_s = 0.25;
+  first.process_cpu_s = 19;
+  first.page_faults = 100;
+  first.core_mean = {1.0, 0.9};
+  first.times_s = {0.25, 0.5};
+  first.cores = {{1, 1}, {0.9, 0.9}};
+  CpuReport whole;
+  detail::append_cpu(whole, 0, first, 10);
+  CHECK(whole.process_cpu_s == 19);
+  CpuReport rest = first;
+  rest.process_cpu_s = 0.1;
+  rest.page_faults = 5;
+  rest.core_mean = {0.5, 0.5};
+  detail::append_cpu(whole, 10, rest, 0.1);
+  CHECK(whole.process_cpu_s == doctest::Approx(19.1));
+  CHECK(whole.page_faults == 105);
+  CHECK(whole.core_mean[0] == doctest::Approx((1.0 * 10 + 0.5 * 0.1) / 10.1));
+  CHECK(whole.times_s == std::vector<double>{0.25, 0.5, 10.25, 10.5});
+  CHECK(whole.cores[1].size() == 4);
+}
+
+TEST_CASE("Pipeline.Metrics.VerdictNamesASaturatedGraphThread") {
+  // threads: 1, and three stages that take turns on it: none is saturated, the thread is.
+  RunReport r;
+  r.threads = 1;
+  r.cores = 2;
+  r.wall_s = 10;
+  r.key_prefix = "phases.distill.";
+  r.stages.resize(3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    r.stages[i].name = "stage" + std::to_string(i);
+    r.stages[i].busy_s = 3.2;
+    r.stages[i].busy_fraction = 0.32;
+  }
+  CHECK(r.verdict() ==
+        "the 1 graph thread is the bottleneck: busy 96% of the run with the stages' work together "
+        "(the busiest, 'stage0', 32% of its 1 worker): the stages wait for a thread, not for each "
+        "other: raise phases.distill.threads (now 1) within the cores, or make the stages cheaper");
+  for (StageReport& stage : r.stages) stage.busy_s = 2;  // 60%: the run is short, or waits
+  CHECK(r.verdict().rfind("no stage is saturated", 0) == 0);
+}
+
+TEST_CASE("Pipeline.Metrics.VerdictOnATrainingStepAdvisesNoUnmeasuredSplit") {
+  RunReport r;
+  r.threads = r.cores = 2;
+  r.peak_threads = 2;
+  r.wall_s = 10;
+  r.stages.resize(3);
+  r.stages[0].name = "decode";
+  r.stages[0].workers = 2;
+  r.stages[0].busy_s = 4;
+  r.stages[0].busy_fraction = 0.2;
+  r.stages[1].name = "teacher_infer";
+  r.stages[1].intra_op_parallel = true;
+  r.stages[2].name = "student";
+  r.stages[2].max_concurrency = kSerial;
+  r.stages[2].intra_op_parallel = true;
+  r.stages[2].busy_s = 9;
+  r.stages[2].busy_fraction = 0.9;
+  const std::string verdict = r.verdict();
+  CHECK(verdict.rfind("'student' is the bottleneck: busy 90% of its 1 worker; it runs serially by "
+                      "design on 1 intra-op thread (2 cores: 2 graph threads; ",
+                      0) == 0);
+  CHECK(verdict.find("measure other splits of the cores between its "
+                     "stages.student.params.intraop_threads, the graph threads that feed it and "
+                     "the other model stages' concurrency (autotune: true tries them") !=
+        std::string::npos);
+  CHECK(verdict.find("fewer graph threads") == std::string::npos);
+  CHECK(verdict.find("more intraop_threads") == std::string::npos);
+  // After autotune, which tried layouts on the run's own work but rehearsed no intra-op
+  // threads (several ranks), it asks for those to be timed by hand.
+  r.autotune = AutotuneReport{};
+  r.autotune->trials.push_back({.change = "start"});
+  CHECK(r.verdict().find("autotune kept the fastest layout it tried but did not rehearse its "
+                         "intra-op threads") != std::string::npos);
+  // After autotune's rehearsals measured the intra-op threads, it says so and advises no split.
+  r.autotune->trials.push_back({.change = "rehearsal", .rehearsal = true});
+  CHECK(r.verdict().find(": autotune measured its intra-op threads on rehearsals and chose these; "
+                         "make each item cheaper, or give the run more cores") !=
+        std::string::npos);
+  CHECK(r.verdict().find("measure other splits") == std::string::npos);
+  // A serial stage without intra-op threads is told to be cheaper, not to split its work.
+  r.stages[2].intra_op_parallel = false;
+  CHECK(r.verdict().find("; it runs serially by design: make each item cheaper") !=
+        std::string::npos);
+  CHECK(r.verdict().find("split its work") == std::string::npos);
+}
+
 TEST_CASE("Pipeline.Metrics.VerdictGivesModelsTheirShareOfTheMatrixRate") {
   RunReport r;
   r.threads = r.cores = 2;

@@ -94,6 +94,8 @@ RunReport fixed_report() {
   filter.queue_capacity = 8;
   filter.items_in = 3;
   filter.items_out = 2;
+  filter.intra_op_parallel = true;
+  filter.item = "Batch";
   filter.dropped = 1;
   filter.drops = {{1, "odd \"one\" in C:\\data\nline 2\x01"}};
   filter.busy_s = 0.1 + 0.2;
@@ -145,6 +147,8 @@ void check_same(const RunReport& a, const RunReport& b) {
     CHECK(x.workers == y.workers);
     CHECK(x.queue_capacity == y.queue_capacity);
     CHECK(x.threads_per_invocation == y.threads_per_invocation);
+    CHECK(x.intra_op_parallel == y.intra_op_parallel);  // the verdict's advice depends on it
+    CHECK(x.item == y.item);
     CHECK(x.items_in == y.items_in);
     CHECK(x.items_out == y.items_out);
     CHECK(x.dropped == y.dropped);
@@ -361,6 +365,8 @@ stages:
     workers: 1
     queue_capacity: 0
     threads_per_invocation: 1
+    intra_op_parallel: false
+    item: ""
     items_in: 0
     items_out: 3
     dropped: 0
@@ -383,6 +389,8 @@ stages:
     workers: 2
     queue_capacity: 8
     threads_per_invocation: 1
+    intra_op_parallel: true
+    item: Batch
     items_in: 3
     items_out: 2
     dropped: 1
@@ -466,7 +474,7 @@ TEST_CASE("ReportIo.Json.PythonReadsEveryField" * doctest::timeout(60)) {
   CHECK(json.find('\n') == json.size() - 1);  // one line
   const std::string stage_keys =
       "name,kind,concurrency,max_concurrency,workers,queue_capacity,threads_per_invocation,"
-      "items_in,items_out,dropped,drops,busy_s,busy_fraction,starved_fraction,blocked_fraction,"
+      "intra_op_parallel,item,items_in,items_out,dropped,drops,busy_s,busy_fraction,starved_fraction,blocked_fraction,"
       "peak_active,";
   const std::vector<std::pair<std::string, std::string>> texts = {
       {"",

@@ -42,8 +42,47 @@ def test_a_kept_batch_is_never_overwritten(graph):
         assert torch.equal(kept[key], value), key
 
 
-def test_epochs_are_the_stream_of_flowtrain_run(graph):
+def test_each_for_yields_its_epoch_as_a_dataloader_does(graph):
     loader = flowtrain.Loader(graph(batch=8), output="collate")
+    stream = flowtrain.Loader(graph(batch=8), output="collate", rollover=True)
+    assert len(loader) == 5  # ceil(36 / 8)
+    epochs = [epoch_of(loader) for _ in range(4)]
+    for got in epochs:
+        assert [len(i) for i, _ in got] == [8, 8, 8, 8, 4] and len(got) == len(loader)
+        assert sorted(torch.cat([i for i, _ in got]).tolist()) == list(range(36))
+    assert epochs[0][0][0].tolist() != epochs[1][0][0].tolist()  # epoch 1 has its own order
+    # Epoch 0's full batches are the stream's: the same samples, views and pixels.
+    for (i0, x0), (i1, x1) in zip(epochs[0][:4], epoch_of(stream)):
+        assert torch.equal(i0, i1) and torch.equal(x0, x1)
+    with pytest.raises(flowtrain.Error, match=r"epoch 4 is past the 4 epoch\(s\)"):
+        next(iter(loader))
+    dropped = flowtrain.Loader(graph(batch=8), output="collate", drop_last=True)
+    assert len(dropped) == 4
+    for epoch in range(2):
+        got = epoch_of(dropped)
+        assert len(got) == 4 and all(torch.equal(a, b) for (a, _), (b, _) in zip(got, epochs[epoch]))
+
+
+def test_each_rank_yields_len_batches_every_epoch(graph, monkeypatch):
+    config = graph(batch=3)
+    for rank in range(5):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "5")
+        loader = flowtrain.Loader(config, output="collate")
+        assert len(loader) == 3  # 36 photos padded to 8 a rank
+        for _ in range(2):
+            assert [len(i) for i, _ in epoch_of(loader)] == [3, 3, 2]
+
+
+def test_a_progress_bar_counts_the_epochs_batches(graph, capsys):
+    loader = flowtrain.Loader(graph(batch=8), output="collate", progress=True)
+    assert len(epoch_of(loader)) == 5
+    err = capsys.readouterr().err
+    assert "epoch 0" in err and "5/5" in err, err
+
+
+def test_epochs_are_the_stream_of_flowtrain_run_with_rollover(graph):
+    loader = flowtrain.Loader(graph(batch=8), output="collate", rollover=True)
     assert len(loader) == 5  # ceil(36 / 8)
     first = epoch_of(loader)
     second = epoch_of(loader)  # the next `for` is the next epoch
@@ -61,7 +100,7 @@ def test_epochs_are_the_stream_of_flowtrain_run(graph):
 
 
 def test_the_last_epoch_ends_with_the_stream_and_there_is_no_epoch_after_it(graph):
-    loader = flowtrain.Loader(graph(batch=8, epochs=2), output="collate")
+    loader = flowtrain.Loader(graph(batch=8, epochs=2), output="collate", rollover=True)
     got = epoch_of(loader) + epoch_of(loader)
     assert [len(i) for i, _ in got] == [8] * 9  # all 72 samples, as `flowtrain run` has them
     with pytest.raises(flowtrain.Error, match=r"epoch 2 is past the 2 epoch\(s\) of source 'files' "
@@ -80,9 +119,10 @@ def test_a_shard_the_batch_divides_gives_whole_epochs(graph):
         assert sorted(torch.cat([i for i, _ in got]).tolist()) == list(range(36))
 
 
-def test_state_dict_resumes_at_the_exact_next_batch(graph):
+@pytest.mark.parametrize("rollover", [False, True])
+def test_state_dict_resumes_at_the_exact_next_batch(graph, rollover):
     config = graph(batch=8)
-    loader = flowtrain.Loader(config, output="collate")
+    loader = flowtrain.Loader(config, output="collate", rollover=rollover)
     epoch_of(loader)  # epoch 0
     it = iter(loader)
     for _ in range(2):
@@ -91,7 +131,7 @@ def test_state_dict_resumes_at_the_exact_next_batch(graph):
     rest = [(b["index"].clone(), b["images"].clone()) for b in it] + epoch_of(loader)[:2]
     assert state["epoch"] == 1
 
-    resumed = flowtrain.Loader(config, output="collate")
+    resumed = flowtrain.Loader(config, output="collate", rollover=rollover)
     resumed.load_state_dict(state)
     got = epoch_of(resumed) + epoch_of(resumed)[:2]
     assert len(got) == len(rest) == 5

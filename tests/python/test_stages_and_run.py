@@ -60,9 +60,14 @@ def test_a_dropped_sample_is_counted_in_the_report(graph):
     loader = flowtrain.Loader(config, output="collate")
     labels = torch.cat([b["labels"] for b in loader])
     assert labels.numel() == 24 and 1 not in labels.tolist()
-    assert loader.report() is None  # the graph runs on until the loader is closed
-    loader.close()
+    # The epoch's graph ended with the epoch: its report is there (with rollover, the graph
+    # runs on until the loader is closed).
     stages = {s["name"]: s for s in loader.report()["stages"]}
+    assert stages["drop_class_1"]["dropped"] == 12
+    stream = flowtrain.Loader(config, output="collate", rollover=True)
+    assert len([b for b in stream]) > 0 and stream.report() is None
+    stream.close()
+    stages = {s["name"]: s for s in stream.report()["stages"]}
     assert stages["drop_class_1"]["dropped"] >= 12  # and what it did ahead of the loop
     assert "python" in stages  # the loader's end of the graph is a node like any other
 

@@ -123,6 +123,8 @@ std::vector<std::string> derive_phases(flowtrain::RunConfig& config,
 struct PhasePlan {
   flowtrain::RunConfig config;
   std::vector<std::string> phases;
+  /// `eval`'s phases left out for a model no command has written yet, each as a line saying so.
+  std::vector<std::string> skipped;
 };
 
 /// What a phase command needs before it starts: the models of earlier commands, the data, a

@@ -59,6 +59,10 @@ const std::vector<flowtrain::ConfigSection>& sections() {
                                      "models, models.yaml, report.html"),
         flowtrain::bool_param("trace", false,
                               "also write a Chrome trace of each phase (trace-<phase>.json)"),
+        flowtrain::bool_param("tensorboard", true,
+                              "write TensorBoard event files of each phase into "
+                              "tensorboard/<phase>/: its steps' loss, lr, top-1 and images/s, "
+                              "each node's busy share, the stages' results"),
         flowtrain::float_param("progress_interval_s", 30,
                                "seconds between progress lines when output is not a terminal",
                                0.1)}},

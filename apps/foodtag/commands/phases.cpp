@@ -4,6 +4,7 @@
 #include "apps/foodtag/commands/command.hpp"
 #include "apps/foodtag/profile.hpp"
 #include "runner/run_phases.hpp"
+#include "distributed/job.hpp"
 #include "distributed/world.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
@@ -85,6 +86,9 @@ std::function<std::string(const flowtrain::Progress&)> progress_line(
 void run_phases(const Context& ctx, const std::string& command) {
   if (nothing_to_train(ctx, command)) return;
   PhasePlan plan = check_phases(ctx, command, ctx.in.overrides);
+  if (flowtrain::job_placement_from_env().rank == 0) {
+    for (const std::string& line : plan.skipped) std::cout << line << "\n";
+  }
   flowtrain::RunConfig& config = plan.config;
   const Params& output = ctx.section("output");
   flowtrain::runner::PhaseHooks hooks;
@@ -109,6 +113,7 @@ void run_phases(const Context& ctx, const std::string& command) {
     if (leader && output.get_bool("trace")) {
       phase.run.trace_path = (ctx.out_dir / ("trace-" + phase.name + ".json")).string();
     }
+    if (output.get_bool("tensorboard")) phase.run.tensorboard_dir = (ctx.out_dir / "tensorboard").string();
     // Every photo a rank dropped, beyond the report's first 100 a stage.
     const flowtrain::dist::World* world = flowtrain::dist::World::current();
     const std::string rank = leader || !world ? "" : ".rank" + std::to_string(world->rank());

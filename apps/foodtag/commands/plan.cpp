@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "apps/foodtag/commands/command.hpp"
 #include "graph/error.hpp"
@@ -176,9 +178,11 @@ PhasePlan check_phases(const Context& ctx,
   PhasePlan plan{load_phases(ctx.in.config_path, overrides), {}};
   plan.phases = derive_phases(plan.config, command_phases().at(command));
   const flowtrain::RunConfig& config = plan.config;
-  const std::vector<std::string>& names = plan.phases;
+  std::vector<std::string>& names = plan.phases;
   // A model a phase takes from an earlier command that has not run yet: say which command writes
-  // it. A stage pointed at the user's own model (a TorchScript teacher) needs neither.
+  // it. A stage pointed at the user's own model (a TorchScript teacher) needs neither. `eval`
+  // evaluates the models there are, and says which it left out.
+  std::optional<std::pair<fs::path, std::string>> first_missing;
   for (const flowtrain::PipelineConfig& phase : config.phases) {
     if (std::find(names.begin(), names.end(), phase.name) == names.end()) continue;
     for (const flowtrain::StageConfig& stage : phase.stages) {
@@ -189,11 +193,19 @@ PhasePlan check_phases(const Context& ctx,
       for (const auto& [model, writer] : {std::pair{ctx.teacher_checkpoint(), "train-teacher"},
                                           std::pair{ctx.student_checkpoint(), "distill"},
                                           std::pair{ctx.baseline_checkpoint(), "baseline"}}) {
-        if (fs::path(*path).lexically_normal() == model.lexically_normal())
-          check_model(model, writer);
+        if (fs::path(*path).lexically_normal() != model.lexically_normal()) continue;
+        if (command != "eval") check_model(model, writer);
+        if (fs::exists(model) || std::find(names.begin(), names.end(), phase.name) == names.end()) {
+          continue;
+        }
+        if (!first_missing) first_missing = {model, writer};
+        names.erase(std::find(names.begin(), names.end(), phase.name));
+        plan.skipped.push_back("eval: skipped phase " + phase.name + ": no model at " +
+                               model.string() + " (`foodtag " + writer + "` writes it)");
       }
     }
   }
+  if (names.empty() && first_missing) check_model(first_missing->first, first_missing->second);
   // The models' class count must be the prepared data's number of food groups.
   const std::size_t groups = read_lines(ctx.data_dir / "labels.txt").size();
   for (const flowtrain::PipelineConfig& phase : config.phases) {

@@ -8,6 +8,7 @@
 #include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
+#include "graph/tensorboard.hpp"
 #include "stages/train/files/checkpoint.hpp"
 
 namespace flowtrain::train {
@@ -43,7 +44,8 @@ void keep_rows_before(const std::string& path, std::uint64_t step) {
 
 // A rehearsal's writers (autotune timing a layout on a throwaway copy) write nothing.
 StepLogStage::StepLogStage(const Options& options, const BuildContext& context)
-    : dir_(context.rehearsal() ? std::string() : options.dir) {}
+    : dir_(context.rehearsal() ? std::string() : options.dir),
+      events_(context.rehearsal() ? nullptr : context.find<EventWriter>()) {}
 
 StageDoc StepLogStage::describe() {
   return {
@@ -54,7 +56,21 @@ StageDoc StepLogStage::describe() {
 }
 
 void StepLogStage::consume(StepRecord&& record, ItemContext&) {
-  if (dir_.empty() || record.rank != 0 || record.step == 0) return;
+  if (record.rank != 0 || record.step == 0) return;
+  if (events_) {
+    const auto step = static_cast<std::int64_t>(record.step);
+    events_->scalar("train/loss", step, record.loss);
+    events_->scalar("train/lr", step, record.lr);
+    if (record.seen > 0) {
+      events_->scalar("train/top1", step,
+                      static_cast<double>(record.correct) / static_cast<double>(record.seen));
+    }
+    if (record.time_s > record.begin_s) {
+      events_->scalar("train/images_per_s", step,
+                      static_cast<double>(record.seen) / (record.time_s - record.begin_s));
+    }
+  }
+  if (dir_.empty()) return;
   if (!file_.is_open()) {
     // The first step of a new run is step 1; a resumed run starts later and continues the file.
     const std::string path = (fs::path(dir_) / "steps.csv").string();

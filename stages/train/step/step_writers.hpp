@@ -5,6 +5,7 @@
 #include <string>
 
 #include "graph/registry.hpp"
+#include "graph/tensorboard.hpp"
 #include "stages/train/step/step_record.hpp"
 
 namespace flowtrain::train {
@@ -21,7 +22,9 @@ struct StepLogOptions {
 };
 
 /// Appends one row per step to `dir`/steps.csv (rank 0): step, epoch, loss, correct, seen, lr,
-/// time_s, the curves of a run's report. A run that resumed continues the file (rows of steps
+/// time_s, the curves of a run's report; and, where the run writes TensorBoard events (an
+/// EventWriter in its BuildContext), each step's train/loss, train/lr, train/top1 (of the
+/// batch) and train/images_per_s. A run that resumed continues the file (rows of steps
 /// redone after the checkpoint repeat: the last row of a step counts); a new run starts it
 /// afresh. Without a dir the records end here.
 class StepLogStage final : public SerialSink<StepRecord> {
@@ -37,6 +40,7 @@ class StepLogStage final : public SerialSink<StepRecord> {
  private:
   std::string dir_;
   std::ofstream file_;
+  EventWriter* events_;
 };
 
 struct CheckpointOptions {
