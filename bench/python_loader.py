@@ -7,9 +7,11 @@ on the same 2 cores:
 
   A  `flowtrain run bench/configs/python_loader.yaml`: the images its `views` stage emitted over
      the `wall` its report prints (the graph's run, without the process's start-up);
-  B  flowtrain.Loader over the same config (output="batches"), one `for` per epoch (the Loader
-     yields the batches that end in that epoch), in a loop that only touches each batch (its
-     size and one pixel);
+  B  flowtrain.Loader over the same config (output="batches"), one `for` per epoch (a graph
+     each epoch, which yields exactly that epoch's samples, as a DataLoader does), in a loop
+     that only touches each batch (its size and one pixel);
+  Br the same with rollover=True: one graph streams every epoch, as `flowtrain run` does (each
+     `for` yields the batches that end in its epoch);
   C  torch.utils.data.DataLoader over the same manifest (PIL, torchvision transforms) in the same
      loop, for each --workers count (persistent workers, no pinned memory);
   D  at 112 px: torchvision's resnet18 trained (forward, backward, SGD step) on the batches of
@@ -113,9 +115,9 @@ def run_cli(args, keys, expected):
     return checked("flowtrain run", images, expected) / wall
 
 
-def flowtrain_batches(keys, epochs, verdicts, arm):
+def flowtrain_batches(keys, epochs, verdicts, arm, rollover=False):
     """(images, labels) from flowtrain.Loader, one `for` per epoch; its last verdict to verdicts."""
-    loader = flowtrain.Loader(str(CONFIG), overrides=keys, output=OUTPUT)
+    loader = flowtrain.Loader(str(CONFIG), overrides=keys, output=OUTPUT, rollover=rollover)
     for _ in range(epochs):
         for batch in loader:
             yield batch["images"], batch["labels"]
@@ -168,20 +170,23 @@ def data_arms(args, size, cli_ok, verdicts):
     keys = overrides(args, size, args.epochs)
     dataset = Photos(args.manifest, size, args.limit)
     expected = args.epochs * len(dataset)
-    rates = {"A": [], "B": [], **{f"C{w}": [] for w in args.workers}}
+    rates = {"A": [], "B": [], "Br": [], **{f"C{w}": [] for w in args.workers}}
     for _ in range(args.reps):
         if cli_ok:
             rates["A"].append(run_cli(args, keys, expected))
         if flowtrain:
             batches = flowtrain_batches(keys, args.epochs, verdicts, f"B {size} px")
             rates["B"].append(touch("flowtrain.Loader", batches, expected))
+            batches = flowtrain_batches(keys, args.epochs, verdicts, f"Br {size} px", True)
+            rates["Br"].append(touch("flowtrain.Loader", batches, expected))
         for w in args.workers:
             batches = dataloader_batches(dataset, w, args.epochs)
             rates[f"C{w}"].append(touch("DataLoader", batches, expected))
     best = max(args.workers, key=lambda w: median(rates[f"C{w}"]))
     return {"images": expected, "rates": rates, "best_workers": best,
             "medians": {arm: median(v) for arm, v in rates.items()},
-            "B/A": ratios(rates["B"], rates["A"]), "B/C": ratios(rates["B"], rates[f"C{best}"])}
+            "B/A": ratios(rates["B"], rates["A"]), "B/Br": ratios(rates["B"], rates["Br"]),
+            "B/C": ratios(rates["B"], rates[f"C{best}"])}
 
 
 def real_loop(args, workers, verdicts):
@@ -265,14 +270,15 @@ def main():
 
     print(f"\nimages/s, medians of {args.reps} rep(s) of {args.epochs} epoch(s) over "
           f"{result['photos']} photos, batch {BATCH}; C<w>: DataLoader with num_workers=w\n")
-    print("| size | A flowtrain run | B Loader | " + " | ".join(f"C{w}" for w in args.workers)
-          + " | B/A | B/C(best) |")
-    print("|---:" * (5 + len(args.workers)) + "|")
+    print("| size | A flowtrain run | B Loader | Br Loader, rollover | "
+          + " | ".join(f"C{w}" for w in args.workers) + " | B/A | B/Br | B/C(best) |")
+    print("|---:" * (7 + len(args.workers)) + "|")
     for size, r in result["sizes"].items():
         m = r["medians"]
-        print(f"| {size} | {fmt(m['A'])} | {fmt(m['B'])} | "
+        print(f"| {size} | {fmt(m['A'])} | {fmt(m['B'])} | {fmt(m['Br'])} | "
               + " | ".join(fmt(m[f"C{w}"]) for w in args.workers)
-              + f" | {fmt(r['B/A'], 2)} | {fmt(r['B/C'], 2)} (C{r['best_workers']}) |")
+              + f" | {fmt(r['B/A'], 2)} | {fmt(r['B/Br'], 2)} | {fmt(r['B/C'], 2)}"
+              f" (C{r['best_workers']}) |")
 
     if 112 in result["sizes"]:
         result["loop"] = real_loop(args, result["sizes"][112]["best_workers"], verdicts)

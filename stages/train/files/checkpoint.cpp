@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <mutex>
 #include <span>
@@ -415,7 +414,6 @@ std::optional<Checkpoint> latest_checkpoint(const std::string& dir) {
 }
 
 std::vector<std::string> stale_step_checkpoints(const std::string& dir,
-                                                int rank,
                                                 int world_size,
                                                 std::size_t keep) {
   // The oldest step to keep: the keep-th newest that every rank completed.
@@ -428,33 +426,25 @@ std::vector<std::string> stale_step_checkpoints(const std::string& dir,
     oldest_kept = fs::path(*it).filename().string();
   }
   if (complete < keep) return {};
-  // Fixed-width names: the rank's files named below it are older ("step-N.pt.rankR" keeps
-  // rank 0's name as its prefix).
-  const auto older = [&](const std::string& path) {
-    return fs::path(path).filename().string().substr(0, oldest_kept.size()) < oldest_kept;
+  // Every rank's files named below it, those of ranks a job on more ranks left included.
+  // Fixed-width names: "step-N.pt.rankR" keeps rank 0's name as its prefix, and sorts below
+  // oldest_kept where its step is older.
+  const auto rank_suffix = [](std::string_view rest) {  // "", or ".rank" and digits
+    if (rest.empty()) return true;
+    if (rest.size() <= 5 || rest.substr(0, 5) != ".rank") return false;
+    return rest.find_first_not_of("0123456789", 5) == std::string_view::npos;
   };
   std::vector<std::string> out;
-  for (const std::string& path : step_checkpoints(dir, rank)) {
-    if (older(path)) out.push_back(path);
-  }
-  if (rank == 0) {
-    // And the files of ranks this job does not have, left by a job on more ranks it resumed.
-    std::vector<std::string> gone;
-    std::error_code ec;
-    for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      const std::size_t at = name.rfind(".pt.rank");
-      if (name.rfind("step-", 0) != 0 || at == std::string::npos) continue;
-      const char* end = name.data() + name.size();
-      int other = 0;
-      if (std::from_chars(name.data() + at + 8, end, other).ptr == end && other >= world_size &&
-          older(name)) {
-        gone.push_back(entry.path().string());
-      }
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() >= oldest_kept.size() && name.rfind("step-", 0) == 0 &&
+        rank_suffix(std::string_view(name).substr(oldest_kept.size())) &&
+        name.compare(0, oldest_kept.size(), oldest_kept) < 0) {
+      out.push_back(entry.path().string());
     }
-    std::sort(gone.begin(), gone.end());
-    out.insert(out.end(), gone.begin(), gone.end());
   }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

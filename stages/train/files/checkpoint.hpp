@@ -108,13 +108,13 @@ std::vector<std::string> step_checkpoints(const std::string& dir, int rank = 0);
 /// file.
 std::optional<Checkpoint> latest_checkpoint(const std::string& dir);
 
-/// The step files of rank `rank` in `dir` that are older than the newest `keep` checkpoints
-/// every rank of `world_size` completed, oldest first: what the rank may delete and still
-/// leave a step all ranks can resume from (a rank stopped early writes a step the others never
-/// reach; its older files must outlive it). Rank 0's list also has the older files of ranks
-/// above the job's, left by a job on more ranks that this one resumed.
+/// Every rank's step files in `dir` that are older than the newest `keep` checkpoints every
+/// rank of `world_size` completed, in name order: what may be deleted and still leave a step
+/// all ranks can resume from (a rank stopped early writes a step the others never reach; its
+/// older files must outlive it). The files of ranks above the job's, left by a job on more
+/// ranks that this one resumed, are among them. Any rank may delete them: the last to write a
+/// step sees it completed, and deletes what the others could not yet.
 std::vector<std::string> stale_step_checkpoints(const std::string& dir,
-                                                int rank,
                                                 int world_size,
                                                 std::size_t keep);
 

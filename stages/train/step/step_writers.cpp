@@ -98,8 +98,8 @@ CheckpointStage::CheckpointStage(const Options& options, const BuildContext& con
 StageDoc CheckpointStage::describe() {
   return {
       "Writes the checkpoints a training step sends (weights, optimizer state, RNG, data "
-      "position) to dir atomically, one file per rank, and deletes this rank's step files "
-      "beyond the newest `keep`.",
+      "position) to dir atomically, one file per rank, and deletes the step files "
+      "beyond the newest `keep` that every rank completed.",
       option_specs<Options>()};
 }
 
@@ -110,11 +110,11 @@ void CheckpointStage::consume(StepRecord&& record, ItemContext&) {
   write_file_atomically(rank_file((fs::path(dir_) / record.checkpoint_name).string(), record.rank),
                         *record.checkpoint);
   ++written_;
-  // Each rank prunes its own files, keeping every one from the newest `keep` steps that all
-  // ranks completed on (a rank that stops early may have written a step no other reached).
+  // Keeps every rank's files from the newest `keep` steps that all ranks completed on (a rank
+  // that stops early may have written a step no other reached). Whichever rank writes a step
+  // last sees it completed, and deletes the older files of every rank.
   std::error_code ec;
-  for (const std::string& path :
-       stale_step_checkpoints(dir_, record.rank, record.world_size, keep_)) {
+  for (const std::string& path : stale_step_checkpoints(dir_, record.world_size, keep_)) {
     fs::remove(path, ec);
   }
 }

@@ -339,7 +339,7 @@ TEST_CASE("Dist.Launchers.SrunTorchrunAndNprocPlanTheSameCoresAndWeights" * doct
 }
 
 // A job stopped under load (scancel) may leave a step checkpointed on some ranks only: rank 1
-// wrote step 8 while rank 0 failed in grad_sync. Each rank prunes only what is older than the
+// wrote step 8 while rank 0 failed in grad_sync. A rank prunes only what is older than the
 // newest steps every rank completed, so the last common step survives the newer one, and a
 // resume takes it: the weights end where an uninterrupted run's end.
 TEST_CASE("Dist.Resume.TakesTheNewestStepEveryRankCompleted" * doctest::timeout(600)) {
@@ -351,16 +351,18 @@ TEST_CASE("Dist.Resume.TakesTheNewestStepEveryRankCompleted" * doctest::timeout(
     touch("step-00000006.pt.rank1");
     touch("step-00000004.pt.rank2");  // left by a job on 3 ranks this one resumed
     touch("step-00000008.pt.rank1");  // rank 0 never wrote step 8
-    CHECK(stale_step_checkpoints(dir.path(), 1, 2, 1).empty());  // step 6 is the last common one
-    touch("step-00000008.pt");
-    CHECK(stale_step_checkpoints(dir.path(), 1, 2, 1) ==
-          std::vector<std::string>{(dir / "step-00000006.pt.rank1")});
-    CHECK(stale_step_checkpoints(dir.path(), 0, 2, 2) ==
+    touch("step-00000004.pt.rank1.tmp");  // a write under way (or cut off) is no step file
+    // Step 6 is the last common one: only the older files of the rank the job no longer has go.
+    CHECK(stale_step_checkpoints(dir.path(), 2, 1) ==
           std::vector<std::string>{(dir / "step-00000004.pt.rank2")});
-    // One rank: its own older files, and those of the ranks it no longer has.
-    CHECK(stale_step_checkpoints(dir.path(), 0, 1, 1) ==
-          std::vector<std::string>{(dir / "step-00000006.pt"), (dir / "step-00000004.pt.rank2"),
+    touch("step-00000008.pt");
+    // Every rank's older files, those of the ranks this job no longer has included.
+    CHECK(stale_step_checkpoints(dir.path(), 2, 1) ==
+          std::vector<std::string>{(dir / "step-00000004.pt.rank2"), (dir / "step-00000006.pt"),
                                    (dir / "step-00000006.pt.rank1")});
+    CHECK(stale_step_checkpoints(dir.path(), 2, 2) ==
+          std::vector<std::string>{(dir / "step-00000004.pt.rank2")});
+    CHECK(stale_step_checkpoints(dir.path(), 2, 3).empty());  // only two steps are complete
   }
   const std::string config = write_config(dir);
   const std::vector<std::string> every_two = {
