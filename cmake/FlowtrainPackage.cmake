@@ -14,7 +14,8 @@ install(TARGETS flowtrain_graph flowtrain_stages flowtrain_data flowtrain_train 
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain)
 install(DIRECTORY graph distributed stages runner DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowtrain
-  FILES_MATCHING PATTERN "*.hpp")
+  FILES_MATCHING PATTERN "*.hpp"
+  REGEX "graph/config(/|$)" EXCLUDE)  # config.cpp's rooms: internal, and they include yaml-cpp
 install(EXPORT flowtrainTargets NAMESPACE flowtrain::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowtrain)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/flowtrainConfig.cmake.in

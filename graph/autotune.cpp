@@ -18,6 +18,7 @@
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
+#include "graph/names.hpp"
 
 namespace flowtrain {
 
@@ -90,7 +91,7 @@ class Tuner {
                                          [&](const StageDecl& c) { return c.name == d.name; });
       const Kind kind = d.shape.kind;
       Tunable t;
-      t.entry = declared != config_decls.end() && d.name.find('/') == std::string::npos;
+      t.entry = declared != config_decls.end() && entry_of(d.name) == d.name;
       t.stage = t.entry && kind != Kind::kSource && kind != Kind::kMix && kind != Kind::kSink &&
                 kind != Kind::kMerge && d.options.concurrency != kUnlimited;
       if (t.stage && !declared->threads_param.empty()) {

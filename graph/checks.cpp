@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
+#include "graph/names.hpp"
 
 namespace flowtrain {
 
@@ -60,19 +61,19 @@ std::string resolve(const std::vector<StageDecl>& stages,
     link = {*p, kAllOutputs};
     return {};
   }
-  const std::size_t dot = name.rfind('.');
+  const InputRef ref = InputRef::parse(name);
   const std::optional<std::size_t> p =
-      dot == std::string::npos ? std::nullopt : index_of(stages, name.substr(0, dot), count);
+      ref.output.empty() ? std::nullopt : index_of(stages, ref.stage, count);
   if (!p) return ", which is not a stage listed before it; list each stage after its inputs";
   const StageDecl& router = stages[*p];
   const std::vector<std::string>& outputs = router.shape.outputs;
-  const auto it = std::find(outputs.begin(), outputs.end(), name.substr(dot + 1));
+  const auto it = std::find(outputs.begin(), outputs.end(), ref.output);
   if (router.shape.kind != Kind::kRoute) {
     return ", but '" + router.name + "' has no named outputs; take its output as '" + router.name +
            "'";
   }
   if (it == outputs.end()) {
-    return ", but router '" + router.name + "' has no output '" + name.substr(dot + 1) +
+    return ", but router '" + router.name + "' has no output '" + ref.output +
            "' (its outputs: " + output_names(router) + ")";
   }
   link = {*p, static_cast<std::size_t>(it - outputs.begin())};

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "graph/names.hpp"
+
 namespace flowtrain {
 
 std::string count_text(std::size_t n, const char* noun) {
@@ -103,7 +105,7 @@ std::string RunReport::bottleneck_verdict() const {
   const auto wait_param = [&] {
     char value[32];
     std::snprintf(value, sizeof value, "%g", w.value);
-    const std::string owner = w.entry_param ? s.name.substr(0, s.name.find('/')) : s.name;
+    const std::string owner(w.entry_param ? entry_of(s.name) : s.name);
     return key_prefix + "stages." + owner + ".params." + w.param + " (now " + value + ")";
   };
   if (w.seconds > 0.5 * s.busy_s) {
@@ -147,11 +149,11 @@ std::string RunReport::bottleneck_verdict() const {
     } else if (autotune) {
       line += ": make each item cheaper; autotune kept the fastest layout it tried but did not "
               "rehearse its intra-op threads (a job of several ranks keeps them as configured): "
-              "time other " + key_prefix + "stages." + s.name.substr(0, s.name.find('/')) +
+              "time other " + key_prefix + "stages." + std::string(entry_of(s.name)) +
               ".params.intraop_threads by hand";
     } else if (s.threads_per_invocation < cores) {
       line += ": make each item cheaper, or measure other splits of the cores between its " +
-              key_prefix + "stages." + s.name.substr(0, s.name.find('/')) +
+              key_prefix + "stages." + std::string(entry_of(s.name)) +
               ".params.intraop_threads, the graph threads that feed it" +
               (other_model ? " and the other model stages' concurrency" : std::string()) +
               " (" + key_prefix +

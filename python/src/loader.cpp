@@ -8,6 +8,7 @@
 #include "distributed/job.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
+#include "graph/names.hpp"
 #include "graph/registry.hpp"
 #include "graph/stage.hpp"
 #include "runner/run_phases.hpp"
@@ -27,14 +28,12 @@ struct Handoff {
 };
 
 // The entry `name` of `stages` ("teacher.miss", a router's output, names the router).
-std::optional<std::size_t> entry_of(const std::vector<StageConfig>& stages, std::string name) {
-  for (int pass = 0; pass < 2; ++pass) {
+std::optional<std::size_t> entry_index(const std::vector<StageConfig>& stages,
+                                       const std::string& name) {
+  for (const std::string& candidate : {name, InputRef::parse(name).stage}) {
     for (std::size_t i = 0; i < stages.size(); ++i) {
-      if (stages[i].name == name) return i;
+      if (stages[i].name == candidate) return i;
     }
-    const std::size_t dot = name.rfind('.');
-    if (dot == std::string::npos) break;
-    name.resize(dot);
   }
   return std::nullopt;
 }
@@ -58,7 +57,7 @@ PipelineConfig cut_to(const PipelineConfig& phase, std::size_t output) {
   needed[output] = true;
   for (std::size_t i = output + 1; i-- > 0;) {
     if (!needed[i]) continue;
-    for (const std::string& in : inputs[i]) needed[*entry_of(phase.stages, in)] = true;
+    for (const std::string& in : inputs[i]) needed[*entry_index(phase.stages, in)] = true;
   }
   PipelineConfig cut = phase;
   cut.stages.clear();
@@ -107,7 +106,7 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
   std::optional<std::size_t> output;
   for (const PipelineConfig& p : config.phases) {
     if (!options_.phase.empty() && p.name != options_.phase) continue;
-    output = entry_of(p.stages, options_.output);
+    output = entry_index(p.stages, options_.output);
     phase = &p;
     if (output || !options_.phase.empty()) break;
   }

@@ -3,34 +3,13 @@ and ResNet (of its own width) load `flowtrain export --format state_dict` strict
 TorchScript export's outputs. Trained by the CLI that ctest passes as FLOWTRAIN_CLI."""
 
 import math
-import os
-import subprocess
 
 import pytest
 import torch
 from test_torchscript_student import Teacher  # a small scripted teacher
 
 import flowtrain.models
-
-CLI = os.environ["FLOWTRAIN_CLI"]
-
-CONFIG = """\
-threads: 1
-stages:
-  - {{type: image_folder, name: source, params: {{root: {root}, epochs: 1, seed: 1}}}}
-  - {{type: jpeg_decode}}
-  - {{type: augment, params: {{size: 32, scale: [0.5, 1.0], seed: 1}}}}
-  - {{type: collate, params: {{batch_size: 12}}}}
-{teacher}  - type: train_step
-    name: student
-    params: {{classes: 3, image_size: 32, lr: 0.002, checkpoint_dir: {out}, {model}}}
-"""
-
-
-def flowtrain_cli(*args):
-    done = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+from test_weights import TRAIN, flowtrain as flowtrain_cli  # its training config, the CLI
 
 
 def trained(images, tmp_path, model, teacher=False):
@@ -42,7 +21,7 @@ def trained(images, tmp_path, model, teacher=False):
         torch.jit.script(Teacher().eval()).save(str(path))
         stage = f"  - {{type: teacher_infer, name: teacher, params: {{model: {path}}}}}\n"
     config = tmp_path / "train.yaml"
-    config.write_text(CONFIG.format(root=images, out=tmp_path / "run", model=model, teacher=stage))
+    config.write_text(TRAIN.format(root=images, out=tmp_path / "run", model=model, teacher=stage))
     flowtrain_cli("run", config)
     checkpoint = tmp_path / "run" / "final.pt"
     flowtrain_cli("export", checkpoint, "--format", "state_dict", "--out", tmp_path / "model.pth")

@@ -24,9 +24,9 @@ stages:
   - {{type: jpeg_decode}}
   - {{type: augment, params: {{size: 32, scale: [0.5, 1.0], seed: 1}}}}
   - {{type: collate, params: {{batch_size: 12}}}}
-  - type: train_step
+{teacher}  - type: train_step
     name: student
-    params: {{classes: 3, image_size: 32, alpha: 1, lr: 0.002, checkpoint_dir: {out}, {model}}}
+    params: {{classes: 3, image_size: 32, lr: 0.002, checkpoint_dir: {out}, {model}}}
 """
 
 
@@ -40,7 +40,7 @@ def train(images, tmp_path, model):
     """Runs one epoch (3 steps) of train_step on the 36 test images; returns (final.pt, report)."""
     out = tmp_path / "run"
     config = tmp_path / "train.yaml"
-    config.write_text(TRAIN.format(root=images, out=out, model=model))
+    config.write_text(TRAIN.format(root=images, out=out, model="alpha: 1, " + model, teacher=""))
     report = flowtrain("run", config)
     assert (out / "final.pt").is_file(), report
     return out / "final.pt", report
