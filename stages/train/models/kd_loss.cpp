@@ -24,7 +24,9 @@ void check_logits(const char* name, const torch::Tensor& logits) {
   }
 }
 
-void check_options(const KdLossOptions& options) {
+}  // namespace
+
+void check_kd_loss_options(const KdLossOptions& options) {
   if (!(options.alpha >= 0 && options.alpha <= 1)) {
     throw Error("kd_loss: alpha must be in [0, 1] (got " + std::to_string(options.alpha) + ")");
   }
@@ -42,8 +44,6 @@ void check_options(const KdLossOptions& options) {
   }
 }
 
-}  // namespace
-
 KdLoss kd_loss(const torch::Tensor& student_logits,
                const torch::Tensor& teacher_logits,
                const torch::Tensor& labels,
@@ -51,7 +51,7 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
                const torch::Tensor& student_regression,
                const torch::Tensor& regression_targets,
                const torch::Tensor& student_distillation) {
-  check_options(options);
+  check_kd_loss_options(options);
   if (!student_logits.defined()) throw Error("kd_loss: student_logits is undefined");
   if (!labels.defined()) throw Error("kd_loss: labels is undefined");
   check_logits("student_logits", student_logits);
@@ -109,8 +109,9 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
   if (teacher_logits.defined()) {
     const torch::Tensor& student =
         student_distillation.defined() ? student_distillation : student_logits;
-    const double t = options.hard ? 1.0 : options.temperature;
-    if (options.hard) {
+    const bool hard = options.distillation == Distillation::kHard;
+    const double t = hard ? 1.0 : options.temperature;
+    if (hard) {
       loss.kd = F::cross_entropy(student, teacher_logits.detach().argmax(1));
     } else {
       const torch::Tensor student_log_p = torch::log_softmax(student / t, 1);
@@ -125,7 +126,7 @@ KdLoss kd_loss(const torch::Tensor& student_logits,
     }
   }
   if (student_regression.defined()) {
-    loss.regression = options.regression_l1
+    loss.regression = options.regression_loss == RegressionLoss::kL1
                           ? torch::l1_loss(student_regression, regression_targets)
                           : torch::mse_loss(student_regression, regression_targets);
     if (options.regression_weight > 0) {

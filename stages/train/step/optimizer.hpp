@@ -8,19 +8,29 @@
 #include <utility>
 #include <vector>
 
+#include "graph/options.hpp"
 #include "stages/train/models/model.hpp"
 
 namespace flowtrain::train {
 
-/// AdamW and its learning-rate schedule.
+/// AdamW and its learning-rate schedule: train_step's optimizer params (their keys flat in
+/// YAML; the betas and eps are not params), with the same defaults.
 struct OptimizerOptions {
   double lr = 1e-3;            // peak learning rate, reached at the end of warm-up
-  double min_lr = 0;           // the cosine decays to this at total_steps
+  double min_lr = 1e-5;        // the cosine decays to this at total_steps
   std::uint64_t warmup_steps = 0;
   double weight_decay = 0.05;  // on weight matrices only; biases, norms and embeddings get none
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+
+  template <class Declare>
+  void declare(Declare& d) {
+    d(lr, "lr", "peak learning rate (AdamW)", {.min = 0});
+    d(min_lr, "min_lr", "learning rate at the end of the cosine", {.min = 0});
+    d(warmup_steps, "warmup_steps", "linear warm-up steps", {.min = 0});
+    d(weight_decay, "weight_decay", "AdamW weight decay on weight matrices", {.min = 0});
+  }
 };
 
 /// The model's parameters by name, in registration order: what make_adamw and ZeRO's shards

@@ -116,16 +116,8 @@ TrainStepStage::TrainStepStage(const Options& options, const BuildContext& conte
   trainer.model = options.model.config();
   trainer.seed = options.seed;
   trainer.init = {.path = options.init, .skip = skip_prefixes(options.init_skip)};
-  trainer.optimizer.lr = options.lr;
-  trainer.optimizer.min_lr = options.min_lr;
-  trainer.optimizer.warmup_steps = options.warmup_steps;
-  trainer.optimizer.weight_decay = options.weight_decay;
-  trainer.loss.alpha = options.alpha;
-  trainer.loss.temperature = options.temperature;
-  trainer.loss.regression_weight = options.regression_weight;
-  trainer.loss.regression_l1 = options.regression_loss == RegressionLoss::kL1;
-  trainer.loss.label_smoothing = options.label_smoothing;
-  trainer.loss.hard = options.distillation == Distillation::kHard;
+  trainer.optimizer = options.optimizer;
+  trainer.loss = options.loss;
   trainer.clip_grad_norm = options.clip_grad_norm;
   trainer.ema_decay = options.ema_decay;
   trainer.skip_nonfinite = options.on_nonfinite == OnNonfinite::kSkip;

@@ -11,26 +11,12 @@
 #include "stages/data/batch.hpp"
 #include "stages/train/files/folder_lock.hpp"
 #include "stages/train/models/compute.hpp"
+#include "stages/train/models/kd_loss.hpp"
 #include "stages/train/partitioned/schedule.hpp"
+#include "stages/train/step/optimizer.hpp"
 #include "stages/train/step/training_session.hpp"
 
 namespace flowtrain::train {
-
-/// How the student learns from the teacher's outputs (param distillation).
-enum class Distillation { kSoft, kHard };
-inline std::span<const EnumName<Distillation>> enum_names(Distillation) {
-  static constexpr EnumName<Distillation> names[] = {{Distillation::kSoft, "soft"},
-                                                     {Distillation::kHard, "hard"}};
-  return names;
-}
-
-/// The regression term (param regression_loss).
-enum class RegressionLoss { kMse, kL1 };
-inline std::span<const EnumName<RegressionLoss>> enum_names(RegressionLoss) {
-  static constexpr EnumName<RegressionLoss> names[] = {{RegressionLoss::kMse, "mse"},
-                                                       {RegressionLoss::kL1, "l1"}};
-  return names;
-}
 
 /// What a NaN or infinite loss or gradient does (param on_nonfinite).
 enum class OnNonfinite { kFail, kSkip };
@@ -167,17 +153,9 @@ struct TrainStepOptions {
   std::uint64_t seed = 0;
   std::string init;
   std::string init_skip;
-  double alpha = 0.5;
-  double temperature = 2.0;
-  double regression_weight = 0.0;
-  RegressionLoss regression_loss = RegressionLoss::kMse;
-  double label_smoothing = 0.0;
-  Distillation distillation = Distillation::kSoft;
-  double lr = 1e-3;
-  double min_lr = 1e-5;
-  std::uint64_t warmup_steps = 0;
+  KdLossOptions loss;
+  OptimizerOptions optimizer;
   std::uint64_t total_steps = 0;
-  double weight_decay = 0.05;
   double clip_grad_norm = 1.0;
   double ema_decay = 0.0;
   OnNonfinite on_nonfinite = OnNonfinite::kFail;
@@ -209,26 +187,10 @@ struct TrainStepOptions {
     d(init_skip, "init_skip",
       "with init: comma-separated name prefixes left as initialised, e.g. \"head\" for a new "
       "classifier (the report counts init_loaded and init_skipped)");
-    d(alpha, "alpha",
-      "weight of the label cross-entropy; 1 - alpha goes to distillation (1: supervised, no "
-      "teacher needed)",
-      {.min = 0});
-    d(temperature, "temperature", "distillation temperature T", {.min = 0});
-    d(regression_weight, "regression_weight", "weight of the regression term", {.min = 0});
-    d(regression_loss, "regression_loss",
-      "the regression term: mse (squared error, pulled by outliers) or l1 (absolute error: "
-      "what a mean absolute error rewards)");
-    d(label_smoothing, "label_smoothing",
-      "share of the label cross-entropy's target spread over all classes", {.min = 0, .max = 0.99});
-    d(distillation, "distillation",
-      "soft: T^2 KL of the softened teacher and student distributions (Hinton); hard: "
-      "cross-entropy against the teacher's top class (DeiT)");
-    d(lr, "lr", "peak learning rate (AdamW)", {.min = 0});
-    d(min_lr, "min_lr", "learning rate at the end of the cosine", {.min = 0});
-    d(warmup_steps, "warmup_steps", "linear warm-up steps", {.min = 0});
+    loss.declare(d);
+    optimizer.declare(d);
     d(total_steps, "total_steps", "schedule length in steps (0: the batches the data will give)",
       {.min = 0});
-    d(weight_decay, "weight_decay", "AdamW weight decay on weight matrices", {.min = 0});
     d(clip_grad_norm, "clip_grad_norm", "clip the gradient's global norm to this (0: off)",
       {.min = 0});
     d(ema_decay, "ema_decay",

@@ -82,7 +82,7 @@ Trainer::Trainer(const TrainerOptions& options,
                  dist::World* world,
                  const Checkpoint* resume_from)
     : options_(options) {
-  if (options_.loss.alpha > 1) throw Error("param 'alpha' must be in [0, 1]");
+  check_kd_loss_options(options_.loss);
   const c10::Device& device = options_.device;
   check_autocast(options_.autocast, device);
   if (device.is_cuda() && options_.partitioned.enabled()) {

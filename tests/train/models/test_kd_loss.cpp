@@ -156,7 +156,7 @@ TEST_CASE("Train.KdLoss.Alpha1IsCrossEntropy") {
   // error's sign / 4 whatever its size (an outlier pulls no harder than any other row).
   const torch::Tensor regression = tensor(kRegression).requires_grad_(true);
   const KdLoss l1 = kd_loss(tensor(kStudent), torch::Tensor(), labels,
-                            {.alpha = 1.0, .regression_weight = 2.0, .regression_l1 = true},
+                            {.alpha = 1.0, .regression_weight = 2.0, .regression_loss = RegressionLoss::kL1},
                             regression, tensor(kTargets));
   CHECK(value(l1.regression) == doctest::Approx(0.5).epsilon(1e-12));
   CHECK(value(l1.total) == doctest::Approx(ce + 2.0 * 0.5).epsilon(1e-12));
@@ -243,8 +243,9 @@ TEST_CASE("Train.KdLoss.LabelSmoothingSharesAndHardDistillation") {
   const torch::Tensor teacher = torch::tensor({{0.0, 5.0, 1.0}, {3.0, 0.0, 0.0}});
   const torch::Tensor head = torch::tensor({{1.0, 1.0, 0.0}, {0.0, 2.0, 1.0}}, torch::requires_grad());
   const torch::Tensor student = logits.clone().requires_grad_();
-  const KdLoss hard = kd_loss(student, teacher, labels, {.alpha = 0.5, .temperature = 4, .hard = true},
-                              {}, {}, head);
+  const KdLoss hard =
+      kd_loss(student, teacher, labels,
+              {.alpha = 0.5, .temperature = 4, .distillation = Distillation::kHard}, {}, {}, head);
   const torch::Tensor head_log_p = torch::log_softmax(head, 1);
   CHECK(hard.kd.item<double>() ==
         doctest::Approx(-(head_log_p[0][1] + head_log_p[1][0]).item<double>() / 2).epsilon(1e-6));

@@ -315,8 +315,9 @@ TEST_CASE("Train.PipelineParallel.MeasuredBalanceFollowsAnExpensiveHead" * docte
   CHECK(trainer.state().pipeline_splits == std::vector<int>{3});
   trainer.step(b);
   reference.step(b);
-  // Where the model is split does not change the math.
-  CHECK(relative_difference(*trainer.model(), *reference.model()) < 1e-5);
+  // Where the model is split does not change the math: the gradients are the same within float32
+  // rounding. (Its weights are not compared: no total_steps, so this step's lr is min_lr.)
+  CHECK(relative_difference(*trainer.model(), *reference.model(), /*gradients=*/true) < 1e-5);
   testing::TempDir dir("measured-splits");
   write_file_atomically(dir / "step.pt", trainer.checkpoint(true));
   CHECK(read_checkpoint(dir / "step.pt").state.pipeline_splits == std::vector<int>{3});

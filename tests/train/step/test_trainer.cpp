@@ -137,7 +137,11 @@ TEST_CASE("Train.Trainer.DistillationNeedsTeacherOutputs") {
 
 
 // partitions / microbatches in a train_step's config: the Trainer runs each batch through
-// the pipeline and ends where the unpartitioned Trainer does, distillation loss included.
+// the pipeline and ends where the unpartitioned Trainer does, distillation loss included. The
+// first step's gradients agree within float32 rounding (the micro-batches sum in another
+// order; 3e-7 measured). The weights after three AdamW steps agree less closely: the first
+// update of each weight is about lr * sign(gradient), so a rounding difference in a gradient
+// near zero moves that weight by up to lr (1.2e-4 measured on a Zen 4, against moves of 1e-2).
 TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::timeout(120)) {
   TrainerOptions options = tiny(3);
   options.model.depth = 4;
@@ -148,10 +152,13 @@ TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::
     b.teacher_logits = torch::randn({8, 3});
     return b;
   };
-  Trainer reference(options);
+  Trainer reference(options), first(options);  // three steps, and the first alone
+  reference.set_total_steps(3);  // the schedule's lr (past its end: min_lr)
+  first.set_total_steps(3);
   std::vector<data::Batch> batches;
   for (std::uint64_t n = 0; n < 3; ++n) batches.push_back(with_teacher(n));
   for (const data::Batch& b : batches) reference.step(b);
+  first.step(batches[0]);
 
   struct Case {
     const char* name;
@@ -172,12 +179,14 @@ TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::
     TrainerOptions piped = options;
     piped.partitioned = c.pipeline;
     Trainer trainer(piped);
+    trainer.set_total_steps(3);
     REQUIRE(trainer.partitioned());
-    StepOutcome last;
-    for (const data::Batch& b : batches) last = trainer.step(b);
+    StepOutcome last = trainer.step(batches[0]);
+    CHECK(relative_difference(*trainer.model(), *first.model(), /*gradients=*/true) < 1e-5);
+    for (std::size_t n = 1; n < batches.size(); ++n) last = trainer.step(batches[n]);
     CHECK(last.applied);
     CHECK(last.seen == 8);
-    CHECK(relative_difference(*trainer.model(), *reference.model()) < 1e-5);
+    CHECK(relative_difference(*trainer.model(), *reference.model()) < 1e-3);
     CHECK(trainer.state().step == 3);
     if (c.pipeline.partitions > 1) {
       CHECK(last.bubble > 0);
