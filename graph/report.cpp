@@ -108,13 +108,19 @@ std::string RunReport::bottleneck_verdict() const {
     const std::string owner(w.entry_param ? entry_of(s.name) : s.name);
     return key_prefix + "stages." + owner + ".params." + w.param + " (now " + value + ")";
   };
+  if (w.seconds > 0.5 * s.busy_s && w.param.empty()) {
+    // It waits for what takes its items outside the graph (a Python loop): the graph keeps up.
+    return "the graph waits for " + w.what + ": '" + s.name + "' spent " +
+           percent(w.seconds / s.busy_s) +
+           " of its time waiting for them; the graph is not what holds the run back";
+  }
   if (w.seconds > 0.5 * s.busy_s) {
     // Not work: the items after it, or its peers, hold what it needs to go on.
     return line + ", but " + percent(w.seconds / s.busy_s) + " of that waiting for " + w.what +
            (w.held_after ? ", which the items after it hold" : "") + ": raise " + wait_param() +
            (w.held_after ? ", or lower the queue capacities after it" : "");
   }
-  if (w.seconds > 0 && !w.held_after) {
+  if (w.seconds > 0 && !w.held_after && !w.param.empty()) {
     // A smaller wait on its peers (a pipeline partition's bubble): the param that shrinks it
     // is the advice, not the threads (the peers need a graph thread each).
     return line + ", " + percent(w.seconds / s.busy_s) + " of that waiting for " + w.what +

@@ -109,7 +109,7 @@ struct StageResult {
 struct StageWait {
   double seconds = 0;  // summed over invocations
   std::string what;    // "a free batch buffer"
-  std::string param;   // "pool_size"
+  std::string param;   // "pool_size"; empty: what takes its items outside the graph (a loop)
   double value = 0;    // the param's value
   /// What it waits for is held by the items after it (a pool's buffers), so lower queue
   /// capacities after it help too; false for a wait on its peers (a pipeline partition

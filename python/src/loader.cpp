@@ -1,6 +1,7 @@
 #include "python/src/loader.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <utility>
@@ -82,12 +83,26 @@ class HandoffSink final : public SerialSink<data::Batch> {
     return position_ > 0 ? std::optional(ResumePosition{.items = position_}) : std::nullopt;
   }
   Handoff& handoff() { return *handoff_; }
+  // Its time waiting for room in the hand-off: the loop, not the graph, set the pace then.
+  StageWait waiting() const override {
+    const double seconds = static_cast<double>(waited_ns_.load(std::memory_order_relaxed)) / 1e9;
+    return {.seconds = seconds, .what = "the Python loop to take its batches", .held_after = false};
+  }
 
  protected:
   void consume(data::Batch&& batch, ItemContext&) override {
     std::unique_lock lock(handoff_->mutex);
-    handoff_->changed.wait(
-        lock, [&] { return handoff_->closed || handoff_->ready.size() < handoff_->capacity; });
+    const auto full = [&] {
+      return !handoff_->closed && handoff_->ready.size() >= handoff_->capacity;
+    };
+    if (full()) {
+      const auto begin = std::chrono::steady_clock::now();
+      handoff_->changed.wait(lock, [&] { return !full(); });
+      waited_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - begin)
+                               .count(),
+                           std::memory_order_relaxed);
+    }
     if (handoff_->closed) return;
     handoff_->ready.push_back(std::move(batch));
     handoff_->changed.notify_all();
@@ -96,6 +111,7 @@ class HandoffSink final : public SerialSink<data::Batch> {
  private:
   std::shared_ptr<Handoff> handoff_;
   std::uint64_t position_;
+  std::atomic<std::int64_t> waited_ns_{0};
 };
 
 Loader::Loader(LoaderOptions options) : options_(std::move(options)) {

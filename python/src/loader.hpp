@@ -44,8 +44,8 @@ struct LoaderState {
 
 class HandoffSink;
 
-/// Runs the stages of `options.output`'s phase that it depends on, in one graph for as many
-/// epochs as the loop takes, and hands over their batches in order:
+/// Runs the stages of `options.output`'s phase that it depends on, a graph for each epoch (one
+/// for them all with `rollover`), and hands over their batches in order:
 ///
 ///   Loader loader({.config = "graph.yaml", .output = "collate"});
 ///   data::Batch batch;

@@ -370,6 +370,31 @@ TEST_CASE("Pipeline.Metrics.VerdictNamesASaturatedGraphThread") {
   CHECK(r.verdict().rfind("no stage is saturated", 0) == 0);
 }
 
+TEST_CASE("Pipeline.Metrics.VerdictNamesAWaitOutsideTheGraph") {
+  // A sink that hands batches to a Python loop, busy because it waits for room: the loop sets
+  // the pace, and no param of the graph is advised. A smaller wait is plain work.
+  RunReport r;
+  r.threads = r.cores = 2;
+  r.wall_s = 10;
+  r.stages.resize(2);
+  r.stages[0].name = "collate";
+  r.stages[0].busy_s = 1;
+  r.stages[0].busy_fraction = 0.05;
+  r.stages[1].name = "python";
+  r.stages[1].max_concurrency = kSerial;
+  r.stages[1].busy_s = 9.9;
+  r.stages[1].busy_fraction = 0.99;
+  r.stages[1].waiting = {.seconds = 9.7, .what = "the Python loop to take its batches",
+                         .held_after = false};
+  CHECK(r.verdict() ==
+        "the graph waits for the Python loop to take its batches: 'python' spent 98% of its time "
+        "waiting for them; the graph is not what holds the run back");
+  r.stages[1].waiting.seconds = 2;
+  CHECK(r.verdict() ==
+        "'python' is the bottleneck: busy 99% of its 1 worker; it runs serially by design: make "
+        "each item cheaper");
+}
+
 TEST_CASE("Pipeline.Metrics.VerdictOnATrainingStepAdvisesNoUnmeasuredSplit") {
   RunReport r;
   r.threads = r.cores = 2;

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -61,6 +62,19 @@ def test_each_for_yields_its_epoch_as_a_dataloader_does(graph):
     for epoch in range(2):
         got = epoch_of(dropped)
         assert len(got) == 4 and all(torch.equal(a, b) for (a, _), (b, _) in zip(got, epochs[epoch]))
+
+
+def test_a_slow_loop_is_named_as_what_sets_the_pace(graph):
+    # The loop takes 0.15 s a batch; the graph makes one in milliseconds and then waits for room
+    # in the hand-off: the verdict names the loop, and no param of the graph.
+    loader = flowtrain.Loader(graph(batch=8, epochs=1), output="collate", prefetch=1)
+    for _ in loader:
+        time.sleep(0.15)
+    verdict = loader.report()["verdict"]
+    assert verdict.startswith("the graph waits for the Python loop to take its batches: 'python' "
+                              "spent "), verdict
+    assert verdict.endswith("of its time waiting for them; the graph is not what holds the run "
+                            "back"), verdict
 
 
 def test_each_rank_yields_len_batches_every_epoch(graph, monkeypatch):
