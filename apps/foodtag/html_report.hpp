@@ -6,16 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "apps/foodtag/svg_chart.hpp"
 #include "graph/report.hpp"
 
 namespace foodtag {
-
-/// A named series of (x, y) points for a line chart.
-struct Curve {
-  std::string name;  // its legend label; "teacher ..." takes the teacher's colour
-  std::vector<double> x, y;
-  bool dashed = false;  // e.g. validation, beside the solid training curve of the same model
-};
 
 /// What one model is and how well and fast it does.
 struct ModelFacts {

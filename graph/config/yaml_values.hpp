@@ -73,7 +73,6 @@ class Locator {
   std::vector<std::pair<YAML::Node, YAML::Node>> stand_ins_;
 };
 
-
 /// Rejects keys of `map` that are not in `allowed`, naming the key's own line.
 void check_keys(const YAML::Node& map,
                 const std::vector<std::string>& allowed,
