@@ -25,6 +25,10 @@ struct WorldOptions {
   std::string config_hash;                    // ranks must agree on it (checked at start)
 };
 
+/// How often each rank writes its heartbeat to the store, and how often a wait looks there for
+/// a rank that failed or went away.
+inline constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
+
 /// A failure of the job rather than of this rank's own work: another rank failed or stopped
 /// responding, or a rendezvous or barrier timed out. The message already names the ranks, the
 /// store's address and the reason, so there is nothing to add from diagnose().
@@ -131,21 +135,5 @@ std::string config_fingerprint(std::string_view text);
 /// command line's overrides.
 std::string config_file_fingerprint(const std::string& path,
                                      const std::vector<std::string>& overrides);
-
-/// "rank 1: " when this process is a rank of a job (World::current(), else the launcher's
-/// environment), else "": the prefix of this process's error lines.
-std::string rank_prefix();
-
-/// An app's last words on an error: prints "`program`: error: rank 1: <first line of what>"
-/// to stderr and returns 1; as a rank of a job it first tells the other ranks (report_failure),
-/// adds which rank is to blame when another one is (diagnose), and ends the process at once
-/// (std::_Exit: the process group's destructor could wait on dead or hung peers).
-///
-///   catch (const std::exception& e) { return flowtrain::dist::exit_on_error(e, "flowtrain"); }
-int exit_on_error(const std::exception& e, const std::string& program);
-
-/// Ends a rank that cannot leave its job in order (stopped early, peers unknown): flushes the
-/// standard streams and std::_Exit(code), without tearing down the process group.
-[[noreturn]] void leave_now(int code);
 
 }  // namespace flowtrain::dist

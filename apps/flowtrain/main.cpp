@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "distributed/launch.hpp"
+#include "distributed/exit.hpp"
 #include "distributed/world.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/config.hpp"

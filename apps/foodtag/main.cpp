@@ -33,6 +33,7 @@
 
 #include "apps/foodtag/commands.hpp"
 #include "distributed/launch.hpp"
+#include "distributed/exit.hpp"
 #include "distributed/world.hpp"
 #include "runner/run_phases.hpp"
 

@@ -17,6 +17,7 @@
 
 #include "distributed/job.hpp"
 #include "distributed/launch.hpp"
+#include "distributed/exit.hpp"
 #include "distributed/world.hpp"
 #include "tests/dist/child_ranks.hpp"
 #include "tests/process.hpp"

@@ -82,13 +82,49 @@ Trainer::Trainer(const TrainerOptions& options,
                  dist::World* world,
                  const Checkpoint* resume_from)
     : options_(options) {
+  check_options();
+  build_model(resume_from);
+  if (world) {
+    rank_ = world->rank();
+    world_size_ = world->size();
+    world_ = world;
+  }
+  if (options_.partitioned.enabled()) build_partitions(world, resume_from);
+  dist::ShardingPlan plan = build_optimizer(world);
+  const bool pipeline_ranks = partitioned_ && partitioned_->across_ranks();
+  const std::uint64_t pipeline_ranks_count =
+      pipeline_ranks ? static_cast<std::uint64_t>(options_.partitioned.partitions) : 0;
+  // How many optimizer shards there are: one per partition, or with ZeRO one per rank.
+  const std::uint64_t shards =
+      !zero_                ? 0
+      : options_.zero > 0   ? static_cast<std::uint64_t>(world_size_)
+                            : pipeline_ranks_count;
+  if (options_.ema_decay > 0) {
+    average_ = std::make_unique<WeightAverage>(model_, options_.ema_decay);
+  }
+  const bool average_restored =
+      resume_from && resume(*resume_from, shards, pipeline_ranks_count);
+  state_.world_size = static_cast<std::uint64_t>(world_size_);
+  state_.zero_shards = shards;
+  state_.pipeline_ranks = pipeline_ranks_count;
+  if (partitioned_) state_.pipeline_splits = partitioned_->splits();
+  if (world && (!pipeline_ranks || partitioned_->replicas())) start_grad_sync(*world, plan);
+  // Averaging starts from the weights every rank starts from (a run resumed from a file that
+  // did not average, from the restored ones).
+  if (average_ && !average_restored) average_->reset(model_);
+}
+
+void Trainer::check_options() const {
   check_kd_loss_options(options_.loss);
-  const c10::Device& device = options_.device;
-  check_autocast(options_.autocast, device);
-  if (device.is_cuda() && options_.partitioned.enabled()) {
+  check_autocast(options_.autocast, options_.device);
+  if (options_.device.is_cuda() && options_.partitioned.enabled()) {
     throw Error("param 'device': pipeline parallelism (partitions, microbatches) runs on the "
                 "CPU only; use device: cpu, or partitions: 1 and microbatches: 1 on a GPU");
   }
+}
+
+void Trainer::build_model(const Checkpoint* resume_from) {
+  const c10::Device& device = options_.device;
   torch::manual_seed(options_.seed);
   model_ = make_model(options_.model);  // initialised on the CPU: the same weights anywhere
   if (!options_.init.path.empty() && !resume_from) {
@@ -101,38 +137,36 @@ Trainer::Trainer(const TrainerOptions& options,
   if (device.is_cuda()) model_->to(device);
   clock_ = std::make_unique<WorkClock>(device);
   if (options_.autocast == c10::kHalf) scaler_ = std::make_unique<GradScaler>(options_.loss_scale);
-  if (world) {
-    rank_ = world->rank();
-    world_size_ = world->size();
-    world_ = world;
+}
+
+void Trainer::build_partitions(dist::World* world, const Checkpoint* resume_from) {
+  const std::shared_ptr<ViTImpl> vit = std::dynamic_pointer_cast<ViTImpl>(model_.ptr());
+  if (!vit) {
+    throw Error("pipeline parallelism splits a ViT between its blocks; this model is " +
+                model_->config().describe());
   }
-  if (options_.partitioned.enabled()) {
-    const std::shared_ptr<ViTImpl> vit = std::dynamic_pointer_cast<ViTImpl>(model_.ptr());
-    if (!vit) {
-      throw Error("pipeline parallelism splits a ViT between its blocks; this model is " +
-                  model_->config().describe());
-    }
-    partitioned_ = std::make_unique<PartitionedModel>(
-        options_.partitioned, ViT(vit), options_.autocast, options_.seed, options_.zero > 0,
-        [this](const ModelOutput& forward, const torch::Tensor& teacher_logits,
-               const torch::Tensor& labels, const torch::Tensor& targets, KdLoss& loss) {
-          return loss_of(forward, teacher_logits, labels, targets, loss);
-        },
-        world, resume_from);
-  }
-  const bool pipeline_ranks = partitioned_ && partitioned_->across_ranks();
+  partitioned_ = std::make_unique<PartitionedModel>(
+      options_.partitioned, ViT(vit), options_.autocast, options_.seed, options_.zero > 0,
+      [this](const ModelOutput& forward, const torch::Tensor& teacher_logits,
+             const torch::Tensor& labels, const torch::Tensor& targets, KdLoss& loss) {
+        return loss_of(forward, teacher_logits, labels, targets, loss);
+      },
+      world, resume_from);
+}
+
+dist::ShardingPlan Trainer::build_optimizer(dist::World* world) {
   // Who keeps which parameter's optimizer state and gradient (distributed/sharding_plan.hpp).
   std::vector<std::int64_t> numels;
   for (const torch::Tensor& param : model_->parameters()) numels.push_back(param.numel());
   std::optional<dist::PartitionRanks> ranks;
-  if (pipeline_ranks) {
+  if (partitioned_ && partitioned_->across_ranks()) {
     ranks = dist::PartitionRanks{.partition_of = partitioned_->parameter_partitions(),
                                  .partition = partitioned_->partition(),
                                  .pipeline = partitioned_->pipeline_group(),
                                  .replicas = partitioned_->replicas()};
   }
   dist::ShardingPlan plan =
-      dist::plan_sharding(numels, options_.zero, world, device, ranks ? &*ranks : nullptr);
+      dist::plan_sharding(numels, options_.zero, world, options_.device, ranks ? &*ranks : nullptr);
   grad_held_ = std::move(plan.grad_held);
   grad_group_ = plan.grad_group;
   if (!plan.levels.empty()) {
@@ -142,74 +176,63 @@ Trainer::Trainer(const TrainerOptions& options,
   } else {
     optimizer_ = make_adamw(model_, options_.optimizer);
   }
-  const std::uint64_t pipeline_ranks_count =
-      pipeline_ranks ? static_cast<std::uint64_t>(options_.partitioned.partitions) : 0;
-  // How many optimizer shards there are: one per partition, or with ZeRO one per rank.
-  const std::uint64_t shards =
-      !zero_                ? 0
-      : options_.zero > 0   ? static_cast<std::uint64_t>(world_size_)
-                            : pipeline_ranks_count;
-  if (options_.ema_decay > 0) {
-    average_ = std::make_unique<WeightAverage>(model_, options_.ema_decay);
+  return plan;
+}
+
+bool Trainer::resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t pipeline_ranks) {
+  const c10::Device& device = options_.device;
+  const TrainState& saved = from.state;
+  resumed_ranks_ = saved.world_size;
+  const bool resized = saved.world_size != static_cast<std::uint64_t>(world_size_);
+  // Pipeline partitions keep their own parameters' state, on their own ranks; ZeRO's shards
+  // and plain data parallelism's copies can be re-split over any number of ranks.
+  const bool pipelines = saved.pipeline_ranks > 0 || pipeline_ranks > 0;
+  if (pipelines &&
+      (resized || saved.pipeline_ranks != pipeline_ranks || saved.zero_shards != shards)) {
+    throw Error(from.path + " was written by " + std::to_string(saved.world_size) +
+                " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
+                (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
+                "; pipeline partitions resume with the same number of ranks and partitions "
+                "settings");
   }
-  bool average_restored = false;
-  if (resume_from) {
-    const TrainState& saved = resume_from->state;
-    resumed_ranks_ = saved.world_size;
-    const bool resized = saved.world_size != static_cast<std::uint64_t>(world_size_);
-    // Pipeline partitions keep their own parameters' state, on their own ranks; ZeRO's shards
-    // and plain data parallelism's copies can be re-split over any number of ranks.
-    const bool pipelines = saved.pipeline_ranks > 0 || pipeline_ranks_count > 0;
-    if (pipelines &&
-        (resized || saved.pipeline_ranks != pipeline_ranks_count || saved.zero_shards != shards)) {
-      throw Error(resume_from->path + " was written by " + std::to_string(saved.world_size) +
-                  " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
-                  (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
-                  "; pipeline partitions resume with the same number of ranks and partitions "
-                  "settings");
-    }
-    // The same shards: each rank's file holds its own state (unsharded: all of it, in the file
-    // of rank 0 for a rank the job did not have). Other ones (zero turned on or off, ZeRO on
-    // another number of ranks): the state is gathered from every rank's file and each rank
-    // takes its part.
-    const bool same_shards = saved.zero_shards == shards && (shards == 0 || !resized);
-    ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
-    average_restored = restore_training(*resume_from, model_, same_shards ? &optimizer() : nullptr,
-                                        average_ ? &averaged : nullptr, device);
-    if (!same_shards) {
-      const int own_rank = rank_ < static_cast<int>(saved.world_size) ? rank_ : 0;
-      restore_resharded(*resume_from, own_rank, saved.zero_shards, named_parameters(model_),
-                        options_.optimizer, optimizer());
-    }
-    if (device.is_cuda()) {  // a checkpoint loads on the CPU
-      model_->to(device);
-      if (average_restored) averaged->to(device);
-      move_optimizer_state(optimizer(), device);
-    }
-    state_ = saved;
-    if (scaler_ && saved.loss_scale > 0) {
-      scaler_->restore(saved.loss_scale, static_cast<std::int64_t>(saved.loss_scale_growth));
-    }
+  // The same shards: each rank's file holds its own state (unsharded: all of it, in the file
+  // of rank 0 for a rank the job did not have). Other ones (zero turned on or off, ZeRO on
+  // another number of ranks): the state is gathered from every rank's file and each rank
+  // takes its part.
+  const bool same_shards = saved.zero_shards == shards && (shards == 0 || !resized);
+  ImageModel averaged = average_ ? average_->model() : ImageModel(nullptr);
+  const bool average_restored =
+      restore_training(from, model_, same_shards ? &optimizer() : nullptr,
+                       average_ ? &averaged : nullptr, device);
+  if (!same_shards) {
+    const int own_rank = rank_ < static_cast<int>(saved.world_size) ? rank_ : 0;
+    restore_resharded(from, own_rank, saved.zero_shards, named_parameters(model_),
+                      options_.optimizer, optimizer());
   }
-  state_.world_size = static_cast<std::uint64_t>(world_size_);
-  state_.zero_shards = shards;
-  state_.pipeline_ranks = pipeline_ranks_count;
-  if (partitioned_) state_.pipeline_splits = partitioned_->splits();
-  if (world && (!pipeline_ranks || partitioned_->replicas())) {
-    // After any restore: every rank starts from rank 0's weights. With pipelines, each
-    // partition's gradients are averaged over its replicas once its micro-batches are done.
-    sync_ = std::make_unique<dist::GradSync>(
-        *model_, *world,
-        dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
-                                .bucket_bytes = options_.bucket_bytes,
-                                .owners = std::move(plan.sync_owners),
-                                .group = pipeline_ranks ? partitioned_->replicas() : nullptr,
-                                .selected = std::move(plan.sync_selected),
-                                .accumulate = pipeline_ranks});
+  if (device.is_cuda()) {  // a checkpoint loads on the CPU
+    model_->to(device);
+    if (average_restored) averaged->to(device);
+    move_optimizer_state(optimizer(), device);
   }
-  // Averaging starts from the weights every rank starts from (a run resumed from a file that
-  // did not average, from the restored ones).
-  if (average_ && !average_restored) average_->reset(model_);
+  state_ = saved;
+  if (scaler_ && saved.loss_scale > 0) {
+    scaler_->restore(saved.loss_scale, static_cast<std::int64_t>(saved.loss_scale_growth));
+  }
+  return average_restored;
+}
+
+void Trainer::start_grad_sync(dist::World& world, dist::ShardingPlan& plan) {
+  // After any restore: every rank starts from rank 0's weights. With pipelines, each
+  // partition's gradients are averaged over its replicas once its micro-batches are done.
+  const bool pipeline_ranks = partitioned_ && partitioned_->across_ranks();
+  sync_ = std::make_unique<dist::GradSync>(
+      *model_, world,
+      dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
+                              .bucket_bytes = options_.bucket_bytes,
+                              .owners = std::move(plan.sync_owners),
+                              .group = pipeline_ranks ? partitioned_->replicas() : nullptr,
+                              .selected = std::move(plan.sync_selected),
+                              .accumulate = pipeline_ranks});
 }
 
 Trainer::~Trainer() = default;

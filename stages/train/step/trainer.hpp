@@ -24,6 +24,7 @@
 namespace flowtrain::dist {
 class GradSync;
 class ShardedOptimizer;
+struct ShardingPlan;
 class World;
 }  // namespace flowtrain::dist
 
@@ -170,6 +171,19 @@ class Trainer {
   std::int64_t gradient_bytes() const;
 
  private:
+  // The constructor's steps, in order: the options, the model (seeded, `init` loaded), the
+  // partitions (pipeline parallelism), the optimizer and who holds which state (ZeRO), the
+  // resume, and the gradient sync of a group.
+  void check_options() const;
+  void build_model(const Checkpoint* resume_from);
+  void build_partitions(dist::World* world, const Checkpoint* resume_from);
+  /// The sharding plan; what the gradient sync still needs of it stays in it.
+  dist::ShardingPlan build_optimizer(dist::World* world);
+  /// Restores the weights, optimizer state, average and loss scale of `from`; true if it held
+  /// an average. `shards` and `pipeline_ranks` are this run's, as the checkpoint records them.
+  bool resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t pipeline_ranks);
+  void start_grad_sync(dist::World& world, dist::ShardingPlan& plan);
+
   torch::optim::AdamW& optimizer() const;
   /// The loss of `forward` against the batch's (or a micro-batch's) targets; `labels` may be
   /// mixed (one-hot shares). Returns the float logits it used.
