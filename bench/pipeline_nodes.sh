@@ -45,7 +45,7 @@ stages:
               alpha: 1, lr: 0.002, warmup_steps: 10, intraop_threads: 2, checkpoint_dir: CKPT}}
 YAML
 S=stages.student.params
-pipe="$S.partitions=2 $S.microbatches=8 $S.pipeline_schedule=1f1b"
+pipe="$S.partitions=2 $S.microbatches=8 $S.partition_schedule=1f1b"
 run() {  # run NAME BINARY ARGS...: prints "wall bubble loss"
   local name=$1 bin=$2; shift 2
   "$bin" run "$dir/deep.yaml" "$S.checkpoint_dir=$dir/$name" "$@" > "$dir/$name.log" 2>&1

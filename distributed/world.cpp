@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +32,7 @@
 #include <sstream>
 #include <thread>
 
+#include "distributed/liveness.hpp"
 #include "graph/read_file.hpp"
 
 namespace flowtrain::dist {
@@ -43,25 +43,13 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr int kDefaultPort = 29500;  // torchrun's
-// A rank whose heartbeat has not advanced for this long is taken as gone (killed, or stopped
-// by a debugger). Only waits that would otherwise run into the timeout use it.
-constexpr milliseconds kStaleAfter{5000};
 
 std::unique_ptr<World> g_world;
-
-std::vector<std::uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
 std::string seconds_text(milliseconds d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000);
   return buf;
-}
-
-std::int64_t unix_ms() {
-  return std::chrono::duration_cast<milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 // The first line of an exception's message (c10::Error appends a C++ backtrace).
@@ -135,11 +123,6 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-struct Heartbeat {
-  std::int64_t count = -1;
-  std::int64_t unix_ms = 0;
-};
-
 }  // namespace
 
 struct World::Impl {
@@ -163,14 +146,10 @@ struct World::Impl {
   std::atomic<int> phases_finished{0};  // finished_phase() calls: the phase this rank is in
   StopVote stop_vote;
 
-  std::thread beat_thread;
-  std::mutex beat_mutex;
-  std::condition_variable beat_wake;
-  bool beat_stop = false;
-  std::int64_t beats = 0;
+  std::optional<HeartbeatThread> heartbeats;
 
   ~Impl() {
-    stop_heartbeats();
+    heartbeats.reset();
     subgroups.clear();
     gpu_group.reset();
     group.reset();
@@ -185,9 +164,7 @@ struct World::Impl {
     return agent_store ? "torchrun's agent exited, or its machine is down or unreachable"
                        : "rank 0 exited, was killed, or its machine is down";
   }
-  std::string key(const std::string& prefix, int r) const {
-    return prefix + "/" + std::to_string(r);
-  }
+  static std::string key(const std::string& prefix, int r) { return rank_key(prefix, r); }
 
   void connect() {
     c10d::TCPStoreOptions options;
@@ -225,77 +202,6 @@ struct World::Impl {
     }
   }
 
-  void beat() {
-    ++beats;
-    try {
-      std::lock_guard<std::mutex> lock(monitor_mutex);
-      monitor->set(key("heartbeat", rank),
-                   bytes(std::to_string(beats) + " " + std::to_string(unix_ms())));
-    } catch (const std::exception&) {
-      // The store is gone (its host exited): the failing collective and diagnose() will say so.
-    }
-  }
-
-  void start_heartbeats() {
-    beat();  // the first one before anyone can wait on it
-    beat_thread = std::thread([this] {
-      std::unique_lock<std::mutex> lock(beat_mutex);
-      while (!beat_wake.wait_for(lock, kHeartbeatInterval, [this] { return beat_stop; })) {
-        lock.unlock();
-        beat();
-        lock.lock();
-      }
-    });
-  }
-
-  void stop_heartbeats() {
-    {
-      std::lock_guard<std::mutex> lock(beat_mutex);
-      beat_stop = true;
-    }
-    beat_wake.notify_all();
-    if (beat_thread.joinable()) beat_thread.join();
-  }
-
-  Heartbeat read_heartbeat(c10d::Store& from, int r) const {
-    Heartbeat h;
-    const std::string k = key("heartbeat", r);
-    if (!from.check({k})) return h;
-    std::sscanf(text(from.get(k)).c_str(), "%lld %lld", reinterpret_cast<long long*>(&h.count),
-                reinterpret_cast<long long*>(&h.unix_ms));
-    return h;
-  }
-
-  std::string stale_text(int r, const Heartbeat& last) const {
-    const std::int64_t ago_s = std::max<std::int64_t>(0, (unix_ms() - last.unix_ms + 500) / 1000);
-    return "rank " + std::to_string(r) + " stopped responding " + std::to_string(ago_s) +
-           " s ago (killed or hung?)";
-  }
-
-  // Throws if one of `ranks` reported a failure, or its heartbeat has not advanced for
-  // kStaleAfter (as seen by earlier calls, recorded in `seen`).
-  // Reads through `from` (the main connection, or the monitor under monitor_mutex).
-  void check_peers(c10d::Store& from,
-                   const std::vector<int>& ranks,
-                   std::map<int, std::pair<Heartbeat, Clock::time_point>>& seen,
-                   std::string_view what) {
-    const Clock::time_point now = Clock::now();
-    for (int r : ranks) {
-      if (from.check({key("failed", r)})) {
-        throw WorldError("rank " + std::to_string(r) +
-                         " failed: " + text(from.get(key("failed", r))));
-      }
-      const Heartbeat h = read_heartbeat(from, r);
-      if (h.count < 0) continue;  // not started yet (only during the rendezvous)
-      auto it = seen.find(r);
-      if (it == seen.end() || it->second.first.count != h.count) {
-        seen[r] = {h, now};
-      } else if (now - it->second.second >= kStaleAfter) {
-        throw WorldError(stale_text(r, h) + " in " + std::string(what));
-      }
-    }
-  }
-
   // Sets `prefix/<rank>` to `value`, counts this rank in, and (with `wait`) waits until every
   // rank did. Names the missing ranks on a timeout; with `watch`, fails as soon as a missing
   // rank reported a failure or its heartbeat stopped.
@@ -305,7 +211,7 @@ struct World::Impl {
             bool wait,
             bool watch) {
     try {
-      store->set(key(prefix, rank), bytes(value));
+      store->set(key(prefix, rank), store_bytes(value));
       store->add(prefix + "/count", 1);
       if (wait) wait_for_all(what, prefix, watch);
     } catch (const WorldError&) {
@@ -323,7 +229,7 @@ struct World::Impl {
   void wait_for_all(const std::string& what, const std::string& prefix, bool watch) {
     const Clock::time_point start = Clock::now();
     Clock::time_point next_check = start + kHeartbeatInterval;
-    std::map<int, std::pair<Heartbeat, Clock::time_point>> seen;
+    PeerWatch watched;
     milliseconds pause{1};
     while (store->add(prefix + "/count", 0) < size) {
       const Clock::time_point now = Clock::now();
@@ -333,7 +239,7 @@ struct World::Impl {
         for (int r = 0; r < size; ++r) {
           if (!store->check({key(prefix, r)})) missing.push_back(r);
         }
-        if (watch) check_peers(*store, missing, seen, what);
+        if (watch) watched.check(*store, missing, what);
         if (timed_out) {
           throw WorldError(what + " timed out after " + seconds_text(timeout) + ": " +
                            std::to_string(size - static_cast<int>(missing.size())) + " of " +
@@ -350,13 +256,13 @@ struct World::Impl {
   // Every rank arrives with its config hash; rank 0 compares them all and posts one verdict,
   // so that every rank stops with the same message (none goes on to wait for the others).
   void rendezvous(const std::string& config_hash) {
-    store->set(key("config_hash", rank), bytes(config_hash));
+    store->set(key("config_hash", rank), store_bytes(config_hash));
     meet("rendezvous at " + address(), "arrived", "1", true, false);
     if (rank == 0) {
       std::string verdict;
       int differing = 0;
       for (int r = 1; r < size; ++r) {
-        const std::string theirs = text(store->get(key("config_hash", r)));
+        const std::string theirs = store_text(store->get(key("config_hash", r)));
         if (theirs == config_hash) continue;
         if (differing++ == 0) {
           verdict = "rank " + std::to_string(r) + "'s config differs from rank 0's (hash " +
@@ -365,7 +271,7 @@ struct World::Impl {
       }
       if (differing > 1) verdict += " and so do " + std::to_string(differing - 1) + " other ranks'";
       if (differing > 0) verdict += ": start every rank with the same config and overrides";
-      store->set("config_verdict", bytes(verdict.empty() ? "ok" : verdict));
+      store->set("config_verdict", store_bytes(verdict.empty() ? "ok" : verdict));
     }
     const Clock::time_point start = Clock::now();
     while (!store->check({"config_verdict"})) {
@@ -375,7 +281,7 @@ struct World::Impl {
       }
       std::this_thread::sleep_for(milliseconds{10});
     }
-    const std::string verdict = text(store->get("config_verdict"));
+    const std::string verdict = store_text(store->get("config_verdict"));
     // Rank 0 hosts the store: it must not leave before every rank has read the verdict.
     meet("config check", "verdict_read", "1", rank == 0, true);
     if (verdict != "ok") throw WorldError(verdict);
@@ -426,7 +332,7 @@ World* World::init(const JobPlacement& placement, const WorldOptions& options) {
   impl->timeout = options.timeout;
   impl->backend = resolve_backend(options.backend);
   impl->connect();
-  impl->start_heartbeats();
+  impl->heartbeats.emplace(*impl->monitor, impl->monitor_mutex, impl->rank);
   impl->rendezvous(options.config_hash);
   impl->group = impl->make_group("pg", impl->rank, impl->size);
   g_world.reset(new World(std::move(impl)));
@@ -509,12 +415,12 @@ void World::wait(c10d::Work& work, std::string_view what) {
   for (int r = 0; r < w.size; ++r) {
     if (r != w.rank) others.push_back(r);
   }
-  std::map<int, std::pair<Heartbeat, Clock::time_point>> seen;
+  PeerWatch watched;
   std::set<int> ahead;  // ranks seen to have finished this phase, a beat ago
   do {
     std::lock_guard<std::mutex> lock(w.monitor_mutex);
     try {
-      w.check_peers(*w.monitor, others, seen, what);
+      watched.check(*w.monitor, others, what);
       for (const int r : others) {
         if (!w.monitor->check({w.key(finished, r)})) continue;
         // A rank that finished took part in every collective of its phase, so one matched
@@ -522,7 +428,7 @@ void World::wait(c10d::Work& work, std::string_view what) {
         if (!ahead.insert(r).second) {
           throw WorldError(
               "the ranks took different numbers of steps: rank " + std::to_string(r) +
-              " finished " + text(w.monitor->get(w.key(finished, r))) +
+              " finished " + store_text(w.monitor->get(w.key(finished, r))) +
               ", while this rank waits in " + std::string(what) +
               " (items dropped on one rank only leave it steps short: keep on_bad_sample: replace, "
               "and drop nothing in your own stages under data parallelism)");
@@ -539,7 +445,7 @@ void World::wait(c10d::Work& work, std::string_view what) {
 void World::finished_phase(const std::string& summary) {
   Impl& w = *impl_;
   std::lock_guard<std::mutex> lock(w.monitor_mutex);
-  w.monitor->set(w.key("finished/" + std::to_string(w.phases_finished++), w.rank), bytes(summary));
+  w.monitor->set(w.key("finished/" + std::to_string(w.phases_finished++), w.rank), store_bytes(summary));
 }
 
 std::vector<std::string> World::gather_text(const std::string& what, const std::string& text_in) {
@@ -548,7 +454,7 @@ std::vector<std::string> World::gather_text(const std::string& what, const std::
   if (impl_->rank != 0) return {};
   std::vector<std::string> texts;
   for (int r = 0; r < impl_->size; ++r)
-    texts.push_back(text(impl_->store->get(impl_->key(prefix, r))));
+    texts.push_back(store_text(impl_->store->get(impl_->key(prefix, r))));
   return texts;
 }
 
@@ -558,11 +464,11 @@ std::string World::diagnose() const {
   auto failure = [&w](int r) -> std::optional<std::string> {
     std::lock_guard<std::mutex> lock(w.monitor_mutex);
     if (!w.monitor->check({w.key("failed", r)})) return std::nullopt;
-    return text(w.monitor->get(w.key("failed", r)));
+    return store_text(w.monitor->get(w.key("failed", r)));
   };
   auto heartbeat = [&w](int r) {
     std::lock_guard<std::mutex> lock(w.monitor_mutex);
-    return w.read_heartbeat(*w.monitor, r);
+    return read_heartbeat(*w.monitor, r);
   };
   std::vector<std::string> found;
   try {
@@ -579,7 +485,7 @@ std::string World::diagnose() const {
     if (!first.empty()) std::this_thread::sleep_for(kHeartbeatInterval * 5 / 2);
     for (const auto& [r, before] : first) {
       const Heartbeat now = heartbeat(r);
-      if (now.count == before.count) found.push_back(w.stale_text(r, now));
+      if (now.count == before.count) found.push_back(stale_text(r, now));
     }
   } catch (const std::exception& e) {
     return "cannot reach the store at " + w.address() + " hosted by " + w.store_host() + " (" +
@@ -596,7 +502,7 @@ std::string World::diagnose() const {
 void World::report_failure(const std::string& message) noexcept {
   try {
     std::lock_guard<std::mutex> lock(impl_->monitor_mutex);
-    impl_->monitor->set(impl_->key("failed", impl_->rank), bytes(message));
+    impl_->monitor->set(impl_->key("failed", impl_->rank), store_bytes(message));
   } catch (...) {
     // Nobody to tell: the store is gone.
   }

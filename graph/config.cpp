@@ -109,6 +109,25 @@ void read_run_options(const YAML::Node& map,
   }
 }
 
+// Whether the key at `it` of `map` gives `spec`'s value. A param given under both its name and
+// its former one takes the spelling an override set (`virtual_stages=2` over a config's
+// `chunks_per_partition: 1`); given so twice in the config, it is refused, since which one
+// should win is not the config's to guess. `what` leads the message.
+bool takes_this_spelling(const YAML::Node& map,
+                         const YAML::const_iterator& it,
+                         const ParamSpec& spec,
+                         const std::string& what,
+                         const Locator& loc) {
+  if (spec.former_name.empty()) return true;
+  const std::string& other = it->first.Scalar() == spec.name ? spec.former_name : spec.name;
+  const YAML::Node twin = map[other];
+  if (!twin) return true;
+  const bool overridden = loc.is_override(it->second);
+  if (overridden != loc.is_override(twin)) return overridden;
+  loc.fail_key(it, what + "'" + spec.name + "' is given twice, also under its former name '" +
+                       spec.former_name + "'; keep one of them");
+}
+
 // A stage's `inputs`: one name or a list of names, each a stage listed before it.
 std::vector<std::string> input_list(const YAML::Node& node,
                                     const std::string& ctx,
@@ -208,13 +227,14 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
         if (!spec) {
           loc.fail_key(it, stage_ctx + "unknown param '" + key + "'" + suggestion(key, declared));
         }
-        if (key == info->doc.threads_param && it->second.IsScalar() &&
+        if (!takes_this_spelling(params, it, *spec, stage_ctx + "param ", loc)) continue;
+        if (spec->name == info->doc.threads_param && it->second.IsScalar() &&
             it->second.Scalar() == "auto") {
           stage.auto_threads = true;  // the default until resolve_auto_threads
           continue;
         }
-        stage.params.set(
-            key, parse_param(*spec, it->second, stage_ctx + "param '" + key + "' ", base_dir, loc));
+        stage.params.set(spec->name, parse_param(*spec, it->second,
+                                                 stage_ctx + "param '" + key + "' ", base_dir, loc));
       }
     }
 
@@ -274,12 +294,13 @@ Params validate_section(const YAML::Node& root,
   for (const ParamSpec& spec : section.params) declared.push_back(spec.name);
   for (auto it = map.begin(); it != map.end(); ++it) {
     const std::string key = it->first.as<std::string>();
-    const auto spec = std::find_if(section.params.begin(), section.params.end(),
-                                   [&](const ParamSpec& p) { return p.name == key; });
-    if (spec == section.params.end()) {
+    const ParamSpec* spec = find_param(section.params, key);
+    if (!spec) {
       loc.fail_key(it, section.key + ": unknown key '" + key + "'" + suggestion(key, declared));
     }
-    params.set(key, parse_param(*spec, it->second, section.key + "." + key + " ", base_dir, loc));
+    if (!takes_this_spelling(map, it, *spec, section.key + ": key ", loc)) continue;
+    params.set(spec->name,
+               parse_param(*spec, it->second, section.key + "." + key + " ", base_dir, loc));
   }
   return params;
 }

@@ -23,6 +23,8 @@ struct OptionRule {
   /// For a std::string field: kString, kPath (must exist when given) or kOutputPath; for a
   /// std::vector<double> field, kIntList when it holds whole numbers (kFloatList otherwise).
   ParamType type = ParamType::kString;
+  /// The option's name before it was renamed: a config may still spell it so.
+  const char* former_name = "";
 };
 
 /// One spelling of an enum option's value in a config.
@@ -143,8 +145,8 @@ struct SpecCollector {
   std::vector<ParamSpec> specs;
   template <class T>
   void operator()(T& field, const char* name, const char* doc, const OptionRule& rule = {}) {
-    ParamSpec spec{name, option_type<T>(rule), option_value(field), doc, rule.min, rule.choices,
-                   rule.max};
+    ParamSpec spec{name,     option_type<T>(rule), option_value(field), doc, rule.min, rule.choices,
+                   rule.max, rule.former_name};
     if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
       if (!spec.min) spec.min = 0;
     }

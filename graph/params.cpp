@@ -42,6 +42,13 @@ std::string format_number(double v) {
 }
 }  // namespace
 
+const ParamSpec* find_param(const std::vector<ParamSpec>& specs, const std::string& key) {
+  for (const ParamSpec& spec : specs) {
+    if (spec.name == key || (!spec.former_name.empty() && spec.former_name == key)) return &spec;
+  }
+  return nullptr;
+}
+
 std::string ParamSpec::default_text() const {
   struct Visitor {
     std::string operator()(std::int64_t v) const { return std::to_string(v); }

@@ -38,6 +38,8 @@ struct ParamSpec {
   /// Inclusive upper bound for numbers. An int without one is still refused above 2^31 - 1, so a
   /// value never wraps when a stage reads it as an int.
   std::optional<double> max = std::nullopt;
+  /// The name the param had before it was renamed, which a config may still use (empty: none).
+  std::string former_name = {};
 
   /// The default as a config would spell it ("0.5", "true", "[1, 2]", "\"\"").
   std::string default_text() const;
@@ -63,6 +65,9 @@ ParamSpec string_param(std::string name,
                        std::vector<std::string> choices = {});
 ParamSpec path_param(std::string name, std::string doc);
 ParamSpec output_path_param(std::string name, std::string doc);
+
+/// The spec in `specs` a config's `key` names: its name, or its former name. Null if none.
+const ParamSpec* find_param(const std::vector<ParamSpec>& specs, const std::string& key);
 
 /// Returns a one-line problem with `value` for `spec` ("must be >= 0, got -1"; the caller names
 /// the param), else an empty string: the type, the bounds (ints also <= 2^31 - 1), the choices,

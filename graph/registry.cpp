@@ -48,10 +48,7 @@ std::size_t StageShape::min_inputs() const {
 }
 
 const ParamSpec* StageInfo::find_param(const std::string& name) const {
-  for (const ParamSpec& spec : doc.params) {
-    if (spec.name == name) return &spec;
-  }
-  return nullptr;
+  return flowtrain::find_param(doc.params, name);
 }
 
 Registry& Registry::global() {

@@ -67,6 +67,7 @@ struct StageInfo {
   /// phase would only find when built. Empty for most types.
   std::function<void(const Params&)> check;
 
+  /// The declared param a config's key names (its name or its former name); null if none.
   const ParamSpec* find_param(const std::string& name) const;
 };
 

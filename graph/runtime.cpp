@@ -19,10 +19,10 @@ struct StageAccess {
   static std::shared_ptr<void> map(Stage& s, std::shared_ptr<void>& v, ItemContext& ctx) {
     return s.map_erased(v, ctx);
   }
-  static void flat_map(Stage& s, std::shared_ptr<void>& v, EmitSink& out) {
+  static void flat_map(Stage& s, std::shared_ptr<void>& v, EmitTarget& out) {
     s.flat_map_erased(v, out);
   }
-  static void finish(Stage& s, EmitSink& out) { s.finish_erased(out); }
+  static void finish(Stage& s, EmitTarget& out) { s.finish_erased(out); }
   static void consume(Stage& s, std::shared_ptr<void>& v, ItemContext& ctx) {
     s.consume_erased(v, ctx);
   }
@@ -132,7 +132,7 @@ void Pipeline::Runtime::collect(std::size_t j, std::size_t port, Message& m) {
 
 // Outputs of a FlatMap: fresh sequence numbers, and one output slot each. The item that was
 // admitted holds one slot; each further output takes another (and no output frees it).
-class Pipeline::Runtime::FlatEmit final : public EmitSink {
+class Pipeline::Runtime::FlatEmit final : public EmitTarget {
  public:
   FlatEmit(Runtime& rt, std::size_t stage, bool holds_slot)
       : rt_(rt), stage_(stage), holds_slot_(holds_slot) {}
@@ -347,7 +347,7 @@ void Pipeline::Runtime::finish(std::size_t i) {
 }
 
 void Pipeline::Runtime::finish_sink(std::size_t i) {
-  struct NoOutput final : EmitSink {
+  struct NoOutput final : EmitTarget {
     void emit(std::shared_ptr<void>) override { throw Error("a sink cannot emit"); }
   } none;
   invoke(i, 0, [&] {

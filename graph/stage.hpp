@@ -40,21 +40,21 @@ class ItemContext {
 };
 
 /// Receives the outputs of a FlatMap; the runtime numbers them in the order they are emitted.
-class EmitSink {
+class EmitTarget {
  public:
   virtual void emit(std::shared_ptr<void> value) = 0;
   virtual bool stopped() const { return false; }
   virtual void send_token() {}
 
  protected:
-  ~EmitSink() = default;
+  ~EmitTarget() = default;
 };
 
 /// Typed handle a FlatMap emits through:  `out.emit(Batch{...});`
 template <class Out>
 class Emitter {
  public:
-  explicit Emitter(EmitSink& sink) : sink_(sink) {}
+  explicit Emitter(EmitTarget& sink) : sink_(sink) {}
   void emit(Out value) { sink_.emit(std::make_shared<Out>(std::move(value))); }
   /// True in `finish` when the run was stopped (Ctrl-C, SIGTERM, Pipeline::request_stop)
   /// rather than its input exhausted. A stage holding a partial group (a batch) then drops it:
@@ -66,7 +66,7 @@ class Emitter {
   void send_token() { sink_.send_token(); }
 
  private:
-  EmitSink& sink_;
+  EmitTarget& sink_;
 };
 
 /// The static shape of a stage, known before it is constructed (a registry entry has one too),
@@ -218,8 +218,8 @@ class Stage {
   virtual std::shared_ptr<void> map_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {
     return nullptr;
   }
-  virtual void flat_map_erased(std::shared_ptr<void>& /*value*/, EmitSink&) {}
-  virtual void finish_erased(EmitSink&) {}
+  virtual void flat_map_erased(std::shared_ptr<void>& /*value*/, EmitTarget&) {}
+  virtual void finish_erased(EmitTarget&) {}
   virtual void consume_erased(std::shared_ptr<void>& /*value*/, ItemContext&) {}
   virtual std::shared_ptr<void> join_erased(std::vector<std::shared_ptr<void>>& /*parts*/,
                                             ItemContext&) {
@@ -332,11 +332,11 @@ class FlatMap : public Stage {
   virtual void finish(Emitter<Out>& /*out*/) {}
 
  private:
-  void flat_map_erased(std::shared_ptr<void>& value, EmitSink& sink) final {
+  void flat_map_erased(std::shared_ptr<void>& value, EmitTarget& sink) final {
     Emitter<Out> out(sink);
     process(std::move(*static_cast<In*>(value.get())), out);
   }
-  void finish_erased(EmitSink& sink) final {
+  void finish_erased(EmitTarget& sink) final {
     Emitter<Out> out(sink);
     finish(out);
   }
@@ -361,7 +361,7 @@ class Sink : public Stage {
   virtual void finish() {}
 
  private:
-  void finish_erased(EmitSink&) final { finish(); }
+  void finish_erased(EmitTarget&) final { finish(); }
   void consume_erased(std::shared_ptr<void>& value, ItemContext& ctx) final {
     if constexpr (std::is_same_v<In, Anything>) {
       consume(Anything{}, ctx);

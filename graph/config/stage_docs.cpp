@@ -25,6 +25,7 @@ std::string params_markdown(const std::vector<ParamSpec>& specs,
       std::snprintf(most, sizeof most, " (at most %.10g)", *p.max);  // 0.99, 4096
       doc += most;
     }
+    if (!p.former_name.empty()) doc += " (formerly `" + p.former_name + "`, which still loads)";
     out += "| `" + p.name + "` | " + to_string(p.type) + " | `" + p.default_text() + "` | " + doc +
            " |\n";
   }
@@ -66,7 +67,8 @@ std::string stages_text(const Registry& registry) {
       char buf[128];
       std::snprintf(buf, sizeof buf, "    %-16s %-10s %-12s ", p.name.c_str(), to_string(p.type),
                     p.default_text().c_str());
-      out += buf + p.doc + (p.choices.empty() ? "" : choices_text(p)) + "\n";
+      out += buf + p.doc + (p.choices.empty() ? "" : choices_text(p)) +
+             (p.former_name.empty() ? "" : " (formerly " + p.former_name + ")") + "\n";
     }
     out += "\n";
   }

@@ -61,7 +61,7 @@ constexpr std::pair<const char*, std::uint64_t TrainState::*> kStateFields[] = {
 };
 // State fields added later: a file without them has the defaults.
 constexpr std::pair<const char*, std::uint64_t TrainState::*> kNewStateFields[] = {
-    {"pipeline_ranks", &TrainState::pipeline_ranks},
+    {"pipeline_ranks", &TrainState::partition_ranks},  // its name in files, from before the rename
 };
 
 // LibTorch's readers throw c10::Error, or std::runtime_error from its TorchScript parser, on a

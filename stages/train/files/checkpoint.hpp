@@ -28,7 +28,7 @@ struct TrainState {
   std::uint64_t zero_shards = 0;    // optimizer state in this many shards (ZeRO, partitions)
   /// Pipeline parallelism across this many ranks (0: none): each rank's optimizer state is that
   /// of its partition's parameters.
-  std::uint64_t pipeline_ranks = 0;
+  std::uint64_t partition_ranks = 0;
   /// With a pipeline: the block indices where its model chunks begin (what a resumed run with
   /// partition_balance: measured splits at, since each rank's optimizer state follows them).
   std::vector<int> pipeline_splits;

@@ -97,7 +97,9 @@ PartitionedModel::PartitionedModel(const PartitionOptions& options,
                                    LossFn loss,
                                    dist::World* world,
                                    const Checkpoint* resume_from)
-    : options_(options), vit_(std::move(vit)), world_(world),
+    : options_(options),
+      vit_(std::move(vit)),
+      world_(world),
       running_(std::make_unique<Running>()) {
   const PartitionOptions& o = options_;
   const ModelConfig& config = vit_->config();
@@ -109,26 +111,29 @@ PartitionedModel::PartitionedModel(const PartitionOptions& options,
                 "data-parallel");
   }
   if (across_ranks && zero && o.partitions == world->size()) {
-    throw Error("zero with one pipeline across the ranks: each rank already keeps only its "
-                "partition's optimizer state and gradients (zero shards them further among a "
-                "partition's replicas, when the ranks are several pipelines)");
+    throw Error(
+        "zero with one pipeline across the ranks: each rank already keeps only its "
+        "partition's optimizer state and gradients (zero shards them further among a "
+        "partition's replicas, when the ranks are several pipelines)");
   }
   if (config.dropout > 0 || config.drop_path > 0) {
     // ATen's one CPU generator would serve the partitions' threads in an order that depends
     // on timing, and results must not.
-    throw Error("pipeline parallelism needs dropout: 0 and drop_path: 0 (the partitions' "
-                "random draws would depend on thread timing)");
+    throw Error(
+        "pipeline parallelism needs dropout: 0 and drop_path: 0 (the partitions' "
+        "random draws would depend on thread timing)");
   }
   // Each partition's peak memory is counted (thread_memory.hpp); installed now, while the graph
   // is still being built and no other thread allocates.
   install_memory_counting();
-  schedule_ = make_partition_schedule(o.schedule, o.partitions, o.microbatches, o.virtual_stages);
+  schedule_ =
+      make_partition_schedule(o.schedule, o.partitions, o.microbatches, o.chunks_per_partition);
   splits_ = split_points(o, vit_, schedule_.stages, autocast, seed, world, resume_from);
   if (static_cast<int>(splits_.size()) + 1 != schedule_.stages) {
     throw Error(std::to_string(splits_.size()) + " split points make " +
                 std::to_string(splits_.size() + 1) + " model chunks, but " +
                 std::to_string(o.partitions) + " partitions x " +
-                std::to_string(o.virtual_stages) + " virtual stages need " +
+                std::to_string(o.chunks_per_partition) + " chunks per partition need " +
                 std::to_string(schedule_.stages));
   }
   param_stages_ = vit_parameter_stages(vit_, splits_);

@@ -30,9 +30,9 @@ struct Checkpoint;
 /// (across processes, partitions = ranks), and each batch into micro-batches that flow through
 /// them as `schedule` orders (batch_runner.hpp).
 struct PartitionOptions {
-  int partitions = 1;       // model ranks (threads); 1 with 1 micro-batch: not partitioned
-  int virtual_stages = 1;   // model chunks per partition (schedule kInterleaved)
-  std::vector<int> splits;  // block indices where chunks begin (empty: balanced)
+  int partitions = 1;            // model ranks (threads); 1 with 1 micro-batch: not partitioned
+  int chunks_per_partition = 1;  // model chunks per partition (schedule kInterleaved)
+  std::vector<int> splits;       // block indices where chunks begin (empty: balanced)
   /// With no splits given: balance the chunks by each block's measured cost (piece_seconds;
   /// across ranks, rank 0's measurement; resumed, the checkpoint's splits) instead of by their
   /// count.
@@ -90,7 +90,7 @@ class PartitionedModel {
   /// side, the ranks holding the same partition in the others (else nullptr).
   bool across_ranks() const { return link_ != nullptr; }
   int partition() const;
-  dist::Group* pipeline_group() const { return group_; }
+  dist::Group* partition_group() const { return group_; }
   dist::Group* replicas() const { return replicas_; }
   /// Whether this process computes the loss: it holds the last model stage.
   bool holds_loss() const;

@@ -42,24 +42,24 @@ std::vector<PartitionAction> interleaved(int rank, int ranks, int microbatches, 
 }  // namespace
 
 PartitionSchedule make_partition_schedule(PartitionScheduleKind kind,
-                                        int ranks,
-                                        int microbatches,
-                                        int virtual_stages) {
-  if (ranks < 1 || microbatches < 1 || virtual_stages < 1) {
+                                          int ranks,
+                                          int microbatches,
+                                          int chunks_per_partition) {
+  if (ranks < 1 || microbatches < 1 || chunks_per_partition < 1) {
     throw Error("a pipeline needs at least 1 rank, 1 micro-batch and 1 stage per rank (got " +
                 std::to_string(ranks) + ", " + std::to_string(microbatches) + ", " +
-                std::to_string(virtual_stages) + ")");
+                std::to_string(chunks_per_partition) + ")");
   }
-  if (kind != PartitionScheduleKind::kInterleaved && virtual_stages != 1) {
+  if (kind != PartitionScheduleKind::kInterleaved && chunks_per_partition != 1) {
     throw Error(std::string("schedule ") + to_string(kind) +
-                " holds one stage per rank; virtual_stages is for the interleaved schedule");
+                " holds one stage per rank; chunks_per_partition is for the interleaved schedule");
   }
   if (kind == PartitionScheduleKind::kInterleaved && microbatches % ranks != 0) {
     throw Error("the interleaved schedule needs micro-batches in multiples of the ranks (" +
                 std::to_string(microbatches) + " micro-batches, " + std::to_string(ranks) +
                 " ranks)");
   }
-  PartitionSchedule s{kind, ranks, ranks * virtual_stages, microbatches, {}};
+  PartitionSchedule s{kind, ranks, ranks * chunks_per_partition, microbatches, {}};
   for (int r = 0; r < ranks; ++r) {
     std::vector<PartitionAction>& out = s.actions.emplace_back();
     switch (kind) {
@@ -79,7 +79,7 @@ PartitionSchedule make_partition_schedule(PartitionScheduleKind kind,
         break;
       }
       case PartitionScheduleKind::kInterleaved:
-        out = interleaved(r, ranks, microbatches, virtual_stages);
+        out = interleaved(r, ranks, microbatches, chunks_per_partition);
         break;
     }
   }
@@ -87,8 +87,8 @@ PartitionSchedule make_partition_schedule(PartitionScheduleKind kind,
 }
 
 PartitionTimeline simulate_pipeline(const PartitionSchedule& schedule,
-                                   double forward_cost,
-                                   double backward_cost) {
+                                    double forward_cost,
+                                    double backward_cost) {
   const int stages = schedule.stages, m = schedule.microbatches;
   constexpr double kNotYet = -1;
   // When each forward and backward of each (stage, micro-batch) ends.

@@ -19,7 +19,7 @@ namespace flowtrain::train {
 ///   times smaller, for more communication. M must be a multiple of P.
 enum class PartitionScheduleKind { kGPipe, k1F1B, kInterleaved };
 
-/// A config's names of them (param pipeline_schedule): gpipe, 1f1b, interleaved.
+/// A config's names of them (param partition_schedule): gpipe, 1f1b, interleaved.
 inline std::span<const EnumName<PartitionScheduleKind>> enum_names(PartitionScheduleKind) {
   static constexpr EnumName<PartitionScheduleKind> names[] = {
       {PartitionScheduleKind::kGPipe, "gpipe"},
@@ -61,15 +61,15 @@ struct PartitionSchedule {
   int rank_of(int stage) const { return stage % ranks; }
 };
 
-/// The schedule of `kind` for `ranks` ranks holding `virtual_stages` stages each (1 but for
+/// The schedule of `kind` for `ranks` ranks holding `chunks_per_partition` stages each (1 but for
 /// kInterleaved) and `microbatches` micro-batches. Throws Error on counts it cannot schedule
 /// (below 1; kInterleaved with microbatches not a multiple of ranks).
 ///   const PartitionSchedule s = make_partition_schedule(PartitionScheduleKind::k1F1B, 2, 4);
 ///   // s.actions[0]: F0 F1 B0 F2 B1 F3 B2 B3   s.actions[1]: F0 B0 F1 B1 F2 B2 F3 B3
 PartitionSchedule make_partition_schedule(PartitionScheduleKind kind,
-                                        int ranks,
-                                        int microbatches,
-                                        int virtual_stages = 1);
+                                          int ranks,
+                                          int microbatches,
+                                          int chunks_per_partition = 1);
 
 /// What running a schedule with a given cost per action takes, every rank starting an action
 /// as soon as its input has arrived (communication free): the makespan, the share of
@@ -87,8 +87,8 @@ struct PartitionTimeline {
 /// (per stage). Throws Error if the schedule cannot finish (an action waits for one that never
 /// runs: a deadlock), naming the rank and the action.
 PartitionTimeline simulate_pipeline(const PartitionSchedule& schedule,
-                                   double forward = 1,
-                                   double backward = 2);
+                                    double forward = 1,
+                                    double backward = 2);
 
 /// The textbook bubble of GPipe and 1F1B with P stages and M micro-batches: (P - 1) / (M + P - 1).
 double textbook_bubble(int stages, int microbatches);

@@ -75,11 +75,11 @@ PartitionOptions PartitionStepOptions::config(int intraop_threads) const {
   PartitionOptions o;
   o.partitions = partitions;
   o.microbatches = microbatches;
-  o.schedule = pipeline_schedule;
-  o.virtual_stages = virtual_stages;
-  if (virtual_stages > 1 && o.schedule != PartitionScheduleKind::kInterleaved) {
-    throw Error("param 'virtual_stages' (" + std::to_string(virtual_stages) +
-                ") needs pipeline_schedule: interleaved");
+  o.schedule = partition_schedule;
+  o.chunks_per_partition = chunks_per_partition;
+  if (chunks_per_partition > 1 && o.schedule != PartitionScheduleKind::kInterleaved) {
+    throw Error("param 'chunks_per_partition' (" + std::to_string(chunks_per_partition) +
+                ") needs partition_schedule: interleaved");
   }
   o.splits = split_points_param(partition_splits);
   o.measured_balance = partition_balance == PartitionBalance::kMeasured;

@@ -26,14 +26,15 @@ inline std::span<const EnumName<OnNonfinite>> enum_names(OnNonfinite) {
   return names;
 }
 
-/// The ZeRO stage (param zero): what each rank of a data-parallel job shards.
-enum class ZeroStage { kNone = 0, kOptimizerState = 1, kGradients = 2 };
-inline std::span<const EnumName<ZeroStage>> enum_names(ZeroStage) {
-  static constexpr EnumName<ZeroStage> names[] = {{ZeroStage::kNone, "0"},
-                                                  {ZeroStage::kOptimizerState, "1"},
-                                                  {ZeroStage::kGradients, "2"},
-                                                  {ZeroStage::kNone, "false"},
-                                                  {ZeroStage::kOptimizerState, "true"}};
+/// The ZeRO level (param zero; the ZeRO paper's "stage"): what each rank of a data-parallel job
+/// shards.
+enum class ZeroLevel { kNone = 0, kOptimizerState = 1, kGradients = 2 };
+inline std::span<const EnumName<ZeroLevel>> enum_names(ZeroLevel) {
+  static constexpr EnumName<ZeroLevel> names[] = {{ZeroLevel::kNone, "0"},
+                                                  {ZeroLevel::kOptimizerState, "1"},
+                                                  {ZeroLevel::kGradients, "2"},
+                                                  {ZeroLevel::kNone, "false"},
+                                                  {ZeroLevel::kOptimizerState, "true"}};
   return names;
 }
 
@@ -77,8 +78,10 @@ struct ModelOptions {
       {.min = 0, .max = 1 << 16});
     d(depth, "depth", "ViT: number of blocks (0: the preset's)", {.min = 0, .max = 1024});
     d(heads, "heads", "ViT: attention heads (0: the preset's)", {.min = 0, .max = 1024});
-    d(stage_blocks, "stage_blocks", "ResNet: basic blocks per stage, e.g. [2, 2, 2, 2] (empty: "
-      "the preset's)", {.type = ParamType::kIntList});
+    d(stage_blocks, "stage_blocks",
+      "ResNet: basic blocks per stage, e.g. [2, 2, 2, 2] (empty: "
+      "the preset's)",
+      {.type = ParamType::kIntList});
     d(stem, "stem",
       "ResNet: imagenet (conv 7x7/2 + max pool: the image / 4) or compact (conv 3x3/2: the "
       "image / 2, for small inputs); empty: imagenet",
@@ -102,13 +105,13 @@ struct ModelOptions {
 /// intra-op threads: in one process, nodes of the graph (the entry and `<name>/partition1` ..,
 /// TrainPartitionStage), in a job one per rank (each run of `partitions` consecutive ranks a
 /// pipeline, the pipelines data-parallel); each batch flows through them as `microbatches`
-/// micro-batches in the order `pipeline_schedule` gives
+/// micro-batches in the order `partition_schedule` gives
 /// (stages/train/partitioned/batch_runner.hpp). A group of TrainStepOptions, its keys flat in YAML.
 struct PartitionStepOptions {
   int partitions = 1;
   int microbatches = 1;
-  PartitionScheduleKind pipeline_schedule = PartitionScheduleKind::k1F1B;
-  int virtual_stages = 1;
+  PartitionScheduleKind partition_schedule = PartitionScheduleKind::k1F1B;
+  int chunks_per_partition = 1;
   std::vector<double> partition_splits;
   PartitionBalance partition_balance = PartitionBalance::kBlocks;
 
@@ -131,12 +134,14 @@ struct PartitionStepOptions {
     d(microbatches, "microbatches",
       "pipeline parallelism: micro-batches per batch (the loss is still the batch's mean)",
       {.min = 1, .max = 4096});
-    d(pipeline_schedule, "pipeline_schedule",
+    d(partition_schedule, "partition_schedule",
       "pipeline parallelism: gpipe (all forwards, then all backwards), 1f1b (at most "
-      "partitions micro-batches in flight) or interleaved (virtual_stages chunks per partition)");
-    d(virtual_stages, "virtual_stages",
+      "partitions micro-batches in flight) or interleaved (chunks_per_partition chunks per "
+      "partition)",
+      {.former_name = "pipeline_schedule"});
+    d(chunks_per_partition, "chunks_per_partition",
       "pipeline parallelism: model chunks per partition (interleaved schedule)",
-      {.min = 1, .max = 64});
+      {.min = 1, .max = 64, .former_name = "virtual_stages"});
     d(partition_splits, "partition_splits",
       "pipeline parallelism: ViT block indices where chunks begin, e.g. [6] (empty: as "
       "partition_balance says)",
@@ -169,7 +174,7 @@ struct TrainStepOptions {
   bool resume = false;
   double first_bucket_mb = 1.0;
   double bucket_mb = 25.0;
-  ZeroStage zero = ZeroStage::kNone;
+  ZeroLevel zero = ZeroLevel::kNone;
   PartitionStepOptions partitioned;
   // Declared first (its keys lead the list), but the last field: as the first, GCC 12 at -O3
   // warns falsely (-Wmaybe-uninitialized) about its string in option_specs<TrainStepOptions>.
@@ -220,9 +225,9 @@ struct TrainStepOptions {
       "data-parallel: size of the first gradient bucket to all-reduce (MB)", {.min = 0});
     d(bucket_mb, "bucket_mb", "data-parallel: size of the other gradient buckets (MB)", {.min = 0});
     d(zero, "zero",
-      "data-parallel ZeRO stage: 1 (or true) shards the optimizer state across the ranks (with "
-      "pipelines side by side, a partition's among its replicas), 2 the gradients too; 0 (or "
-      "false): every rank holds all of both");
+      "data-parallel ZeRO level (the ZeRO paper's stage): 1 (or true) shards the optimizer state "
+      "across the ranks (with pipelines side by side, a partition's among its replicas), 2 the "
+      "gradients too; 0 (or false): every rank holds all of both");
     partitioned.declare(d);
   }
 };

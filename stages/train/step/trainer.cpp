@@ -91,24 +91,24 @@ Trainer::Trainer(const TrainerOptions& options,
   }
   if (options_.partitioned.enabled()) build_partitions(world, resume_from);
   dist::ShardingPlan plan = build_optimizer(world);
-  const bool pipeline_ranks = partitioned_ && partitioned_->across_ranks();
-  const std::uint64_t pipeline_ranks_count =
-      pipeline_ranks ? static_cast<std::uint64_t>(options_.partitioned.partitions) : 0;
+  const bool partition_ranks = partitioned_ && partitioned_->across_ranks();
+  const std::uint64_t partition_ranks_count =
+      partition_ranks ? static_cast<std::uint64_t>(options_.partitioned.partitions) : 0;
   // How many optimizer shards there are: one per partition, or with ZeRO one per rank.
   const std::uint64_t shards =
       !zero_                ? 0
       : options_.zero > 0   ? static_cast<std::uint64_t>(world_size_)
-                            : pipeline_ranks_count;
+                            : partition_ranks_count;
   if (options_.ema_decay > 0) {
     average_ = std::make_unique<WeightAverage>(model_, options_.ema_decay);
   }
   const bool average_restored =
-      resume_from && resume(*resume_from, shards, pipeline_ranks_count);
+      resume_from && resume(*resume_from, shards, partition_ranks_count);
   state_.world_size = static_cast<std::uint64_t>(world_size_);
   state_.zero_shards = shards;
-  state_.pipeline_ranks = pipeline_ranks_count;
+  state_.partition_ranks = partition_ranks_count;
   if (partitioned_) state_.pipeline_splits = partitioned_->splits();
-  if (world && (!pipeline_ranks || partitioned_->replicas())) start_grad_sync(*world, plan);
+  if (world && (!partition_ranks || partitioned_->replicas())) start_grad_sync(*world, plan);
   // Averaging starts from the weights every rank starts from (a run resumed from a file that
   // did not average, from the restored ones).
   if (average_ && !average_restored) average_->reset(model_);
@@ -162,7 +162,7 @@ dist::ShardingPlan Trainer::build_optimizer(dist::World* world) {
   if (partitioned_ && partitioned_->across_ranks()) {
     ranks = dist::PartitionRanks{.partition_of = partitioned_->parameter_partitions(),
                                  .partition = partitioned_->partition(),
-                                 .pipeline = partitioned_->pipeline_group(),
+                                 .pipeline = partitioned_->partition_group(),
                                  .replicas = partitioned_->replicas()};
   }
   dist::ShardingPlan plan =
@@ -179,19 +179,19 @@ dist::ShardingPlan Trainer::build_optimizer(dist::World* world) {
   return plan;
 }
 
-bool Trainer::resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t pipeline_ranks) {
+bool Trainer::resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t partition_ranks) {
   const c10::Device& device = options_.device;
   const TrainState& saved = from.state;
   resumed_ranks_ = saved.world_size;
   const bool resized = saved.world_size != static_cast<std::uint64_t>(world_size_);
   // Pipeline partitions keep their own parameters' state, on their own ranks; ZeRO's shards
   // and plain data parallelism's copies can be re-split over any number of ranks.
-  const bool pipelines = saved.pipeline_ranks > 0 || pipeline_ranks > 0;
+  const bool pipelines = saved.partition_ranks > 0 || partition_ranks > 0;
   if (pipelines &&
-      (resized || saved.pipeline_ranks != pipeline_ranks || saved.zero_shards != shards)) {
+      (resized || saved.partition_ranks != partition_ranks || saved.zero_shards != shards)) {
     throw Error(from.path + " was written by " + std::to_string(saved.world_size) +
-                " rank(s)" + (saved.pipeline_ranks ? " as pipeline partitions" : "") +
-                (saved.zero_shards > saved.pipeline_ranks ? " with ZeRO" : "") +
+                " rank(s)" + (saved.partition_ranks ? " as pipeline partitions" : "") +
+                (saved.zero_shards > saved.partition_ranks ? " with ZeRO" : "") +
                 "; pipeline partitions resume with the same number of ranks and partitions "
                 "settings");
   }
@@ -224,15 +224,15 @@ bool Trainer::resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t
 void Trainer::start_grad_sync(dist::World& world, dist::ShardingPlan& plan) {
   // After any restore: every rank starts from rank 0's weights. With pipelines, each
   // partition's gradients are averaged over its replicas once its micro-batches are done.
-  const bool pipeline_ranks = partitioned_ && partitioned_->across_ranks();
+  const bool partition_ranks = partitioned_ && partitioned_->across_ranks();
   sync_ = std::make_unique<dist::GradSync>(
       *model_, world,
       dist::GradSync::Options{.first_bucket_bytes = options_.first_bucket_bytes,
                               .bucket_bytes = options_.bucket_bytes,
                               .owners = std::move(plan.sync_owners),
-                              .group = pipeline_ranks ? partitioned_->replicas() : nullptr,
+                              .group = partition_ranks ? partitioned_->replicas() : nullptr,
                               .selected = std::move(plan.sync_selected),
-                              .accumulate = pipeline_ranks});
+                              .accumulate = partition_ranks});
 }
 
 Trainer::~Trainer() = default;

@@ -180,8 +180,8 @@ class Trainer {
   /// The sharding plan; what the gradient sync still needs of it stays in it.
   dist::ShardingPlan build_optimizer(dist::World* world);
   /// Restores the weights, optimizer state, average and loss scale of `from`; true if it held
-  /// an average. `shards` and `pipeline_ranks` are this run's, as the checkpoint records them.
-  bool resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t pipeline_ranks);
+  /// an average. `shards` and `partition_ranks` are this run's, as the checkpoint records them.
+  bool resume(const Checkpoint& from, std::uint64_t shards, std::uint64_t partition_ranks);
   void start_grad_sync(dist::World& world, dist::ShardingPlan& plan);
 
   torch::optim::AdamW& optimizer() const;

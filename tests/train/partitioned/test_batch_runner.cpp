@@ -254,8 +254,8 @@ TEST_CASE("Train.PipelineParallel.AStageErrorNamesRankStageAndMicrobatch" * doct
 TEST_CASE("Train.PipelineParallel.StepOptionsChecked") {
   PartitionStepOptions o{.partitions = 2,
                          .microbatches = 8,
-                         .pipeline_schedule = PartitionScheduleKind::kInterleaved,
-                         .virtual_stages = 2,
+                         .partition_schedule = PartitionScheduleKind::kInterleaved,
+                         .chunks_per_partition = 2,
                          .partition_splits = {2, 4, 6}};
   const PartitionOptions p = o.config(3);
   CHECK(p.partitions == 2);
@@ -263,10 +263,10 @@ TEST_CASE("Train.PipelineParallel.StepOptionsChecked") {
   CHECK(p.schedule == PartitionScheduleKind::kInterleaved);
   CHECK(p.splits == std::vector<int>{2, 4, 6});
 
-  o.pipeline_schedule = PartitionScheduleKind::k1F1B;
+  o.partition_schedule = PartitionScheduleKind::k1F1B;
   CHECK_THROWS_WITH(o.config(2),
-                    "param 'virtual_stages' (2) needs pipeline_schedule: interleaved");
-  o.virtual_stages = 1;
+                    "param 'chunks_per_partition' (2) needs partition_schedule: interleaved");
+  o.chunks_per_partition = 1;
   o.partition_splits = {2.5};
   CHECK_THROWS_WITH(o.config(2),
                     "param 'partition_splits' must hold block indices (whole numbers >= 1)");

@@ -36,15 +36,15 @@ std::vector<std::string> args(const std::string& config,
 }
 
 // The keys that put the two partitions on two ranks.
-std::vector<std::string> on_two_ranks(const std::string& schedule, int virtual_stages) {
+std::vector<std::string> on_two_ranks(const std::string& schedule, int chunks_per_partition) {
   return {"--nproc",
           "2",
           "stages.source.params.ranks_per_shard=2",
           "stages.student.params.partitions=2",
           "stages.student.params.microbatches=4",
           "stages.student.params.intraop_threads=1",
-          "stages.student.params.pipeline_schedule=" + schedule,
-          "stages.student.params.virtual_stages=" + std::to_string(virtual_stages)};
+          "stages.student.params.partition_schedule=" + schedule,
+          "stages.student.params.chunks_per_partition=" + std::to_string(chunks_per_partition)};
 }
 
 // Removes `files` from `out` (back to an earlier step's checkpoints), runs `extra` again and
@@ -80,11 +80,11 @@ TEST_CASE("Dist.Pipeline.TwoRanksTrainToTheOneProcessWeights" * doctest::timeout
                                    "stages.student.params.intraop_threads=1"}));
   REQUIRE_MESSAGE(nodes.code == 0, nodes.output);
   CHECK(nodes.output.find("student/partition1") != std::string::npos);
-  for (const auto& [schedule, virtual_stages] :
+  for (const auto& [schedule, chunks_per_partition] :
        std::vector<std::pair<std::string, int>>{{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}}) {
     CAPTURE(schedule);
     const std::string out = dir / ("ranks-" + schedule);
-    const Exit ranks = run_cli(args(config, out, on_two_ranks(schedule, virtual_stages)));
+    const Exit ranks = run_cli(args(config, out, on_two_ranks(schedule, chunks_per_partition)));
     REQUIRE_MESSAGE(ranks.code == 0, ranks.output);
     CHECK(train::read_checkpoint(out + "/final.pt").state.step == 10);
     const double from_whole = max_weight_difference(dir / "whole/final.pt", out + "/final.pt");

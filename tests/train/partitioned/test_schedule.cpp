@@ -110,6 +110,6 @@ TEST_CASE("Train.PartitionSchedule.ADeadlockNamesTheRankAndAction") {
                        "micro-batches, 2 ranks)",
                        Error);
   CHECK_THROWS_WITH_AS(
-      enum_value<Kind>("zb", "param 'pipeline_schedule'"),
-      "param 'pipeline_schedule' must be one of gpipe, 1f1b, interleaved, got 'zb'", Error);
+      enum_value<Kind>("zb", "param 'partition_schedule'"),
+      "param 'partition_schedule' must be one of gpipe, 1f1b, interleaved, got 'zb'", Error);
 }

@@ -388,6 +388,34 @@ TEST_CASE("Train.TrainStep.RegressionOutputsHaveASaneRange") {
       doctest::Contains("param 'regression_outputs' must be <= 65536, got 2147483647"), Error);
 }
 
+// Renamed params load under their former names, in a config and in an override, as the new
+// ones do; an override under one name wins over the config's other, and a config giving both
+// names of one param is refused.
+TEST_CASE("Config.FormerNames.PartitionScheduleAndChunksPerPartition") {
+  const std::string head = "stages:\n" + data_stages("train", 1, true) +
+                           "  - {type: train_step, params: {" + tiny_vit(32, 1, 2) +
+                           ", partitions: 2, microbatches: 2, ";
+  auto params = [&](const std::string& keys, const std::vector<std::string>& overrides = {}) {
+    return parse_pipeline_config(head + keys + "}}\n", "names.yaml", overrides).stages.back().params;
+  };
+  const Params renamed = params("partition_schedule: interleaved, chunks_per_partition: 2");
+  const Params former = params("pipeline_schedule: interleaved, virtual_stages: 2");
+  CHECK(renamed.get_string("partition_schedule") == "interleaved");
+  CHECK(renamed.get_int("chunks_per_partition") == 2);
+  CHECK((former.values() == renamed.values()));
+  CHECK((params("partition_schedule: gpipe, virtual_stages: 1",
+                {"stages.train_step.params.pipeline_schedule=interleaved",
+                 "stages.train_step.params.chunks_per_partition=2"})
+             .values() == renamed.values()));
+  CHECK_THROWS_WITH_AS(params("virtual_stages: 2, chunks_per_partition: 2"),
+                       doctest::Contains("param 'chunks_per_partition' is given twice, also under "
+                                         "its former name 'virtual_stages'; keep one of them"),
+                       Error);
+  const ParamSpec* spec = Registry::global().find("train_step")->find_param("pipeline_schedule");
+  REQUIRE(spec != nullptr);
+  CHECK(spec->name == "partition_schedule");
+}
+
 // One train_step entry brings the nodes that write its files, named after it; with no folder
 // only the step log; an entry that takes the step's output itself turns the expansion off.
 TEST_CASE("Train.TrainStep.EntryBringsItsWriterNodes") {
@@ -656,7 +684,7 @@ TEST_CASE("Train.Resume.PipelineRanksOnAnotherNumberOfRanksIsRefused" * doctest:
   // Step 5 as 2 pipeline ranks would have written it.
   Checkpoint step = read_checkpoint(dir / "run/step-00000005.pt");
   step.state.world_size = 2;
-  step.state.pipeline_ranks = 2;
+  step.state.partition_ranks = 2;
   step.state.zero_shards = 2;
   for (const int rank : {0, 1}) {
     save_checkpoint(rank_file(dir / "run/step-00000005.pt", rank), load_model(step), nullptr,

@@ -169,7 +169,7 @@ TEST_CASE("Train.Trainer.PipelineEndsWhereTheUnpartitionedModelDoes" * doctest::
       {"gpipe 2 x 4", {.partitions = 2, .microbatches = 4, .schedule = Kind::kGPipe}},
       {"1f1b 2 x 4", {.partitions = 2, .microbatches = 4, .schedule = Kind::k1F1B}},
       {"interleaved 2 x 2 x 4",
-       {.partitions = 2, .virtual_stages = 2, .microbatches = 4, .schedule = Kind::kInterleaved}},
+       {.partitions = 2, .chunks_per_partition = 2, .microbatches = 4, .schedule = Kind::kInterleaved}},
       {"1f1b 2 x 3, uneven micro-batches, split [1]",
        {.partitions = 2, .splits = {1}, .microbatches = 3, .schedule = Kind::k1F1B}},
       {"micro-batches alone (1 x 3)", {.partitions = 1, .microbatches = 3}},
@@ -232,7 +232,7 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
   const std::vector<PartitionOptions> layouts = {
       {.partitions = 2, .microbatches = 4, .schedule = Kind::kGPipe},
       {.partitions = 2, .microbatches = 4, .schedule = Kind::k1F1B},
-      {.partitions = 2, .virtual_stages = 2, .microbatches = 4, .schedule = Kind::kInterleaved},
+      {.partitions = 2, .chunks_per_partition = 2, .microbatches = 4, .schedule = Kind::kInterleaved},
       {.partitions = 3, .microbatches = 3, .schedule = Kind::k1F1B}};
   for (const PartitionOptions& layout : layouts) {
     CAPTURE(to_string(layout.schedule));
@@ -264,7 +264,7 @@ TEST_CASE("Train.Trainer.PartitionsAsTasksEndWhereThreadsDo" * doctest::timeout(
       CHECK(last.applied);
       // Every forward and backward of the last step, on its partition's track.
       CHECK(last.timeline.size() ==
-            static_cast<std::size_t>(2 * layout.partitions * layout.virtual_stages *
+            static_cast<std::size_t>(2 * layout.partitions * layout.chunks_per_partition *
                                      layout.microbatches));
       CHECK(same_weights(tasks, threads));
       CHECK(tasks.state().step == 3);
