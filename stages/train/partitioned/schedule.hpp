@@ -54,7 +54,7 @@ struct PartitionAction {
 struct PartitionSchedule {
   PartitionScheduleKind kind = PartitionScheduleKind::kGPipe;
   int ranks = 1;
-  int stages = 1;  // ranks x virtual stages per rank
+  int stages = 1;  // ranks x chunks per partition (model chunks in all)
   int microbatches = 1;
   std::vector<std::vector<PartitionAction>> actions;  // [rank]
 

@@ -206,8 +206,8 @@ TEST_CASE("Train.Trainer.PipelineRefusesWhatItCannotSplitExactly") {
   TrainerOptions splits = options;
   splits.partitioned.splits = {1, 2};
   CHECK_THROWS_WITH(Trainer{splits},
-                    "2 split points make 3 model chunks, but 2 partitions x 1 virtual stages "
-                    "need 2");
+                    "2 split points make 3 model chunks, but 2 partitions x 1 chunks per "
+                    "partition need 2");
   TrainerOptions resnet = options;
   resnet.model = model_config("resnet18", 32, 3);
   CHECK_THROWS_WITH(Trainer{resnet},
