@@ -30,8 +30,8 @@ Heartbeat read_heartbeat(c10d::Store& from, int rank) {
   Heartbeat h;
   const std::string k = rank_key("heartbeat", rank);
   if (!from.check({k})) return h;
-  std::sscanf(store_text(from.get(k)).c_str(), "%lld %lld",
-              reinterpret_cast<long long*>(&h.count), reinterpret_cast<long long*>(&h.unix_ms));
+  std::sscanf(store_text(from.get(k)).c_str(), "%lld %lld", reinterpret_cast<long long*>(&h.count),
+              reinterpret_cast<long long*>(&h.unix_ms));
   return h;
 }
 

@@ -164,7 +164,6 @@ struct World::Impl {
     return agent_store ? "torchrun's agent exited, or its machine is down or unreachable"
                        : "rank 0 exited, was killed, or its machine is down";
   }
-  static std::string key(const std::string& prefix, int r) { return rank_key(prefix, r); }
 
   void connect() {
     c10d::TCPStoreOptions options;
@@ -211,7 +210,7 @@ struct World::Impl {
             bool wait,
             bool watch) {
     try {
-      store->set(key(prefix, rank), store_bytes(value));
+      store->set(rank_key(prefix, rank), store_bytes(value));
       store->add(prefix + "/count", 1);
       if (wait) wait_for_all(what, prefix, watch);
     } catch (const WorldError&) {
@@ -237,7 +236,7 @@ struct World::Impl {
       if (now >= next_check || timed_out) {
         std::vector<int> missing;
         for (int r = 0; r < size; ++r) {
-          if (!store->check({key(prefix, r)})) missing.push_back(r);
+          if (!store->check({rank_key(prefix, r)})) missing.push_back(r);
         }
         if (watch) watched.check(*store, missing, what);
         if (timed_out) {
@@ -256,13 +255,13 @@ struct World::Impl {
   // Every rank arrives with its config hash; rank 0 compares them all and posts one verdict,
   // so that every rank stops with the same message (none goes on to wait for the others).
   void rendezvous(const std::string& config_hash) {
-    store->set(key("config_hash", rank), store_bytes(config_hash));
+    store->set(rank_key("config_hash", rank), store_bytes(config_hash));
     meet("rendezvous at " + address(), "arrived", "1", true, false);
     if (rank == 0) {
       std::string verdict;
       int differing = 0;
       for (int r = 1; r < size; ++r) {
-        const std::string theirs = store_text(store->get(key("config_hash", r)));
+        const std::string theirs = store_text(store->get(rank_key("config_hash", r)));
         if (theirs == config_hash) continue;
         if (differing++ == 0) {
           verdict = "rank " + std::to_string(r) + "'s config differs from rank 0's (hash " +
@@ -307,8 +306,8 @@ struct World::Impl {
 #endif
     } catch (const std::exception& e) {
       throw WorldError("rank " + std::to_string(rank) + " cannot create the " +
-                       (nccl ? "nccl" : "gloo") + " process group '" + prefix +
-                       "' (store at " + address() + "): " + one_line(e));
+                       (nccl ? "nccl" : "gloo") + " process group '" + prefix + "' (store at " +
+                       address() + "): " + one_line(e));
     }
     throw Error("no NCCL process group: this flowtrain was built without CUDA");
   }
@@ -374,16 +373,15 @@ Group& World::subgroup(const std::vector<int>& ranks) {
   if (found != s.subgroups.end()) return *found->second;
   const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
   if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) || ranks.front() < 0 ||
-      ranks.back() >= s.size ||
-      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
-    throw Error("World::subgroup: rank " + std::to_string(s.rank) +
-                " asked for a group of " + rank_list(ranks) + " of " + std::to_string(s.size) +
+      ranks.back() >= s.size || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    throw Error("World::subgroup: rank " + std::to_string(s.rank) + " asked for a group of " +
+                rank_list(ranks) + " of " + std::to_string(s.size) +
                 " (sorted, distinct, and including itself)");
   }
   std::string prefix = "pg/group";
   for (const int r : ranks) prefix += "/" + std::to_string(r);
-  auto group = s.make_group(prefix, static_cast<int>(me - ranks.begin()),
-                            static_cast<int>(ranks.size()));
+  auto group =
+      s.make_group(prefix, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()));
   return *s.subgroups.emplace(ranks, std::move(group)).first->second;
 }
 
@@ -422,13 +420,13 @@ void World::wait(c10d::Work& work, std::string_view what) {
     try {
       watched.check(*w.monitor, others, what);
       for (const int r : others) {
-        if (!w.monitor->check({w.key(finished, r)})) continue;
+        if (!w.monitor->check({rank_key(finished, r)})) continue;
         // A rank that finished took part in every collective of its phase, so one matched
         // with this one would have completed within the beat since it was first seen.
         if (!ahead.insert(r).second) {
           throw WorldError(
               "the ranks took different numbers of steps: rank " + std::to_string(r) +
-              " finished " + store_text(w.monitor->get(w.key(finished, r))) +
+              " finished " + store_text(w.monitor->get(rank_key(finished, r))) +
               ", while this rank waits in " + std::string(what) +
               " (items dropped on one rank only leave it steps short: keep on_bad_sample: replace, "
               "and drop nothing in your own stages under data parallelism)");
@@ -445,7 +443,8 @@ void World::wait(c10d::Work& work, std::string_view what) {
 void World::finished_phase(const std::string& summary) {
   Impl& w = *impl_;
   std::lock_guard<std::mutex> lock(w.monitor_mutex);
-  w.monitor->set(w.key("finished/" + std::to_string(w.phases_finished++), w.rank), store_bytes(summary));
+  w.monitor->set(rank_key("finished/" + std::to_string(w.phases_finished++), w.rank),
+                 store_bytes(summary));
 }
 
 std::vector<std::string> World::gather_text(const std::string& what, const std::string& text_in) {
@@ -454,7 +453,7 @@ std::vector<std::string> World::gather_text(const std::string& what, const std::
   if (impl_->rank != 0) return {};
   std::vector<std::string> texts;
   for (int r = 0; r < impl_->size; ++r)
-    texts.push_back(store_text(impl_->store->get(impl_->key(prefix, r))));
+    texts.push_back(store_text(impl_->store->get(rank_key(prefix, r))));
   return texts;
 }
 
@@ -463,8 +462,8 @@ std::string World::diagnose() const {
   // The monitor connection is shared with the heartbeat thread: hold it for one read at a time.
   auto failure = [&w](int r) -> std::optional<std::string> {
     std::lock_guard<std::mutex> lock(w.monitor_mutex);
-    if (!w.monitor->check({w.key("failed", r)})) return std::nullopt;
-    return store_text(w.monitor->get(w.key("failed", r)));
+    if (!w.monitor->check({rank_key("failed", r)})) return std::nullopt;
+    return store_text(w.monitor->get(rank_key("failed", r)));
   };
   auto heartbeat = [&w](int r) {
     std::lock_guard<std::mutex> lock(w.monitor_mutex);
@@ -502,14 +501,14 @@ std::string World::diagnose() const {
 void World::report_failure(const std::string& message) noexcept {
   try {
     std::lock_guard<std::mutex> lock(impl_->monitor_mutex);
-    impl_->monitor->set(impl_->key("failed", impl_->rank), store_bytes(message));
+    impl_->monitor->set(rank_key("failed", impl_->rank), store_bytes(message));
   } catch (...) {
     // Nobody to tell: the store is gone.
   }
 }
 
 std::string config_file_fingerprint(const std::string& path,
-                                     const std::vector<std::string>& overrides) {
+                                    const std::vector<std::string>& overrides) {
   std::vector<std::uint8_t> buffer;
   std::span<const std::uint8_t> bytes;
   read_file(path, buffer, bytes);  // unreadable: the run fails on it before the ranks meet

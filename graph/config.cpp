@@ -32,12 +32,14 @@ const std::vector<std::string> kTopKeys = {"threads", "cores",  "metrics", "auto
                                            "stages",  "phases", "plugins"};
 const std::vector<std::string> kPhaseKeys = {"name",     "threads", "cores",   "metrics",
                                              "autotune", "stages",  "extends", "without"};
-const std::vector<std::string> kAutotuneKeys = {"enabled",  "warmup_s", "trial_s",
+const std::vector<std::string> kAutotuneKeys = {"enabled",    "warmup_s", "trial_s",
                                                 "max_trials", "min_gain", "memory_mb"};
 const std::vector<std::string> kMetricsKeys = {"sample_ms", "trace", "drops", "tensorboard"};
 
 // Reads `autotune`: true/false, or a map of AutotuneOptions (`enabled` defaults to true there).
-void read_autotune(const YAML::Node& node, const std::string& ctx, const Locator& loc,
+void read_autotune(const YAML::Node& node,
+                   const std::string& ctx,
+                   const Locator& loc,
                    AutotuneOptions& out) {
   if (node.IsScalar()) {
     if (!scalar_as(node, out.enabled)) {
@@ -233,8 +235,9 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
           stage.auto_threads = true;  // the default until resolve_auto_threads
           continue;
         }
-        stage.params.set(spec->name, parse_param(*spec, it->second,
-                                                 stage_ctx + "param '" + key + "' ", base_dir, loc));
+        stage.params.set(
+            spec->name,
+            parse_param(*spec, it->second, stage_ctx + "param '" + key + "' ", base_dir, loc));
       }
     }
 
@@ -262,7 +265,8 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     // Checked against the earlier entries with their nodes (the last one, not yet taken by this
     // one, is expanded there), so its default input is spelled out.
     StageOptions checked = stage.options;
-    if (checked.inputs.empty() && !config.stages.empty() && info->shape.kind != StageShape::Kind::kSource) {
+    if (checked.inputs.empty() && !config.stages.empty() &&
+        info->shape.kind != StageShape::Kind::kSource) {
       checked.inputs = {config.stages.back().name};
     }
     for (std::string& input : checked.inputs) input = entry_output(config, registry, input);
@@ -461,8 +465,8 @@ RunConfig load_run_config(const std::string& path,
                           const std::vector<ConfigSection>& sections,
                           const Registry& registry) {
   // Relative paths inside a config are relative to the config file's folder.
-  return parse(read_config_file(path), path, std::filesystem::path(path).parent_path(), overrides, registry,
-               sections);
+  return parse(read_config_file(path), path, std::filesystem::path(path).parent_path(), overrides,
+               registry, sections);
 }
 
 std::map<std::string, Params> load_config_sections(const std::string& path,

