@@ -65,6 +65,7 @@
 #include "stages/data/synthetic.hpp"
 #include "stages/train/files/checkpoint.hpp"
 #include "stages/train/models/vit.hpp"
+#include "stages/train/step/step_times.hpp"
 
 namespace {
 
@@ -201,13 +202,6 @@ const flowtrain::StageReport& stage(const flowtrain::RunReport& r, const std::st
   throw flowtrain::Error("no stage '" + name + "' in the report");
 }
 
-double result(const flowtrain::StageReport& s, const std::string& name) {
-  for (const flowtrain::StageResult& r : s.results) {
-    if (r.name == name) return r.value;
-  }
-  throw flowtrain::Error("no result '" + name + "' from stage '" + s.name + "'");
-}
-
 // CPU seconds the whole machine has spent busy (not idle or waiting for I/O), from /proc/stat.
 double machine_busy_s() {
   std::ifstream in("/proc/stat");
@@ -247,7 +241,9 @@ Sample run_once(const Layout& l,
   const flowtrain::StageReport& st = stage(r, "train_step");
   Sample s;
   s.wall_s = r.wall_s;
-  s.steps = result(st, "steps");
+  const std::optional<flowtrain::StepTimes> times = flowtrain::step_times(st);
+  if (!times) throw flowtrain::Error("layout " + l.key + ": 'train_step' reports no step times");
+  s.steps = times->steps;
   if (s.steps <= 0) throw flowtrain::Error("layout " + l.key + ": the student took no step");
   // Rehearsals (autotune timing the student's threads on throwaway copies) run before the
   // run's own wall: the whole-run rate counts them.
@@ -257,9 +253,9 @@ Sample run_once(const Layout& l,
   s.student_wait_ms = 1e3 * st.starved_fraction * r.wall_s / s.steps;
   s.teacher_wait_ms = 1e3 * t.starved_fraction * r.wall_s / s.steps;
   s.teacher_ms = t.items_in > 0 ? 1e3 * t.busy_s / static_cast<double>(t.items_in) : 0;
-  s.forward_ms = result(st, "forward_ms");
-  s.backward_ms = result(st, "backward_ms");
-  s.optimizer_ms = result(st, "optimizer_ms");
+  s.forward_ms = times->forward_ms;
+  s.backward_ms = times->backward_ms;
+  s.optimizer_ms = times->optimizer_ms;
   s.cpu_per_wall = cpu / (r.wall_s + rehearsal_s);
   s.others_per_wall = std::max(0.0, machine - cpu) / (r.wall_s + rehearsal_s);
   s.layout = r.layout();

@@ -25,9 +25,8 @@ std::string concurrency_text(std::size_t c) {
 
 // The names of the inputs of `stages[i]`: its own list, or the stage before it.
 std::vector<std::string> input_names(const std::vector<StageDecl>& stages, std::size_t i) {
-  if (stages[i].shape.kind == Kind::kSource) return {};
-  if (!stages[i].options.inputs.empty() || i == 0) return stages[i].options.inputs;
-  return {stages[i - 1].name};
+  return effective_inputs(stages[i].options.inputs, stages[i].shape.kind,
+                          i > 0 ? stages[i - 1].name : std::string());
 }
 
 // The index of the stage named `name` among the first `count` of `stages`.
@@ -176,8 +175,7 @@ std::string add_problem(const std::vector<StageDecl>& earlier,
            to_string(next.shape.kind);
   }
   const std::vector<std::string> names =
-      next.options.inputs.empty() ? std::vector<std::string>{earlier.back().name}
-                                  : next.options.inputs;
+      effective_inputs(next.options.inputs, next.shape.kind, earlier.back().name);
   if (names.size() < next.shape.min_inputs() || names.size() > next.shape.max_inputs()) {
     return label + " is a " + to_string(next.shape.kind) + " and takes " +
            (next.shape.min_inputs() > 1 ? "two or more inputs" : "one input") + ", not " +

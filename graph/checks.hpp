@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "graph/pipeline.hpp"
+#include "graph/layout.hpp"
 
 namespace flowtrain::detail {
 

@@ -265,10 +265,8 @@ PipelineConfig validate_pipeline(const YAML::Node& map,
     // Checked against the earlier entries with their nodes (the last one, not yet taken by this
     // one, is expanded there), so its default input is spelled out.
     StageOptions checked = stage.options;
-    if (checked.inputs.empty() && !config.stages.empty() &&
-        info->shape.kind != StageShape::Kind::kSource) {
-      checked.inputs = {config.stages.back().name};
-    }
+    checked.inputs = effective_inputs(checked.inputs, info->shape.kind,
+                                      config.stages.empty() ? "" : config.stages.back().name);
     for (std::string& input : checked.inputs) input = entry_output(config, registry, input);
     std::vector<InputLink> resolved;
     if (std::string problem = add_problem(stage_decls(config, registry),

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,19 @@ std::unique_ptr<Pipeline> build_pipeline(const PipelineConfig& config,
 /// never preceded by an expansion.)
 std::vector<StageConfig> expanded_stages(const PipelineConfig& config,
                                          const Registry& registry = Registry::global());
+
+/// The entry of `entries` that the input `name` takes from: the one so named, or the router of a
+/// router's output ("teacher.miss"); std::nullopt if none.
+std::optional<std::size_t> entry_index(const std::vector<StageConfig>& entries,
+                                       const std::string& name);
+
+/// The phase cut to its entry `output`: that entry and the entries it depends on, in order, each
+/// naming its inputs (a default input, the entry before, spelled out, since the cut may drop
+/// that entry). What runs to take one entry's items (the Python Loader). Throws Error if no
+/// entry is named `output`.
+PipelineConfig cut_phase(const PipelineConfig& phase,
+                         const std::string& output,
+                         const Registry& registry = Registry::global());
 
 /// The nodes of a validated config (expanded_stages) as the graph checks and graph_text see them:
 ///   std::cout << graph_text(stage_decls(phase));

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "graph/build_context.hpp"
+#include "graph/layout.hpp"
 #include "graph/options.hpp"
 #include "graph/params.hpp"
-#include "graph/pipeline.hpp"
 #include "graph/stage.hpp"
 
 namespace flowtrain {

@@ -40,6 +40,10 @@ enum class Layout { kBlock, kFlow };
 // An empty list as "[]" on its key's line.
 Layout flow_if_empty(bool empty) { return empty ? Layout::kFlow : Layout::kBlock; }
 
+// How an empty list of maps is written: "[]" on its key's line, or on a line of its own (the
+// autotune trials, as reports have always had them).
+enum class Empty { kFlow, kBlock };
+
 // The two backends of write_fields, the one walk over a report's fields.
 class YamlOut {
  public:
@@ -78,159 +82,189 @@ class JsonOut {
   JsonWriter& out_;
 };
 
-// `name: value`, the value written as its type asks.
-template <class Out, class T>
-void field(Out& out, const char* name, const T& value) {
-  out.key(name);
-  if constexpr (std::is_same_v<T, bool>) {
-    out.flag(value);
-  } else if constexpr (std::is_floating_point_v<T>) {
-    out.number(value);
-  } else if constexpr (std::is_integral_v<T>) {
-    out.count(value);
-  } else {
-    out.text(value);
-  }
-}
-
-template <class Out>
-void numbers(Out& out, const std::vector<double>& values) {
-  out.begin_list(Layout::kFlow);
-  for (const double v : values) out.number(v);
-  out.end_list();
-}
-
 using Kind = StageShape::Kind;
 const Kind kKinds[] = {Kind::kSource, Kind::kMap,   Kind::kFlatMap, Kind::kSink,
                        Kind::kJoin,   Kind::kRoute, Kind::kMerge,   Kind::kMix};
 
-template <class Out>
-void write_stage(Out& out, const StageReport& s) {
-  out.begin_map();
-  field(out, "name", s.name);
-  field(out, "kind", to_string(s.kind));
-  field(out, "concurrency", s.concurrency);
-  field(out, "max_concurrency", s.max_concurrency);
-  field(out, "workers", s.workers);
-  field(out, "queue_capacity", s.queue_capacity);
-  field(out, "threads_per_invocation", s.threads_per_invocation);
-  field(out, "intra_op_parallel", s.intra_op_parallel);
-  field(out, "item", s.item);
-  field(out, "items_in", s.items_in);
-  field(out, "items_out", s.items_out);
-  field(out, "dropped", s.dropped);
-  out.key("drops");
-  out.begin_list(flow_if_empty(s.drops.empty()));
-  for (const DropRecord& d : s.drops) {
-    out.begin_map(Layout::kFlow);
-    field(out, "seq", d.seq);
-    field(out, "reason", d.reason);
-    out.end_map();
-  }
-  out.end_list();
-  field(out, "busy_s", s.busy_s);
-  field(out, "busy_fraction", s.busy_fraction);
-  field(out, "starved_fraction", s.starved_fraction);
-  field(out, "blocked_fraction", s.blocked_fraction);
-  field(out, "peak_active", s.peak_active);
-  if (s.waiting.seconds > 0) {
-    out.key("waiting");
-    out.begin_map(Layout::kFlow);
-    field(out, "seconds", s.waiting.seconds);
-    field(out, "what", s.waiting.what);
-    field(out, "param", s.waiting.param);
-    field(out, "value", s.waiting.value);
-    field(out, "held_after", s.waiting.held_after);
-    field(out, "entry_param", s.waiting.entry_param);
-    out.end_map();
-  }
-  field(out, "queue_mean", s.queue_mean);
-  field(out, "queue_max", s.queue_max);
-  std::vector<double> times, occupancy;
-  for (const QueueSample& q : s.queue_series) {
-    times.push_back(q.time_s);
-    occupancy.push_back(q.occupancy);
-  }
-  out.key("queue_series");
-  out.begin_map();
-  out.key("time_s");
-  numbers(out, times);
-  out.key("occupancy");
-  numbers(out, occupancy);
-  out.end_map();
-  out.key("results");
-  out.begin_list(flow_if_empty(s.results.empty()));
-  for (const StageResult& r : s.results) {
-    out.begin_map(Layout::kFlow);
-    field(out, "name", r.name);
-    field(out, "value", r.value);
-    out.end_map();
-  }
-  out.end_list();
-  out.end_map();
+// The schema, written once: every field of a report in file order, walked by WriteFields (YAML
+// or JSON) and ReadFields alike. `S` and `R` are const when writing.
+template <class V, class S>
+void stage_fields(V& v, S& s) {
+  v.field("name", s.name);
+  v.field("kind", s.kind);
+  v.field("concurrency", s.concurrency);
+  v.field("max_concurrency", s.max_concurrency);
+  v.field("workers", s.workers);
+  v.field("queue_capacity", s.queue_capacity);
+  v.field("threads_per_invocation", s.threads_per_invocation);
+  v.field("intra_op_parallel", s.intra_op_parallel);
+  v.field("item", s.item);
+  v.field("items_in", s.items_in);
+  v.field("items_out", s.items_out);
+  v.field("dropped", s.dropped);
+  v.maps("drops", s.drops, Layout::kFlow, [](V& d, auto& drop) {
+    d.field("seq", drop.seq);
+    d.field("reason", drop.reason);
+  });
+  v.field("busy_s", s.busy_s);
+  v.field("busy_fraction", s.busy_fraction);
+  v.field("starved_fraction", s.starved_fraction);
+  v.field("blocked_fraction", s.blocked_fraction);
+  v.field("peak_active", s.peak_active);
+  v.map_if("waiting", s.waiting.seconds > 0, Layout::kFlow, [&](V& w) {
+    w.field("seconds", s.waiting.seconds);
+    w.field("what", s.waiting.what);
+    w.field("param", s.waiting.param);
+    w.field("value", s.waiting.value);
+    w.field("held_after", s.waiting.held_after);
+    w.field("entry_param", s.waiting.entry_param);
+  });
+  v.field("queue_mean", s.queue_mean);
+  v.field("queue_max", s.queue_max);
+  v.map("queue_series", Layout::kBlock, [&](V& q) {
+    q.columns(s.queue_series, "time_s", &QueueSample::time_s, "occupancy",
+              &QueueSample::occupancy);
+  });
+  v.maps("results", s.results, Layout::kFlow, [](V& e, auto& result) {
+    e.field("name", result.name);
+    e.field("value", result.value);
+  });
 }
 
-// The fields of a report after the format marker, in a map the caller has begun: the one list
-// of them, for YAML and JSON.
-template <class Out>
-void write_fields(Out& out, const RunReport& r) {
-  field(out, "wall_s", r.wall_s);
-  field(out, "threads", r.threads);
-  field(out, "cores", r.cores);
-  field(out, "peak_threads", r.peak_threads);
-  field(out, "stopped", r.stopped);
-  field(out, "trace_path", r.trace_path);
-  field(out, "drops_path", r.drops_path);
-  field(out, "key_prefix", r.key_prefix);
-  out.key("stages");
-  out.begin_list(flow_if_empty(r.stages.empty()));
-  for (const StageReport& s : r.stages) write_stage(out, s);
-  out.end_list();
-  out.key("cpu");
-  out.begin_map();
-  field(out, "interval_s", r.cpu.interval_s);
-  field(out, "process_cpu_s", r.cpu.process_cpu_s);
-  field(out, "page_faults", r.cpu.page_faults);
-  out.key("core_mean");
-  numbers(out, r.cpu.core_mean);
-  out.key("times_s");
-  numbers(out, r.cpu.times_s);
-  out.key("cores");
-  out.begin_list(flow_if_empty(r.cpu.cores.empty()));
-  for (const std::vector<double>& core : r.cpu.cores) numbers(out, core);
-  out.end_list();
-  out.end_map();
-  if (r.autotune) {
-    const AutotuneReport& a = *r.autotune;
-    out.key("autotune");
-    out.begin_map();
-    field(out, "tuning_s", a.tuning_s);
-    field(out, "tuning_items", a.tuning_items);
-    field(out, "rehearsal_s", a.rehearsal_s);
-    out.key("overrides");
-    out.begin_list(Layout::kFlow);
-    for (const std::string& o : a.overrides) out.text(o);
-    out.end_list();
-    out.key("trials");
-    out.begin_list();
-    for (const AutotuneTrial& t : a.trials) {
-      out.begin_map();
-      field(out, "change", t.change);
-      field(out, "layout", t.layout);
-      field(out, "items_per_s", t.items_per_s);
-      field(out, "kept", t.kept);
-      field(out, "rehearsal", t.rehearsal);
-      out.end_map();
-    }
-    out.end_list();
-    out.end_map();
-  }
+// The fields of a report after the format marker, in a map the caller has begun.
+template <class V, class R>
+void report_fields(V& v, R& r) {
+  v.field("wall_s", r.wall_s);
+  v.field("threads", r.threads);
+  v.field("cores", r.cores);
+  v.field("peak_threads", r.peak_threads);
+  v.field("stopped", r.stopped);
+  v.field("trace_path", r.trace_path);
+  v.field("drops_path", r.drops_path);
+  v.field("key_prefix", r.key_prefix);
+  v.maps("stages", r.stages, Layout::kBlock, [](V& sv, auto& s) { stage_fields(sv, s); });
+  v.map("cpu", Layout::kBlock, [&](V& c) {
+    c.field("interval_s", r.cpu.interval_s);
+    c.field("process_cpu_s", r.cpu.process_cpu_s);
+    c.field("page_faults", r.cpu.page_faults);
+    c.numbers("core_mean", r.cpu.core_mean);
+    c.numbers("times_s", r.cpu.times_s);
+    c.number_lists("cores", r.cpu.cores);
+  });
+  v.optional("autotune", r.autotune, [](V& a, auto& tune) {
+    a.field("tuning_s", tune.tuning_s);
+    a.field("tuning_items", tune.tuning_items);
+    a.field("rehearsal_s", tune.rehearsal_s);
+    a.texts("overrides", tune.overrides);
+    a.maps(
+        "trials", tune.trials, Layout::kBlock,
+        [](V& t, auto& trial) {
+          t.field("change", trial.change);
+          t.field("layout", trial.layout);
+          t.field("items_per_s", trial.items_per_s);
+          t.field("kept", trial.kept);
+          t.field("rehearsal", trial.rehearsal);
+        },
+        Empty::kBlock);
+  });
 }
+
+// Writes the schema's fields through `Out` (YamlOut or JsonOut).
+template <class Out>
+class WriteFields {
+ public:
+  explicit WriteFields(Out& out) : out_(out) {}
+
+  template <class T>
+  void field(const char* key, const T& value) {
+    out_.key(key);
+    if constexpr (std::is_same_v<T, Kind>) {
+      out_.text(to_string(value));
+    } else if constexpr (std::is_same_v<T, bool>) {
+      out_.flag(value);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      out_.number(value);
+    } else if constexpr (std::is_integral_v<T>) {
+      out_.count(value);
+    } else {
+      out_.text(value);
+    }
+  }
+  void numbers(const char* key, const std::vector<double>& values) {
+    out_.key(key);
+    number_list(values);
+  }
+  void number_lists(const char* key, const std::vector<std::vector<double>>& lists) {
+    out_.key(key);
+    out_.begin_list(flow_if_empty(lists.empty()));
+    for (const std::vector<double>& values : lists) number_list(values);
+    out_.end_list();
+  }
+  void texts(const char* key, const std::vector<std::string>& values) {
+    out_.key(key);
+    out_.begin_list(Layout::kFlow);
+    for (const std::string& v : values) out_.text(v);
+    out_.end_list();
+  }
+  template <class F>
+  void map(const char* key, Layout layout, F&& fields) {
+    out_.key(key);
+    out_.begin_map(layout);
+    fields(*this);
+    out_.end_map();
+  }
+  // A map written only when `write` (a reader takes it when present).
+  template <class F>
+  void map_if(const char* key, bool write, Layout layout, F&& fields) {
+    if (write) map(key, layout, fields);
+  }
+  template <class T, class F>
+  void optional(const char* key, const std::optional<T>& value, F&& fields) {
+    if (value) map(key, Layout::kBlock, [&](WriteFields& w) { fields(w, *value); });
+  }
+  // A list of maps, each laid out as `item_layout`.
+  template <class T, class F>
+  void maps(const char* key,
+            const std::vector<T>& items,
+            Layout item_layout,
+            F&& fields,
+            Empty empty = Empty::kFlow) {
+    out_.key(key);
+    out_.begin_list(empty == Empty::kFlow ? flow_if_empty(items.empty()) : Layout::kBlock);
+    for (const T& item : items) {
+      out_.begin_map(item_layout);
+      fields(*this, item);
+      out_.end_map();
+    }
+    out_.end_list();
+  }
+  // Rows of two numbers as two lists of the same length.
+  template <class T>
+  void columns(const std::vector<T>& rows, const char* a, double T::*ma, const char* b,
+               double T::*mb) {
+    std::vector<double> first, second;
+    for (const T& row : rows) {
+      first.push_back(row.*ma);
+      second.push_back(row.*mb);
+    }
+    numbers(a, first);
+    numbers(b, second);
+  }
+
+ private:
+  void number_list(const std::vector<double>& values) {
+    out_.begin_list(Layout::kFlow);
+    for (const double v : values) out_.number(v);
+    out_.end_list();
+  }
+  Out& out_;
+};
 
 // What JSON adds to the fields: the verdict, which a YAML reader gets from RunReport::verdict().
 void write_json_fields(JsonOut& out, const RunReport& r) {
-  write_fields(out, r);
-  field(out, "verdict", r.verdict());
+  WriteFields<JsonOut> fields(out);
+  report_fields(fields, r);
+  fields.field("verdict", r.verdict());
 }
 
 // The phase a report is of, from its key_prefix ("phases.distill." -> "distill", as
@@ -337,112 +371,104 @@ class Reader {
   std::string origin_;
 };
 
-std::vector<StageResult> read_results(const Reader& in,
-                                      const YAML::Node& map,
-                                      const std::string& path) {
-  std::vector<StageResult> out;
-  const YAML::Node list = in.list(map, "results", path);
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const std::string at = path + "results[" + std::to_string(i) + "].";
-    const YAML::Node entry = in.entry(list, i, path + "results");
-    StageResult r;
-    in.field(entry, "name", r.name, at);
-    in.field(entry, "value", r.value, at);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+// Reads the schema's fields of one map of a parsed report; `path` names the map in messages
+// ("stages[2]."). A field the map lacks keeps its default.
+class ReadFields {
+ public:
+  ReadFields(const Reader& in, YAML::Node map, std::string path)
+      : in_(in), map_(std::move(map)), path_(std::move(path)) {}
 
-StageReport read_stage(const Reader& in, const YAML::Node& map, const std::string& path) {
-  StageReport s;
-  in.field(map, "name", s.name, path);
-  std::string kind = to_string(s.kind);
-  in.field(map, "kind", kind, path);
-  bool known = false;
-  for (const StageShape::Kind k : kKinds) {
-    if (kind == to_string(k)) {
-      s.kind = k;
-      known = true;
+  template <class T>
+  void field(const char* key, T& out) {
+    if constexpr (std::is_same_v<T, Kind>) {
+      std::string kind = to_string(out);
+      in_.field(map_, key, kind, path_);
+      for (const Kind k : kKinds) {
+        if (kind == to_string(k)) {
+          out = k;
+          return;
+        }
+      }
+      std::string kinds;
+      for (const Kind k : kKinds) kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(k));
+      in_.fail(map_[key], "'" + path_ + key + "' must be one of " + kinds + ", got '" + kind + "'");
+    } else {
+      in_.field(map_, key, out, path_);
     }
   }
-  if (!known) {
-    std::string kinds;
-    for (const Kind k : kKinds) kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(k));
-    in.fail(map["kind"], "'" + path + "kind' must be one of " + kinds + ", got '" + kind + "'");
+  void numbers(const char* key, std::vector<double>& out) { in_.numbers(map_, key, out, path_); }
+  void number_lists(const char* key, std::vector<std::vector<double>>& out) {
+    const YAML::Node list = in_.list(map_, key, path_);
+    out.clear();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      in_.numbers_of(list[i], out.emplace_back(), path_ + key + "[" + std::to_string(i) + "]");
+    }
   }
-  in.field(map, "concurrency", s.concurrency, path);
-  in.field(map, "max_concurrency", s.max_concurrency, path);
-  in.field(map, "workers", s.workers, path);
-  in.field(map, "queue_capacity", s.queue_capacity, path);
-  in.field(map, "threads_per_invocation", s.threads_per_invocation, path);
-  in.field(map, "intra_op_parallel", s.intra_op_parallel, path);
-  in.field(map, "item", s.item, path);
-  in.field(map, "items_in", s.items_in, path);
-  in.field(map, "items_out", s.items_out, path);
-  in.field(map, "dropped", s.dropped, path);
-  const YAML::Node drops = in.list(map, "drops", path);
-  for (std::size_t i = 0; i < drops.size(); ++i) {
-    const std::string at = path + "drops[" + std::to_string(i) + "].";
-    const YAML::Node entry = in.entry(drops, i, path + "drops");
-    DropRecord d;
-    in.field(entry, "seq", d.seq, at);
-    in.field(entry, "reason", d.reason, at);
-    s.drops.push_back(std::move(d));
+  void texts(const char* key, std::vector<std::string>& out) {
+    const YAML::Node list = in_.list(map_, key, path_);
+    out.clear();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].IsScalar()) in_.fail(list[i], "'" + path_ + key + "' must hold strings");
+      out.push_back(list[i].Scalar());
+    }
   }
-  in.field(map, "busy_s", s.busy_s, path);
-  in.field(map, "busy_fraction", s.busy_fraction, path);
-  in.field(map, "starved_fraction", s.starved_fraction, path);
-  in.field(map, "blocked_fraction", s.blocked_fraction, path);
-  in.field(map, "peak_active", s.peak_active, path);
-  if (const YAML::Node waiting = map["waiting"]) {
-    const std::string at = path + "waiting.";
-    in.field(waiting, "seconds", s.waiting.seconds, at);
-    in.field(waiting, "what", s.waiting.what, at);
-    in.field(waiting, "param", s.waiting.param, at);
-    in.field(waiting, "value", s.waiting.value, at);
-    if (waiting["held_after"]) in.field(waiting, "held_after", s.waiting.held_after, at);
-    if (waiting["entry_param"]) in.field(waiting, "entry_param", s.waiting.entry_param, at);
+  template <class F>
+  void map(const char* key, Layout, F&& fields) {
+    ReadFields sub(in_, in_.map_at(map_, key, path_), path_ + key + ".");
+    fields(sub);
   }
-  in.field(map, "queue_mean", s.queue_mean, path);
-  in.field(map, "queue_max", s.queue_max, path);
-  const YAML::Node series = in.map_at(map, "queue_series", path);
-  std::vector<double> times, occupancy;
-  in.numbers(series, "time_s", times, path + "queue_series.");
-  in.numbers(series, "occupancy", occupancy, path + "queue_series.");
-  if (times.size() != occupancy.size()) {
-    in.fail(series, "'" + path + "queue_series' has " + std::to_string(times.size()) +
-                        " times but " + std::to_string(occupancy.size()) + " values");
+  template <class F>
+  void map_if(const char* key, bool, Layout layout, F&& fields) {
+    if (map_[key]) map(key, layout, fields);
   }
-  for (std::size_t i = 0; i < times.size(); ++i) s.queue_series.push_back({times[i], occupancy[i]});
-  s.results = read_results(in, map, path);
-  return s;
-}
+  template <class T, class F>
+  void optional(const char* key, std::optional<T>& value, F&& fields) {
+    if (!map_[key]) return;
+    T& v = value.emplace();
+    map(key, Layout::kBlock, [&](ReadFields& r) { fields(r, v); });
+  }
+  template <class T, class F>
+  void maps(const char* key, std::vector<T>& items, Layout, F&& fields, Empty = Empty::kFlow) {
+    const YAML::Node list = in_.list(map_, key, path_);
+    items.clear();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      ReadFields item(in_, in_.entry(list, i, path_ + key),
+                      path_ + key + "[" + std::to_string(i) + "].");
+      fields(item, items.emplace_back());
+    }
+  }
+  template <class T>
+  void columns(std::vector<T>& rows, const char* a, double T::*ma, const char* b, double T::*mb) {
+    std::vector<double> first, second;
+    numbers(a, first);
+    numbers(b, second);
+    if (first.size() != second.size()) {
+      in_.fail(map_, "'" + path_.substr(0, path_.size() - 1) + "' has " +
+                         std::to_string(first.size()) + " " + a + " and " +
+                         std::to_string(second.size()) + " " + b + " values: they must pair up");
+    }
+    rows.assign(first.size(), T{});
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      rows[i].*ma = first[i];
+      rows[i].*mb = second[i];
+    }
+  }
 
-CpuReport read_cpu(const Reader& in, const YAML::Node& map) {
-  CpuReport cpu;
-  const std::string path = "cpu.";
-  in.field(map, "interval_s", cpu.interval_s, path);
-  in.field(map, "process_cpu_s", cpu.process_cpu_s, path);
-  in.field(map, "page_faults", cpu.page_faults, path);
-  in.numbers(map, "times_s", cpu.times_s, path);
-  in.numbers(map, "core_mean", cpu.core_mean, path);
-  const YAML::Node cores = in.list(map, "cores", path);
-  for (std::size_t c = 0; c < cores.size(); ++c) {
-    std::vector<double> values;
-    in.numbers_of(cores[c], values, path + "cores[" + std::to_string(c) + "]");
-    cpu.cores.push_back(std::move(values));
-  }
-  return cpu;
-}
+ private:
+  const Reader& in_;
+  YAML::Node map_;
+  std::string path_;
+};
 
 }  // namespace
 
 std::string report_to_yaml(const RunReport& r) {
   YAML::Emitter emitter;
   YamlOut out(emitter);
+  WriteFields<YamlOut> fields(out);
   out.begin_map();
-  field(out, kMarker, kFormatVersion);
-  write_fields(out, r);
+  fields.field(kMarker, kFormatVersion);
+  report_fields(fields, r);
   out.end_map();
   if (!emitter.good()) {
     throw Error("cannot write the run report as YAML: " + emitter.GetLastError());
@@ -454,7 +480,7 @@ std::string report_to_json(const RunReport& r) {
   JsonWriter json;
   JsonOut out(json);
   out.begin_map();
-  field(out, kMarker, kFormatVersion);
+  WriteFields<JsonOut>(out).field(kMarker, kFormatVersion);
   write_json_fields(out, r);
   out.end_map();
   return json.text() + "\n";
@@ -507,43 +533,8 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
                                std::to_string(kFormatVersion) + ")");
   }
   RunReport r;
-  in.field(root, "wall_s", r.wall_s, "");
-  in.field(root, "threads", r.threads, "");
-  in.field(root, "cores", r.cores, "");
-  in.field(root, "peak_threads", r.peak_threads, "");
-  in.field(root, "stopped", r.stopped, "");
-  in.field(root, "trace_path", r.trace_path, "");
-  in.field(root, "drops_path", r.drops_path, "");
-  in.field(root, "key_prefix", r.key_prefix, "");
-  const YAML::Node stages = in.list(root, "stages", "");
-  for (std::size_t i = 0; i < stages.size(); ++i) {
-    r.stages.push_back(
-        read_stage(in, in.entry(stages, i, "stages"), "stages[" + std::to_string(i) + "]."));
-  }
-  r.cpu = read_cpu(in, in.map_at(root, "cpu", ""));
-  if (root["autotune"]) {
-    const YAML::Node map = in.map_at(root, "autotune", "");
-    AutotuneReport& a = r.autotune.emplace();
-    in.field(map, "tuning_s", a.tuning_s, "autotune.");
-    in.field(map, "tuning_items", a.tuning_items, "autotune.");
-    in.field(map, "rehearsal_s", a.rehearsal_s, "autotune.");
-    const YAML::Node overrides = in.list(map, "overrides", "autotune.");
-    for (std::size_t i = 0; i < overrides.size(); ++i) {
-      if (!overrides[i].IsScalar()) in.fail(overrides[i], "'autotune.overrides' must hold strings");
-      a.overrides.push_back(overrides[i].Scalar());
-    }
-    const YAML::Node trials = in.list(map, "trials", "autotune.");
-    for (std::size_t i = 0; i < trials.size(); ++i) {
-      const YAML::Node t = in.entry(trials, i, "autotune.trials");
-      const std::string at = "autotune.trials[" + std::to_string(i) + "].";
-      AutotuneTrial& trial = a.trials.emplace_back();
-      in.field(t, "change", trial.change, at);
-      in.field(t, "layout", trial.layout, at);
-      in.field(t, "items_per_s", trial.items_per_s, at);
-      in.field(t, "kept", trial.kept, at);
-      in.field(t, "rehearsal", trial.rehearsal, at);
-    }
-  }
+  ReadFields fields(in, root, "");
+  report_fields(fields, r);
   return r;
 }
 

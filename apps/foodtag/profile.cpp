@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <optional>
 
+#include "stages/train/step/step_times.hpp"
+
 namespace foodtag {
 
 namespace {
@@ -100,33 +102,25 @@ std::string ProgressLine::next(const flowtrain::Progress& p) {
 }
 
 std::string step_split(const flowtrain::RunReport& report) {
-  const flowtrain::StageReport* trainer = nullptr;
+  const std::optional<flowtrain::StepTimes> step = flowtrain::step_times(report);
+  if (!step || step->stage->items_in == 0) return {};
   const flowtrain::StageReport* teacher = nullptr;
-  for (const flowtrain::StageReport& s : report.stages) {
-    if (result(s, "backward_ms")) trainer = &s;  // a training stage
-  }
-  if (!trainer || trainer->items_in == 0) return {};
   const flowtrain::StageReport* cache = nullptr;
   for (const flowtrain::StageReport& s : report.stages) {
     if (s.name == "teacher_infer") teacher = &s;
     if (s.name == "teacher_cache") cache = &s;
   }
-  const double wait = result(*trainer, "data_wait_ms").value_or(0);
-  const double forward = result(*trainer, "forward_ms").value_or(0);
-  const double backward = result(*trainer, "backward_ms").value_or(0);
-  const double sync = result(*trainer, "sync_wait_ms").value_or(0);
-  const double optimizer = result(*trainer, "optimizer_ms").value_or(0);
-  const double step_ms = wait + forward + backward + sync + optimizer;
-  std::string line = "per step: data wait" + format(" %.0f ms", wait) +
-                     format(", forward %.0f ms, backward %.0f ms", forward, backward) +
-                     format(", sync %.0f ms, optimizer %.0f ms", sync, optimizer) +
-                     format(" (%.0f ms", step_ms);
-  const double images = result(*trainer, "images").value_or(0);
-  if (images > 0 && report.wall_s > 0) line += format(", %.1f images/s", images / report.wall_s);
-  line += ")";
-  if (const std::optional<double> gflops = result(*trainer, "gflops")) {
-    line += "; " + trainer->name + format(" %.0f GFLOP/s", *gflops);
+  std::string line = "per step: data wait" + format(" %.0f ms", step->data_wait_ms) +
+                     format(", forward %.0f ms, backward %.0f ms", step->forward_ms,
+                            step->backward_ms) +
+                     format(", sync %.0f ms, optimizer %.0f ms", step->sync_wait_ms,
+                            step->optimizer_ms) +
+                     format(" (%.0f ms", step->step_ms());
+  if (step->images > 0 && report.wall_s > 0) {
+    line += format(", %.1f images/s", step->images / report.wall_s);
   }
+  line += ")";
+  if (step->gflops) line += "; " + step->stage->name + format(" %.0f GFLOP/s", *step->gflops);
   if (teacher && teacher->items_in > 0) {
     line += format("; teacher %.0f ms per batch",
                    teacher->busy_s * 1e3 / static_cast<double>(teacher->items_in));

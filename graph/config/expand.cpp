@@ -1,5 +1,7 @@
 #include "graph/config/expand.hpp"
 
+#include <optional>
+
 #include "graph/checks.hpp"
 #include "graph/config/suggest.hpp"
 #include "graph/error.hpp"
@@ -43,11 +45,8 @@ using detail::registered;
 bool consumed(const std::vector<StageConfig>& stages, std::size_t i, const Registry& registry) {
   const std::string& name = stages[i].name;
   for (std::size_t j = i + 1; j < stages.size(); ++j) {
-    const std::vector<std::string>& inputs = stages[j].options.inputs;
-    if (inputs.empty() && j == i + 1 &&
-        registered(stages[j], registry).shape.kind != StageShape::Kind::kSource) {
-      return true;
-    }
+    const std::vector<std::string> inputs = effective_inputs(
+        stages[j].options.inputs, registered(stages[j], registry).shape.kind, stages[j - 1].name);
     for (const std::string& input : inputs) {
       if (input == name || input.rfind(name + ".", 0) == 0) return true;
     }
@@ -104,6 +103,46 @@ std::vector<StageDecl> stage_decls(const PipelineConfig& config, const Registry&
     out.push_back(std::move(decl));
   }
   return out;
+}
+
+std::optional<std::size_t> entry_index(const std::vector<StageConfig>& entries,
+                                       const std::string& name) {
+  for (const std::string& candidate : {name, InputRef::parse(name).stage}) {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i].name == candidate) return i;
+    }
+  }
+  return std::nullopt;
+}
+
+PipelineConfig cut_phase(const PipelineConfig& phase,
+                         const std::string& output,
+                         const Registry& registry) {
+  const std::vector<StageConfig>& entries = phase.stages;
+  std::optional<std::size_t> last;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].name == output) last = i;
+  }
+  if (!last) throw Error(phase.origin + ": " + phase_label(phase.name) + "no stage '" + output + "'");
+  std::vector<std::vector<std::string>> inputs(*last + 1);
+  std::vector<bool> needed(*last + 1, false);
+  needed[*last] = true;
+  for (std::size_t i = *last + 1; i-- > 0;) {
+    inputs[i] = effective_inputs(entries[i].options.inputs, registered(entries[i], registry).shape.kind,
+                                 i > 0 ? entries[i - 1].name : std::string());
+    if (!needed[i]) continue;
+    for (const std::string& input : inputs[i]) {
+      if (const std::optional<std::size_t> p = entry_index(entries, input); p && *p < i) needed[*p] = true;
+    }
+  }
+  PipelineConfig cut = phase;
+  cut.stages.clear();
+  for (std::size_t i = 0; i <= *last; ++i) {
+    if (!needed[i]) continue;
+    cut.stages.push_back(entries[i]);
+    cut.stages.back().options.inputs = std::move(inputs[i]);
+  }
+  return cut;
 }
 
 void resolve_auto_threads(PipelineConfig& phase, const Registry& registry) {

@@ -28,46 +28,10 @@ struct Handoff {
   bool ended = false;   // the run returned (or threw)
 };
 
-// The entry `name` of `stages` ("teacher.miss", a router's output, names the router).
-std::optional<std::size_t> entry_index(const std::vector<StageConfig>& stages,
-                                       const std::string& name) {
-  for (const std::string& candidate : {name, InputRef::parse(name).stage}) {
-    for (std::size_t i = 0; i < stages.size(); ++i) {
-      if (stages[i].name == candidate) return i;
-    }
-  }
-  return std::nullopt;
-}
-
 std::string entry_names(const std::vector<StageConfig>& stages) {
   std::string names;
   for (const StageConfig& s : stages) names += (names.empty() ? "" : ", ") + s.name;
   return names;
-}
-
-// The phase cut to `output` and the entries it depends on, every input named.
-PipelineConfig cut_to(const PipelineConfig& phase, std::size_t output) {
-  std::vector<std::vector<std::string>> inputs(phase.stages.size());
-  for (std::size_t i = 0; i < phase.stages.size(); ++i) {
-    const StageConfig& s = phase.stages[i];
-    const bool source = Registry::global().find(s.type)->shape.kind == StageShape::Kind::kSource;
-    inputs[i] = s.options.inputs;
-    if (inputs[i].empty() && !source && i > 0) inputs[i] = {phase.stages[i - 1].name};
-  }
-  std::vector<bool> needed(phase.stages.size(), false);
-  needed[output] = true;
-  for (std::size_t i = output + 1; i-- > 0;) {
-    if (!needed[i]) continue;
-    for (const std::string& in : inputs[i]) needed[*entry_index(phase.stages, in)] = true;
-  }
-  PipelineConfig cut = phase;
-  cut.stages.clear();
-  for (std::size_t i = 0; i <= output; ++i) {
-    if (!needed[i]) continue;
-    cut.stages.push_back(phase.stages[i]);
-    cut.stages.back().options.inputs = inputs[i];
-  }
-  return cut;
 }
 
 }  // namespace
@@ -146,7 +110,7 @@ Loader::Loader(LoaderOptions options) : options_(std::move(options)) {
                 "; a Loader yields batches: name a stage that emits them (collate, "
                 "assemble_batch, stage_to_device, teacher_infer)");
   }
-  phase_ = cut_to(*phase, *output);
+  phase_ = cut_phase(*phase, options_.output);
   if (options_.drop_last) {
     bool batching = false;
     for (StageConfig& s : phase_.stages) {

@@ -4,23 +4,22 @@ namespace flowtrain::data {
 
 namespace {
 
-CsvManifest load(const CsvManifestOptions& options, const SourceOptions& source) {
+CsvManifest load(const CsvManifestOptions& options, const SourcePlan& plan) {
   CsvManifest manifest = read_csv_manifest(required_path(options.manifest, "manifest"));
-  manifest.entries.resize(source.limited(manifest.entries.size()));
+  manifest.entries.resize(plan.limited(manifest.entries.size()));
   return manifest;
 }
 
 }  // namespace
 
 CsvManifestSource::CsvManifestSource(const Options& options, const BuildContext& context)
-    : CsvManifestSource(options,
-                      resolve_source_options(options.source, job_placement(context))) {}
+    : CsvManifestSource(options, source_plan(options.source, job_placement(context))) {}
 
-CsvManifestSource::CsvManifestSource(const Options& options, const SourceOptions& source)
-    : CsvManifestSource(load(options, source), source) {}
+CsvManifestSource::CsvManifestSource(const Options& options, const SourcePlan& plan)
+    : CsvManifestSource(load(options, plan), plan) {}
 
-CsvManifestSource::CsvManifestSource(CsvManifest manifest, const SourceOptions& options)
-    : DatasetSource(manifest.entries.size(), options), manifest_(std::move(manifest)) {}
+CsvManifestSource::CsvManifestSource(CsvManifest manifest, const SourcePlan& plan)
+    : DatasetSource(manifest.entries.size(), plan), manifest_(std::move(manifest)) {}
 
 StageDoc CsvManifestSource::describe() {
   return {

@@ -13,7 +13,7 @@ namespace flowtrain::data {
 /// The params of the `csv_manifest` source.
 struct CsvManifestOptions {
   std::string manifest;
-  DatasetSourceOptions source;
+  SourceOptions source;
   template <class Declare>
   void declare(Declare& d) {
     d(manifest, "manifest", "CSV file with a path,label,... header", {.type = ParamType::kPath});
@@ -39,9 +39,9 @@ class CsvManifestSource final : public DatasetSource {
   Sample make_sample(std::uint64_t index) const override;
 
  private:
-  CsvManifestSource(const Options& options, const SourceOptions& source);
+  CsvManifestSource(const Options& options, const SourcePlan& plan);
 
-  CsvManifestSource(CsvManifest manifest, const SourceOptions& options);
+  CsvManifestSource(CsvManifest manifest, const SourcePlan& plan);
   CsvManifest manifest_;
 };
 

@@ -269,12 +269,11 @@ std::vector<std::uint64_t> EpochOrder::indices(std::uint32_t epoch, std::size_t 
   return out;
 }
 
-std::size_t SourceOptions::limited(std::size_t size) const {
+std::size_t SourcePlan::limited(std::size_t size) const {
   return limit > 0 ? std::min(limit, size) : size;
 }
 
-SourceOptions resolve_source_options(const DatasetSourceOptions& options,
-                                     const JobPlacement& job) {
+SourcePlan source_plan(const SourceOptions& options, const JobPlacement& job) {
   auto check = [](const std::string& name, std::int64_t v, std::int64_t min, std::int64_t max) {
     if (v < min || v > max) {
       throw Error("param '" + name + "' must be in [" + std::to_string(min) + ", " +
@@ -283,7 +282,7 @@ SourceOptions resolve_source_options(const DatasetSourceOptions& options,
     return v;
   };
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  SourceOptions o;
+  SourcePlan o;
   o.epochs = static_cast<std::uint32_t>(
       check("epochs", options.epochs, 1, std::numeric_limits<std::uint32_t>::max()));
   o.limit = static_cast<std::size_t>(check("limit", options.limit, 0, kMax));
@@ -313,8 +312,8 @@ const std::string& required_path(const std::string& path, const std::string& nam
   return path;
 }
 
-EpochCursor::EpochCursor(std::size_t size, const SourceOptions& options)
-    : order_(size, options.order), epochs_(options.epochs) {}
+EpochCursor::EpochCursor(std::size_t size, const SourcePlan& plan)
+    : order_(size, plan.order), epochs_(plan.epochs) {}
 
 std::optional<EpochCursor::Position> EpochCursor::next() {
   while (pos_ == indices_.size()) {

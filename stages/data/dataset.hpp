@@ -140,20 +140,10 @@ class EpochOrder {
   std::size_t per_rank_;
 };
 
-/// The settings every dataset source shares (params epochs, seed, shuffle, rank, world_size,
-/// uneven, limit).
+/// The options every dataset source shares, after its location (the dataset's path param): its
+/// params epochs, seed, shuffle, rank, world_size, ranks_per_shard, uneven and limit. The one
+/// declaration of them and their defaults; source_plan resolves them for this rank.
 struct SourceOptions {
-  std::uint32_t epochs = 1;
-  std::size_t limit = 0;  // use the first `limit` entries only; 0: all
-  EpochOrder::Options order;
-
-  /// The dataset size a source uses: `size`, or `limit` if that is smaller and not 0.
-  std::size_t limited(std::size_t size) const;
-};
-
-/// The params every dataset source shares, after its location (the dataset's path param), as a
-/// config gives them; resolve_source_options checks them and makes them a SourceOptions.
-struct DatasetSourceOptions {
   std::int64_t epochs = 1;
   std::int64_t seed = 0;
   bool shuffle = true;
@@ -189,11 +179,21 @@ struct DatasetSourceOptions {
   }
 };
 
+/// What a dataset source walks, resolved from its SourceOptions for this rank (source_plan): the
+/// epochs, the limit, and this rank's place in each epoch's order.
+struct SourcePlan {
+  std::uint32_t epochs = 1;
+  std::size_t limit = 0;  // use the first `limit` entries only; 0: all
+  EpochOrder::Options order;
+
+  /// The dataset size a source uses: `size`, or `limit` if that is smaller and not 0.
+  std::size_t limited(std::size_t size) const;
+};
+
 /// Checks `options` (configs check the declared minimums when read; stages built from C++ get
 /// the same checks here) and resolves rank and world_size from the job's placement where not
 /// given; errors name the param (the pipeline builder adds the config location and stage).
-SourceOptions resolve_source_options(const DatasetSourceOptions& options,
-                                     const JobPlacement& job);
+SourcePlan source_plan(const SourceOptions& options, const JobPlacement& job);
 
 /// `path`, the value of the required path param `name`; throws Error if it was not given.
 const std::string& required_path(const std::string& path, const std::string& name);
@@ -213,7 +213,7 @@ class EpochCursor {
   };
 
   /// `size` is the dataset size after the limit.
-  EpochCursor(std::size_t size, const SourceOptions& options);
+  EpochCursor(std::size_t size, const SourcePlan& plan);
 
   /// The next position, or std::nullopt after the last epoch.
   std::optional<Position> next();
@@ -277,8 +277,8 @@ class DatasetSource : public Source<Sample>, public SampleOrigin {
   }
 
  protected:
-  DatasetSource(std::size_t size, const SourceOptions& options)
-      : cursor_(size, options), size_(size), seed_(options.order.seed) {}
+  DatasetSource(std::size_t size, const SourcePlan& plan)
+      : cursor_(size, plan), size_(size), seed_(plan.order.seed) {}
   /// The sample of dataset index `index` (Sample::index, epoch and position are set after).
   /// Called from the source's thread and, for stand-ins, from decoding workers: must only read.
   virtual Sample make_sample(std::uint64_t index) const = 0;

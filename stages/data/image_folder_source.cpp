@@ -20,24 +20,23 @@ std::vector<std::string> split_extensions(const std::string& text) {
   return out;
 }
 
-ImageFolder load(const ImageFolderOptions& options, const SourceOptions& source) {
+ImageFolder load(const ImageFolderOptions& options, const SourcePlan& plan) {
   ImageFolder folder =
       scan_image_folder(required_path(options.root, "root"), split_extensions(options.extensions));
-  folder.entries.resize(source.limited(folder.entries.size()));
+  folder.entries.resize(plan.limited(folder.entries.size()));
   return folder;
 }
 
 }  // namespace
 
 ImageFolderSource::ImageFolderSource(const Options& options, const BuildContext& context)
-    : ImageFolderSource(options,
-                      resolve_source_options(options.source, job_placement(context))) {}
+    : ImageFolderSource(options, source_plan(options.source, job_placement(context))) {}
 
-ImageFolderSource::ImageFolderSource(const Options& options, const SourceOptions& source)
-    : ImageFolderSource(load(options, source), source) {}
+ImageFolderSource::ImageFolderSource(const Options& options, const SourcePlan& plan)
+    : ImageFolderSource(load(options, plan), plan) {}
 
-ImageFolderSource::ImageFolderSource(ImageFolder folder, const SourceOptions& options)
-    : DatasetSource(folder.entries.size(), options), folder_(std::move(folder)) {}
+ImageFolderSource::ImageFolderSource(ImageFolder folder, const SourcePlan& plan)
+    : DatasetSource(folder.entries.size(), plan), folder_(std::move(folder)) {}
 
 StageDoc ImageFolderSource::describe() {
   return {

@@ -13,7 +13,7 @@ namespace flowtrain::data {
 /// The params of the `image_folder` source.
 struct ImageFolderOptions {
   std::string root;
-  DatasetSourceOptions source;
+  SourceOptions source;
   std::string extensions = "jpg,jpeg";
   template <class Declare>
   void declare(Declare& d) {
@@ -41,8 +41,8 @@ class ImageFolderSource final : public DatasetSource {
   Sample make_sample(std::uint64_t index) const override;
 
  private:
-  ImageFolderSource(const Options& options, const SourceOptions& source);
-  ImageFolderSource(ImageFolder folder, const SourceOptions& options);
+  ImageFolderSource(const Options& options, const SourcePlan& plan);
+  ImageFolderSource(ImageFolder folder, const SourcePlan& plan);
 
   ImageFolder folder_;
 };

@@ -6,10 +6,10 @@ namespace flowtrain::data {
 
 namespace {
 
-std::shared_ptr<ShardReader> open(const ShardSourceOptions& options, const SourceOptions& source) {
+std::shared_ptr<ShardReader> open(const ShardSourceOptions& options, const SourcePlan& plan) {
   auto reader = std::make_shared<ShardReader>(
       required_path(options.shard, "shard"),
-      source.order.shuffle ? ShardReader::Access::kRandom : ShardReader::Access::kSequential);
+      plan.order.shuffle ? ShardReader::Access::kRandom : ShardReader::Access::kSequential);
   if (reader->size() == 0) throw Error(reader->path() + ": shard has no records");
   return reader;
 }
@@ -17,14 +17,13 @@ std::shared_ptr<ShardReader> open(const ShardSourceOptions& options, const Sourc
 }  // namespace
 
 ShardSource::ShardSource(const Options& options, const BuildContext& context)
-    : ShardSource(options,
-                      resolve_source_options(options.source, job_placement(context))) {}
+    : ShardSource(options, source_plan(options.source, job_placement(context))) {}
 
-ShardSource::ShardSource(const Options& options, const SourceOptions& source)
-    : ShardSource(open(options, source), source) {}
+ShardSource::ShardSource(const Options& options, const SourcePlan& plan)
+    : ShardSource(open(options, plan), plan) {}
 
-ShardSource::ShardSource(std::shared_ptr<ShardReader> reader, const SourceOptions& options)
-    : DatasetSource(options.limited(reader->size()), options), reader_(std::move(reader)) {}
+ShardSource::ShardSource(std::shared_ptr<ShardReader> reader, const SourcePlan& plan)
+    : DatasetSource(plan.limited(reader->size()), plan), reader_(std::move(reader)) {}
 
 StageDoc ShardSource::describe() {
   return {

@@ -14,7 +14,7 @@ namespace flowtrain::data {
 /// The params of the `shard` source.
 struct ShardSourceOptions {
   std::string shard;
-  DatasetSourceOptions source;
+  SourceOptions source;
   template <class Declare>
   void declare(Declare& d) {
     d(shard, "shard", "packed shard file", {.type = ParamType::kPath});
@@ -38,9 +38,9 @@ class ShardSource final : public DatasetSource {
   Sample make_sample(std::uint64_t index) const override;
 
  private:
-  ShardSource(const Options& options, const SourceOptions& source);
+  ShardSource(const Options& options, const SourcePlan& plan);
 
-  ShardSource(std::shared_ptr<ShardReader> reader, const SourceOptions& options);
+  ShardSource(std::shared_ptr<ShardReader> reader, const SourcePlan& plan);
   std::shared_ptr<const ShardReader> reader_;
 };
 

@@ -154,7 +154,7 @@ constexpr const char* kSourceTypes[] = {"image_folder", "csv_manifest", "shard"}
 // run that `context` describes.
 std::unique_ptr<Stage> make_stage(const std::string& type,
                                   const std::string& location,
-                                  const DatasetSourceOptions& source = {},
+                                  const SourceOptions& source = {},
                                   const BuildContext& context = {}) {
   if (type == "image_folder") {
     return std::make_unique<ImageFolderSource>(
@@ -171,7 +171,7 @@ std::unique_ptr<Stage> make_stage(const std::string& type,
 
 std::unique_ptr<Stage> make_source(const SourceFixture& f,
                                    const std::string& type,
-                                   const DatasetSourceOptions& source = {}) {
+                                   const SourceOptions& source = {}) {
   return make_stage(type, f.location(type), source);
 }
 
@@ -375,7 +375,7 @@ TEST_CASE("Data.Dataset.EpochCursorResumedOnAnotherNumberOfRanks") {
         CAPTURE(world);
         CAPTURE(ordinal);
         for (std::size_t rank = 0; rank < world; ++rank) {
-          const SourceOptions options = {
+          const SourcePlan options = {
               .epochs = 3,
               .order = {.seed = 8, .rank = rank, .world_size = world, .uneven = uneven}};
           EpochCursor by_ordinal(11, options);
@@ -945,7 +945,7 @@ TEST_CASE("Data.Sources.BadParamsGiveClearErrors") {
   const SourceFixture f;
   for (const char* type : kSourceTypes) {
     CAPTURE(type);
-    auto error_with = [&](const DatasetSourceOptions& source) {
+    auto error_with = [&](const SourceOptions& source) {
       return error_of([&] { make_source(f, type, source); });
     };
     CHECK(error_with({.rank = 2, .world_size = 2}) ==
@@ -981,7 +981,7 @@ TEST_CASE("Data.Sources.SeekContinuesTheSameStream" * doctest::timeout(60)) {
   const SourceFixture f;
   for (const char* type : kSourceTypes) {
     CAPTURE(type);
-    const DatasetSourceOptions options = {.epochs = 3, .seed = 9};
+    const SourceOptions options = {.epochs = 3, .seed = 9};
     const std::vector<Sample> whole = run_source(make_source(f, type, options));
     REQUIRE(whole.size() == 3 * SourceFixture::kCount);
     for (std::size_t k = 0; k < whole.size(); ++k) CHECK(whole[k].position == k);

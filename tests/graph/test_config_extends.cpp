@@ -423,3 +423,41 @@ TEST_CASE("Config.Extends.LongChainRefusedQuickly" * doctest::timeout(20)) {
           std::string::npos);
   }
 }
+
+// A phase cut to one entry (what the Python Loader runs): the entries it depends on, in order,
+// each naming its inputs, the default one (the entry before) spelled out since the cut may drop
+// that entry; the entries it does not need, before or after it, are gone.
+TEST_CASE("Config.Cut.KeepsWhatTheOutputDependsOnWithItsInputsNamed") {
+  const RunConfig config = parse(R"(stages:
+  - {type: sequence, name: numbers, params: {count: 100}}
+  - {type: route_every, name: split, params: {every: 4}}
+  - {type: spin, name: a, inputs: split.picked}
+  - {type: spin, name: b, inputs: split.rest}
+  - {type: spin, name: c}
+  - {type: merge, inputs: [a, c]}
+  - {type: discard}
+)");
+  const PipelineConfig& full = config.phases.front();
+  const auto names_and_inputs = [](const PipelineConfig& cut) {
+    std::vector<std::string> out;
+    for (const StageConfig& s : cut.stages) {
+      std::string line = s.name + " <-";
+      for (const std::string& input : s.options.inputs) line += " " + input;
+      out.push_back(line);
+    }
+    return out;
+  };
+  // c follows b with no inputs named: it takes b, so the cut keeps b and says so; a is not needed.
+  CHECK(names_and_inputs(cut_phase(full, "c", test_registry())) ==
+        std::vector<std::string>{"numbers <-", "split <- numbers", "b <- split.rest", "c <- b"});
+  CHECK(names_and_inputs(cut_phase(full, "merge", test_registry())) ==
+        std::vector<std::string>{"numbers <-", "split <- numbers", "a <- split.picked",
+                                 "b <- split.rest", "c <- b", "merge <- a c"});
+  CHECK(names_and_inputs(cut_phase(full, "split", test_registry())) ==
+        std::vector<std::string>{"numbers <-", "split <- numbers"});
+  // The input that names a router's output leads to the router.
+  CHECK(entry_index(full.stages, "split.rest") == 1);
+  CHECK_FALSE(entry_index(full.stages, "nothing"));
+  CHECK_THROWS_WITH_AS(cut_phase(full, "split.rest", test_registry()),
+                       doctest::Contains("no stage 'split.rest'"), Error);
+}

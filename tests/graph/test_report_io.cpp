@@ -294,6 +294,14 @@ TEST_CASE("ReportIo.Errors.NameTheOriginLineAndField") {
         "r.yaml:2: 'cpu.cores[0][1]' must be a number");
   CHECK(error_of("flowtrain_report: 1\nthreads: -2\n") ==
         "r.yaml:2: 'threads' must be a whole number >= 0, got '-2'");
+  CHECK(error_of("flowtrain_report: 1\nstages:\n  - name: a\n    queue_series:\n"
+                 "      {time_s: [0, 1], occupancy: [3]}\n") ==
+        "r.yaml:5: 'stages[0].queue_series' has 2 time_s and 1 occupancy values: they must pair "
+        "up");
+  CHECK(error_of("flowtrain_report: 1\nautotune: {overrides: [[a]]}\n") ==
+        "r.yaml:2: 'autotune.overrides' must hold strings");
+  CHECK(error_of("flowtrain_report: 1\nstages:\n  - name: a\n    drops: [7]\n") ==
+        "r.yaml:4: 'stages[0].drops[0]' must be a map");
 }
 
 // The report lists the first 100 drops of a stage; metrics.drops (RunOptions::drops_path) lists

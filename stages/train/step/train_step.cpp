@@ -13,6 +13,7 @@
 #include "stages/train/partitioned/partition_node.hpp"
 #include "stages/train/step/grad_sync_stage.hpp"
 #include "stages/train/step/optimizer_step.hpp"
+#include "stages/train/step/step_times.hpp"
 #include "stages/train/step/step_writers.hpp"
 
 namespace flowtrain::train {
@@ -293,7 +294,7 @@ std::vector<TimelineSpan> TrainStepStage::timeline() const {
 
 std::vector<StageResult> TrainStepStage::results() const {
   const TrainingSession& s = *session_;
-  std::vector<StageResult> out = {{"steps", static_cast<double>(state().step)}};
+  std::vector<StageResult> out = {{step_result::kSteps, static_cast<double>(state().step)}};
   if (s.trainer->resumed()) {
     out.push_back({"resumed_at", static_cast<double>(state().step - s.steps_this_run)});
   }
@@ -316,7 +317,7 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"loss", loss / static_cast<double>(n)});
     out.push_back({"train_top1", seen ? static_cast<double>(correct) / seen : 0});
     out.push_back({"lr", s.history.back().lr});
-    out.push_back({"images", static_cast<double>(s.live_images.load(std::memory_order_relaxed))});
+    out.push_back({step_result::kImages, static_cast<double>(s.live_images.load(std::memory_order_relaxed))});
   }
   if (state().skipped_steps > 0) {
     out.push_back({"skipped_nonfinite", static_cast<double>(state().skipped_steps)});
@@ -324,17 +325,17 @@ std::vector<StageResult> TrainStepStage::results() const {
   if (s.steps_this_run > 0) {
     const double per_step_ms = 1e3 / static_cast<double>(s.steps_this_run);
     if (s.steps_this_run > 1) {
-      out.push_back({"data_wait_ms", s.data_wait_s * 1e3 / static_cast<double>(s.steps_this_run - 1)});
+      out.push_back({step_result::kDataWait, s.data_wait_s * 1e3 / static_cast<double>(s.steps_this_run - 1)});
     }
-    out.push_back({"forward_ms", s.forward_s * per_step_ms});
-    out.push_back({"backward_ms", s.backward_s * per_step_ms});
-    out.push_back({"optimizer_ms", s.optimizer_s * per_step_ms});
+    out.push_back({step_result::kForward, s.forward_s * per_step_ms});
+    out.push_back({step_result::kBackward, s.backward_s * per_step_ms});
+    out.push_back({step_result::kOptimizer, s.optimizer_s * per_step_ms});
     if (s.forward_s + s.backward_s > 0 && !s.trainer->model()->config().is_script()) {
       // The matrix products' rate in forward and backward: how near the machine's ceiling.
       const double gflops = static_cast<double>(s.trainer->model()->config().train_flops()) *
                             static_cast<double>(s.live_images.load()) /
                             (s.forward_s + s.backward_s) / 1e9;
-      out.push_back({"gflops", gflops});
+      out.push_back({step_result::kGflops, gflops});
       const TrainerOptions& trainer = s.trainer->options();
       if (trainer.device.is_cpu()) {
         out.push_back({"matrix_rate_gflops", matrix_rate_gflops(trainer.autocast, s.intraop_threads)});
@@ -357,7 +358,7 @@ std::vector<StageResult> TrainStepStage::results() const {
       // sync_wait: from the end of backward until every bucket was averaged (the part of it
       // not hidden behind backward).
       out.push_back({"sync_comm_ms", s.trainer->sync_comm_seconds() * per_step_ms});
-      out.push_back({"sync_wait_ms", s.sync_s * per_step_ms});
+      out.push_back({step_result::kSyncWait, s.sync_s * per_step_ms});
     }
   }
   if (s.trainer->world_size() > 1) {

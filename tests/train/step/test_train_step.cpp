@@ -21,6 +21,7 @@
 #include "stages/train/models/compute.hpp"
 #include "stages/train/models/vit.hpp"
 #include "stages/train/step/optimizer.hpp"
+#include "stages/train/step/step_times.hpp"
 #include "stages/train/step/train_step.hpp"
 #include "tests/train/training_fixture.hpp"
 
@@ -462,6 +463,19 @@ TEST_CASE("Train.TrainStep.WritersWriteStepsAndCheckpoints" * doctest::timeout(1
       ", alpha: 1, checkpoint_every: 4, keep_checkpoints: 1, snapshot_every: 5, checkpoint_dir: " +
       (dir / "run") + "}}\n");
   CHECK(result(report, "train_step", "steps") == 10);
+  // The step's times, typed, from the results it wrote: the node is the entry's own.
+  const std::optional<StepTimes> times = step_times(report);
+  REQUIRE(times);
+  CHECK(times->stage->name == "train_step");
+  CHECK(times->steps == 10);
+  CHECK(times->images > 9 * 32);  // ten batches of 32, the last maybe short
+  CHECK(times->images <= 10 * 32);
+  CHECK(times->forward_ms > 0);
+  CHECK(times->backward_ms > 0);
+  CHECK(times->optimizer_ms > 0);
+  CHECK(times->sync_wait_ms == 0);  // one rank
+  CHECK(times->step_ms() >= times->forward_ms + times->backward_ms + times->optimizer_ms);
+  CHECK_FALSE(step_times(report.stages.front()));  // the source is no train_step
   CHECK(result(report, "train_step/checkpoint", "written") == 3);  // steps 4 and 8, final.pt
   CHECK(result(report, "train_step/snapshot", "written") == 2);    // steps 5 and 10
   CHECK(step_checkpoints(dir / "run") == std::vector<std::string>{dir / "run/step-00000008.pt"});
