@@ -55,7 +55,7 @@ struct AutotuneOptions {
 
 /// How a pipeline runs.
 struct RunOptions {
-  std::size_t threads = 0;        // TBB threads for the graph (0: one per core granted)
+  std::size_t threads = 0;  // TBB threads for the graph (0: one per core granted)
   /// Cores of this machine the job may use (0: one per hardware thread), shared evenly by its
   /// `local_ranks`: the run is granted its share (threads_and_cores). The busiest moment the
   /// graph can reach (`threads` invocations at once, each using its stage's
@@ -121,9 +121,10 @@ std::string options_problem(const StageShape& shape, const StageOptions& options
 
 /// Returns a one-line problem if `next` cannot be added after the stages `earlier` (listed in
 /// the order they were added), else an empty string; on success `inputs` holds its inputs
-/// (indices in `earlier`, and the router output each takes). Checks the options, the inputs (names, count, kinds, item types,
-/// capacities), that a join's inputs are numbered alike and that consumers of a shared output
-/// can copy it. Shared by Pipeline::add and config validation so both give the same message.
+/// (indices in `earlier`, and the router output each takes). Checks the options, the inputs (names,
+/// count, kinds, item types, capacities), that a join's inputs are numbered alike and that
+/// consumers of a shared output can copy it. Shared by Pipeline::add and config validation so both
+/// give the same message.
 std::string add_problem(const std::vector<StageDecl>& earlier,
                         const StageDecl& next,
                         std::vector<InputLink>& inputs);

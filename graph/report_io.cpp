@@ -44,7 +44,7 @@ Layout flow_if_empty(bool empty) { return empty ? Layout::kFlow : Layout::kBlock
 // autotune trials, as reports have always had them).
 enum class Empty { kFlow, kBlock };
 
-// The two backends of write_fields, the one walk over a report's fields.
+// The two backends of WriteFields: YAML through yaml-cpp, JSON through JsonWriter.
 class YamlOut {
  public:
   explicit YamlOut(YAML::Emitter& out) : out_(out) {}
@@ -122,8 +122,7 @@ void stage_fields(V& v, S& s) {
   v.field("queue_mean", s.queue_mean);
   v.field("queue_max", s.queue_max);
   v.map("queue_series", Layout::kBlock, [&](V& q) {
-    q.columns(s.queue_series, "time_s", &QueueSample::time_s, "occupancy",
-              &QueueSample::occupancy);
+    q.columns(s.queue_series, "time_s", &QueueSample::time_s, "occupancy", &QueueSample::occupancy);
   });
   v.maps("results", s.results, Layout::kFlow, [](V& e, auto& result) {
     e.field("name", result.name);
@@ -240,8 +239,8 @@ class WriteFields {
   }
   // Rows of two numbers as two lists of the same length.
   template <class T>
-  void columns(const std::vector<T>& rows, const char* a, double T::*ma, const char* b,
-               double T::*mb) {
+  void columns(
+      const std::vector<T>& rows, const char* a, double T::*ma, const char* b, double T::*mb) {
     std::vector<double> first, second;
     for (const T& row : rows) {
       first.push_back(row.*ma);

@@ -110,12 +110,11 @@ std::string step_split(const flowtrain::RunReport& report) {
     if (s.name == "teacher_infer") teacher = &s;
     if (s.name == "teacher_cache") cache = &s;
   }
-  std::string line = "per step: data wait" + format(" %.0f ms", step->data_wait_ms) +
-                     format(", forward %.0f ms, backward %.0f ms", step->forward_ms,
-                            step->backward_ms) +
-                     format(", sync %.0f ms, optimizer %.0f ms", step->sync_wait_ms,
-                            step->optimizer_ms) +
-                     format(" (%.0f ms", step->step_ms());
+  std::string line =
+      "per step: data wait" + format(" %.0f ms", step->data_wait_ms) +
+      format(", forward %.0f ms, backward %.0f ms", step->forward_ms, step->backward_ms) +
+      format(", sync %.0f ms, optimizer %.0f ms", step->sync_wait_ms, step->optimizer_ms) +
+      format(" (%.0f ms", step->step_ms());
   if (step->images > 0 && report.wall_s > 0) {
     line += format(", %.1f images/s", step->images / report.wall_s);
   }

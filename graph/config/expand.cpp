@@ -123,16 +123,20 @@ PipelineConfig cut_phase(const PipelineConfig& phase,
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].name == output) last = i;
   }
-  if (!last) throw Error(phase.origin + ": " + phase_label(phase.name) + "no stage '" + output + "'");
+  if (!last) {
+    throw Error(phase.origin + ": " + phase_label(phase.name) + "no stage '" + output + "'");
+  }
   std::vector<std::vector<std::string>> inputs(*last + 1);
   std::vector<bool> needed(*last + 1, false);
   needed[*last] = true;
   for (std::size_t i = *last + 1; i-- > 0;) {
-    inputs[i] = effective_inputs(entries[i].options.inputs, registered(entries[i], registry).shape.kind,
-                                 i > 0 ? entries[i - 1].name : std::string());
+    inputs[i] =
+        effective_inputs(entries[i].options.inputs, registered(entries[i], registry).shape.kind,
+                         i > 0 ? entries[i - 1].name : std::string());
     if (!needed[i]) continue;
     for (const std::string& input : inputs[i]) {
-      if (const std::optional<std::size_t> p = entry_index(entries, input); p && *p < i) needed[*p] = true;
+      const std::optional<std::size_t> p = entry_index(entries, input);
+      if (p && *p < i) needed[*p] = true;
     }
   }
   PipelineConfig cut = phase;

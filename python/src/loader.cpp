@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "distributed/job.hpp"
+#include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
-#include "graph/names.hpp"
 #include "graph/registry.hpp"
 #include "graph/stage.hpp"
 #include "runner/run_phases.hpp"

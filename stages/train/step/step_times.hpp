@@ -31,9 +31,9 @@ struct StepTimes {
   double data_wait_ms = 0;             // waiting for the next batch (0 with one step)
   double forward_ms = 0;
   double backward_ms = 0;
-  double sync_wait_ms = 0;             // waiting for the gradients' all-reduce (0 alone)
+  double sync_wait_ms = 0;  // waiting for the gradients' all-reduce (0 alone)
   double optimizer_ms = 0;
-  std::optional<double> gflops;        // the matrix products' rate in forward and backward
+  std::optional<double> gflops;  // the matrix products' rate in forward and backward
 
   /// The step as its parts add up.
   double step_ms() const {

@@ -317,7 +317,8 @@ std::vector<StageResult> TrainStepStage::results() const {
     out.push_back({"loss", loss / static_cast<double>(n)});
     out.push_back({"train_top1", seen ? static_cast<double>(correct) / seen : 0});
     out.push_back({"lr", s.history.back().lr});
-    out.push_back({step_result::kImages, static_cast<double>(s.live_images.load(std::memory_order_relaxed))});
+    out.push_back(
+        {step_result::kImages, static_cast<double>(s.live_images.load(std::memory_order_relaxed))});
   }
   if (state().skipped_steps > 0) {
     out.push_back({"skipped_nonfinite", static_cast<double>(state().skipped_steps)});
@@ -325,7 +326,8 @@ std::vector<StageResult> TrainStepStage::results() const {
   if (s.steps_this_run > 0) {
     const double per_step_ms = 1e3 / static_cast<double>(s.steps_this_run);
     if (s.steps_this_run > 1) {
-      out.push_back({step_result::kDataWait, s.data_wait_s * 1e3 / static_cast<double>(s.steps_this_run - 1)});
+      out.push_back({step_result::kDataWait,
+                     s.data_wait_s * 1e3 / static_cast<double>(s.steps_this_run - 1)});
     }
     out.push_back({step_result::kForward, s.forward_s * per_step_ms});
     out.push_back({step_result::kBackward, s.backward_s * per_step_ms});

@@ -475,7 +475,7 @@ TEST_CASE("Train.TrainStep.WritersWriteStepsAndCheckpoints" * doctest::timeout(1
   CHECK(times->optimizer_ms > 0);
   CHECK(times->sync_wait_ms == 0);  // one rank
   CHECK(times->step_ms() >= times->forward_ms + times->backward_ms + times->optimizer_ms);
-  CHECK_FALSE(step_times(report.stages.front()));  // the source is no train_step
+  CHECK_FALSE(step_times(report.stages.front()));                  // the source is no train_step
   CHECK(result(report, "train_step/checkpoint", "written") == 3);  // steps 4 and 8, final.pt
   CHECK(result(report, "train_step/snapshot", "written") == 2);    // steps 5 and 10
   CHECK(step_checkpoints(dir / "run") == std::vector<std::string>{dir / "run/step-00000008.pt"});
