@@ -62,7 +62,7 @@
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
-#include "stages/data/synthetic.hpp"
+#include "stages/data/sources/synthetic.hpp"
 #include "stages/train/files/checkpoint.hpp"
 #include "stages/train/models/vit.hpp"
 #include "stages/train/step/step_times.hpp"

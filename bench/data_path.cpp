@@ -51,12 +51,12 @@
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
-#include "stages/data/augment.hpp"
-#include "stages/data/dataset.hpp"
-#include "stages/data/image_decode.hpp"
-#include "stages/data/jpeg_crop.hpp"
-#include "stages/data/normalizer.hpp"
-#include "stages/data/render_normalized.hpp"
+#include "stages/data/transforms/augment.hpp"
+#include "stages/data/sources/listing.hpp"
+#include "stages/data/decode/image_decode.hpp"
+#include "stages/data/decode/jpeg_crop.hpp"
+#include "stages/data/transforms/normalizer.hpp"
+#include "stages/data/transforms/render_normalized.hpp"
 
 namespace {
 

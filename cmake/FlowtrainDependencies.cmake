@@ -16,6 +16,7 @@ find_package(ZLIB REQUIRED)  # CRC-32 of LibTorch archives (stages/train/zip_che
 if(NOT FLOWTRAIN_LIBFUZZER)  # that build has no LibTorch in it
   find_package(Torch REQUIRED)
   find_package(OpenMP REQUIRED)  # per-thread intra-op counts (omp_set_num_threads)
+  find_package(nlohmann_json 3 REQUIRED)  # safetensors headers (stages/train/files)
   # c10d's Gloo process group (distributed/): LibTorch's headers declare it, Gloo's headers its
   # transport (Debian's libgloo-dev). Debian's LibTorch links libgloo, and so do we; a pip torch
   # has Gloo built into libtorch_cpu, and linking another copy would give two.

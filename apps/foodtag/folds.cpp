@@ -4,7 +4,7 @@
 #include <random>
 
 #include "graph/error.hpp"
-#include "stages/data/dataset.hpp"
+#include "stages/data/sources/epoch_order.hpp"
 
 namespace foodtag {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
-#include "stages/data/normalizer.hpp"
+#include "stages/data/transforms/normalizer.hpp"
 #include "stages/train/inference/predictor.hpp"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "graph/error.hpp"
-#include "stages/data/mixup.hpp"
+#include "stages/data/transforms/mixup.hpp"
 
 using namespace flowtrain;
 using namespace flowtrain::data;

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "stages/data/image_decode.hpp"
-#include "stages/data/synthetic.hpp"
+#include "stages/data/decode/image_decode.hpp"
+#include "stages/data/sources/synthetic.hpp"
 
 using namespace flowtrain::data;
 using Bytes = std::vector<std::uint8_t>;

@@ -18,8 +18,8 @@
 #include "apps/foodtag/prepare.hpp"
 #include "graph/child_process.hpp"
 #include "graph/error.hpp"
-#include "stages/data/dataset.hpp"
-#include "stages/data/shard.hpp"
+#include "stages/data/sources/listing.hpp"
+#include "stages/data/sources/shard.hpp"
 #include "tests/temp_dir.hpp"
 
 namespace {

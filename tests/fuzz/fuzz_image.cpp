@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <span>
 
-#include "stages/data/image_decode.hpp"
-#include "stages/data/jpeg_crop.hpp"
+#include "stages/data/decode/image_decode.hpp"
+#include "stages/data/decode/jpeg_crop.hpp"
 #include "tests/fuzz/fuzz_target.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -1,7 +1,7 @@
 // The CSV manifest reader (and the CSV parser under it): any text is refused naming
 // file:line and the column, or read.
 #include "graph/csv.hpp"
-#include "stages/data/dataset.hpp"
+#include "stages/data/sources/listing.hpp"
 #include "tests/fuzz/fuzz_target.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -2,7 +2,7 @@
 // the mapping.
 #include <cstdlib>
 
-#include "stages/data/shard.hpp"
+#include "stages/data/sources/shard.hpp"
 #include "tests/fuzz/fuzz_target.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -13,7 +13,7 @@
 
 #include "graph/config.hpp"
 #include "graph/pipeline.hpp"
-#include "stages/data/synthetic.hpp"
+#include "stages/data/sources/synthetic.hpp"
 #include "tests/stage_result.hpp"
 
 namespace flowtrain::testing {

@@ -3,7 +3,7 @@
 
 #include "apps/foodtag/commands/command.hpp"
 #include "graph/error.hpp"
-#include "stages/data/dataset.hpp"
+#include "stages/data/sources/class_medians.hpp"
 #include "stages/train/inference/predictor.hpp"
 
 namespace foodtag {

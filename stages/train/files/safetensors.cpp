@@ -1,9 +1,10 @@
-// safetensors files read and written (weight_files.hpp), with a JSON reader just large enough
-// for their header: every size and offset is checked before it is used.
+// safetensors files read and written (weight_files.hpp). The header is read with nlohmann-json;
+// every size and offset in it is checked before it is used.
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,177 +33,54 @@ constexpr std::pair<const char*, torch::ScalarType> kSafetensorsDtypes[] = {
 // Headers above this are not weights files (safetensors itself caps them at 100 MB).
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
-// A JSON value: enough of JSON for a safetensors header.
-struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
-  bool boolean = false;
-  std::int64_t integer = 0;
-  bool is_integer = false;
-  std::string string;
-  std::vector<Json> array;
-  std::vector<std::pair<std::string, Json>> object;
+using Json = nlohmann::json;
+
+// A parsed header and its tensors' names in the order the file lists them.
+struct Header {
+  Json json;
+  std::vector<std::string> names;  // the top-level keys, "__metadata__" included
 };
 
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
+// Parses a safetensors header: JSON (nlohmann), its top-level names each once (as the
+// safetensors library reads them) and nested no deeper than a header is. Errors name the file
+// and what is wrong, on one line.
+Header parse_header(std::string_view text, const std::string& path) {
+  Header header;
+  std::set<std::string> seen;
+  const auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth > 8) throw Error(path + ": damaged safetensors header (nesting too deep)");
+    if (event == Json::parse_event_t::key && depth == 1) {
+      const std::string& name = parsed.get_ref<const std::string&>();
+      if (!seen.insert(name).second) {
+        throw Error(path + ": damaged safetensors file (tensor '" + name +
+                    "': named twice in the header)");
+      }
+      header.names.push_back(name);
+    }
+    return true;
+  };
+  try {
+    header.json = Json::parse(text.begin(), text.end(), check);
+  } catch (const Json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 9: syntax error ...":
+    // the reason, and the byte of the file it stopped at.
+    std::string why = e.what();
+    if (const std::size_t column = why.find("column "); column != std::string::npos) {
+      if (const std::size_t colon = why.find(": ", column); colon != std::string::npos) {
+        why = why.substr(colon + 2);
+      }
+    }
+    throw Error(path + ": damaged safetensors header (" + why + ", at byte " +
+                std::to_string(7 + e.byte) + ")");
+  }
+  return header;
+}
 
-  Json parse() {
-    Json value = parse_value(0);
-    skip_space();
-    if (at_ != text_.size()) fail("text after the header's JSON object");
-    return value;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(path_ + ": damaged safetensors header (" + what + " at byte " +
-                std::to_string(8 + at_) + ")");
-  }
-  void skip_space() {
-    while (at_ < text_.size() && std::strchr(" \t\r\n", text_[at_]) && text_[at_] != '\0') ++at_;
-  }
-  char peek() {
-    skip_space();
-    if (at_ >= text_.size()) fail("unexpected end");
-    return text_[at_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++at_;
-  }
-
-  Json parse_value(int depth) {
-    if (depth > 8) fail("nesting too deep");
-    Json value;
-    const char c = peek();
-    if (c == '{') {
-      value.kind = Json::Kind::kObject;
-      ++at_;
-      if (peek() == '}') {
-        ++at_;
-        return value;
-      }
-      while (true) {
-        if (peek() != '"') fail("expected a key");
-        std::string key = parse_string();
-        expect(':');
-        value.object.emplace_back(std::move(key), parse_value(depth + 1));
-        if (peek() == ',') {
-          ++at_;
-          continue;
-        }
-        expect('}');
-        return value;
-      }
-    }
-    if (c == '[') {
-      value.kind = Json::Kind::kArray;
-      ++at_;
-      if (peek() == ']') {
-        ++at_;
-        return value;
-      }
-      while (true) {
-        value.array.push_back(parse_value(depth + 1));
-        if (peek() == ',') {
-          ++at_;
-          continue;
-        }
-        expect(']');
-        return value;
-      }
-    }
-    if (c == '"') {
-      value.kind = Json::Kind::kString;
-      value.string = parse_string();
-      return value;
-    }
-    for (const auto& [word, kind, flag] : {std::tuple{"true", Json::Kind::kBool, true},
-                                           std::tuple{"false", Json::Kind::kBool, false},
-                                           std::tuple{"null", Json::Kind::kNull, false}}) {
-      if (text_.substr(at_, std::strlen(word)) == word) {
-        at_ += std::strlen(word);
-        value.kind = kind;
-        value.boolean = flag;
-        return value;
-      }
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return parse_number();
-    fail("unexpected character");
-  }
-
-  Json parse_number() {
-    Json value;
-    value.kind = Json::Kind::kNumber;
-    const std::size_t begin = at_;
-    if (text_[at_] == '-') ++at_;
-    bool integer = true;
-    while (at_ < text_.size() && std::strchr("0123456789.eE+-", text_[at_]) && text_[at_]) {
-      if (!std::isdigit(static_cast<unsigned char>(text_[at_]))) integer = false;
-      ++at_;
-    }
-    const std::string digits(text_.substr(begin, at_ - begin));
-    if (integer) {
-      if (digits.size() > 18 || digits == "-") fail("a number out of range");
-      value.integer = std::stoll(digits);
-      value.is_integer = true;
-    }
-    return value;
-  }
-
-  std::string parse_string() {
-    ++at_;  // the opening quote
-    std::string out;
-    while (true) {
-      if (at_ >= text_.size()) fail("unterminated string");
-      const char c = text_[at_++];
-      if (c == '"') return out;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (at_ >= text_.size()) fail("unterminated string");
-      const char e = text_[at_++];
-      switch (e) {
-        case '"': case '\\': case '/': out += e; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          if (at_ + 4 > text_.size()) fail("a short \\u escape");
-          unsigned code = 0;
-          for (int i = 0; i < 4; ++i) {
-            const char h = text_[at_++];
-            if (!std::isxdigit(static_cast<unsigned char>(h))) fail("a bad \\u escape");
-            code = code * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h))
-                                                          ? h - '0'
-                                                          : std::tolower(h) - 'a' + 10);
-          }
-          // UTF-8 of the code unit (names are ASCII in practice; surrogates pass as they are).
-          if (code < 0x80) {
-            out += static_cast<char>(code);
-          } else if (code < 0x800) {
-            out += static_cast<char>(0xC0 | (code >> 6));
-            out += static_cast<char>(0x80 | (code & 0x3F));
-          } else {
-            out += static_cast<char>(0xE0 | (code >> 12));
-            out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (code & 0x3F));
-          }
-          break;
-        }
-        default: fail("a bad escape");
-      }
-    }
-  }
-
-  std::string_view text_;
-  const std::string& path_;
-  std::size_t at_ = 0;
-};
+// A whole number >= 0 of a header, or std::nullopt.
+std::optional<std::uint64_t> whole(const Json& value) {
+  if (!value.is_number_unsigned()) return std::nullopt;
+  return value.get<std::uint64_t>();
+}
 
 std::string json_string(const std::string& text) {
   std::string out = "\"";
@@ -219,13 +97,6 @@ std::string json_string(const std::string& text) {
     }
   }
   return out + "\"";
-}
-
-const Json* member(const Json& object, const char* key) {
-  for (const auto& [name, value] : object.object) {
-    if (name == key) return &value;
-  }
-  return nullptr;
 }
 
 }  // namespace
@@ -289,8 +160,8 @@ StateDict parse_safetensors(std::span<const std::uint8_t> bytes, const std::stri
   }
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8),
                               static_cast<std::size_t>(header_size));
-  const Json header = JsonParser(text, path).parse();
-  if (header.kind != Json::Kind::kObject) {
+  const Header header = parse_header(text, path);
+  if (!header.json.is_object()) {
     throw Error(path + ": damaged safetensors file (the header is not a JSON object)");
   }
   const std::span<const std::uint8_t> data = bytes.subspan(8 + header_size);
@@ -303,57 +174,49 @@ StateDict parse_safetensors(std::span<const std::uint8_t> bytes, const std::stri
     std::uint64_t begin, end;
   };
   std::vector<Tensor> tensors;
-  std::set<std::string_view> names;
-  for (const auto& item : header.object) {
-    const std::string& name = item.first;
-    const Json& entry = item.second;
+  for (const std::string& name : header.names) {
     if (name == "__metadata__") continue;
+    const Json& entry = header.json.at(name);
     const auto bad = [&](const std::string& why) {
       return Error(path + ": damaged safetensors file (tensor '" + name + "': " + why + ")");
     };
-    const Json* dtype = member(entry, "dtype");
-    const Json* shape = member(entry, "shape");
-    const Json* offsets = member(entry, "data_offsets");
-    if (entry.kind != Json::Kind::kObject || !dtype || dtype->kind != Json::Kind::kString ||
-        !shape || shape->kind != Json::Kind::kArray || !offsets ||
-        offsets->kind != Json::Kind::kArray || offsets->array.size() != 2) {
+    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
+        !entry.contains("shape") || !entry["shape"].is_array() ||
+        !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
+        entry["data_offsets"].size() != 2) {
       throw bad("needs dtype, shape and data_offsets [begin, end]");
     }
+    const std::string& dtype = entry["dtype"].get_ref<const std::string&>();
     std::optional<torch::ScalarType> type;
     for (const auto& [code, t] : kSafetensorsDtypes) {
-      if (dtype->string == code) type = t;
+      if (dtype == code) type = t;
     }
-    if (!type) throw bad("dtype " + dtype->string + ", which flowtrain does not read");
+    if (!type) throw bad("dtype " + dtype + ", which flowtrain does not read");
     std::vector<std::int64_t> sizes;
     std::int64_t numel = 1;
-    for (const Json& d : shape->array) {
-      if (d.kind != Json::Kind::kNumber || !d.is_integer || d.integer < 0) {
-        throw bad("a shape entry that is not a whole number >= 0");
-      }
-      sizes.push_back(d.integer);
-      if (__builtin_mul_overflow(numel, d.integer, &numel) ||
+    for (const Json& d : entry["shape"]) {
+      const std::optional<std::uint64_t> size = whole(d);
+      if (!size) throw bad("a shape entry that is not a whole number >= 0");
+      if (*size > bytes.size() ||
+          __builtin_mul_overflow(numel, static_cast<std::int64_t>(*size), &numel) ||
           numel > static_cast<std::int64_t>(bytes.size())) {
         throw bad("a shape larger than the file");
       }
+      sizes.push_back(static_cast<std::int64_t>(*size));
     }
-    for (const Json& o : offsets->array) {
-      if (o.kind != Json::Kind::kNumber || !o.is_integer || o.integer < 0) {
-        throw bad("data_offsets that are not whole numbers >= 0");
-      }
-    }
-    const auto begin = static_cast<std::uint64_t>(offsets->array[0].integer);
-    const auto end = static_cast<std::uint64_t>(offsets->array[1].integer);
-    if (begin > end || end > data.size()) {
-      throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+    const std::optional<std::uint64_t> begin = whole(entry["data_offsets"][0]);
+    const std::optional<std::uint64_t> end = whole(entry["data_offsets"][1]);
+    if (!begin || !end) throw bad("data_offsets that are not whole numbers >= 0");
+    if (*begin > *end || *end > data.size()) {
+      throw bad("data_offsets [" + std::to_string(*begin) + ", " + std::to_string(*end) +
                 "] outside the " + std::to_string(data.size()) + " bytes of data");
     }
     const auto expected = static_cast<std::uint64_t>(numel) * c10::elementSize(*type);
-    if (end - begin != expected) {
-      throw bad(shape_text(sizes) + " " + dtype->string + " needs " + std::to_string(expected) +
-                " bytes, data_offsets give " + std::to_string(end - begin));
+    if (*end - *begin != expected) {
+      throw bad(shape_text(sizes) + " " + dtype + " needs " + std::to_string(expected) +
+                " bytes, data_offsets give " + std::to_string(*end - *begin));
     }
-    if (!names.insert(name).second) throw bad("named twice in the header");
-    tensors.push_back({&name, *type, std::move(sizes), begin, end});
+    tensors.push_back({&name, *type, std::move(sizes), *begin, *end});
   }
   std::vector<const Tensor*> by_offset;
   for (const Tensor& t : tensors) by_offset.push_back(&t);

@@ -9,7 +9,7 @@
 
 #include "graph/registry.hpp"
 #include "stages/data/batch.hpp"
-#include "stages/data/dataset.hpp"
+#include "stages/data/sources/class_medians.hpp"
 #include "stages/train/inference/inference_model.hpp"
 #include "stages/train/models/compute.hpp"
 

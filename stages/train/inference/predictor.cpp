@@ -6,9 +6,9 @@
 #include <span>
 
 #include "graph/error.hpp"
-#include "stages/data/augment.hpp"
-#include "stages/data/image_decode.hpp"
-#include "stages/data/normalizer.hpp"
+#include "stages/data/transforms/augment.hpp"
+#include "stages/data/decode/image_decode.hpp"
+#include "stages/data/transforms/normalizer.hpp"
 
 namespace flowtrain::train {
 

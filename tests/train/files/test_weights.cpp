@@ -510,6 +510,29 @@ TEST_CASE("Train.Weights.SafetensorsOffsetsCoverTheDataExactly" * doctest::timeo
                  "tensor 'b': data_offsets [12, 16] leave a hole after byte 8"));
   CHECK(contains(refusal(file("{" + a + "}", 12)), "the tensors cover 8 of its 12 bytes of data"));
   CHECK(contains(refusal(file("{" + a + "," + a + "}", 8)), "tensor 'a': named twice in the header"));
+  // What the JSON reader refuses, and where.
+  CHECK(contains(refusal(file(R"({"a":{"dtype":"F32",shape":[2]}})", 8)),
+                 "bad.safetensors: damaged safetensors header (syntax error while parsing object "
+                 "key"));
+  CHECK(contains(refusal(file(R"({"a":{"dtype":"F32",shape":[2]}})", 8)), ", at byte 28)"));
+  CHECK(contains(refusal(file(R"({"__metadata__":{"x":[[[[[[[[[1]]]]]]]]]}})", 0)),
+                 "damaged safetensors header (nesting too deep)"));
+  CHECK(contains(refusal(file(R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8]}})", 8)),
+                 "tensor 'a': a shape larger than the file"));
+  CHECK(contains(refusal(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8.0]}})", 8)),
+                 "tensor 'a': data_offsets that are not whole numbers >= 0"));
+  CHECK(contains(refusal(file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)),
+                 "tensor 'a': a shape entry that is not a whole number >= 0"));
+  // The tensors come in the file's order, not sorted by name.
+  const std::string ordered = dir.str("ordered.safetensors");
+  write_bytes(ordered, file(R"({"z":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                            R"("__metadata__":{"format":"pt"},)"
+                            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                            8));
+  const StateDict read = read_weights(ordered);
+  REQUIRE(read.size() == 2);
+  CHECK(read[0].first == "z");
+  CHECK(read[1].first == "a");
   // A good file followed by a 4 GiB hole (sparse: it takes no disk).
   const std::string path = dir.str("hole.safetensors");
   write_bytes(path, file("{" + a + "}", 8));
