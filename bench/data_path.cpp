@@ -51,10 +51,10 @@
 #include "graph/config.hpp"
 #include "graph/error.hpp"
 #include "graph/freed_memory.hpp"
-#include "stages/data/transforms/augment.hpp"
-#include "stages/data/sources/listing.hpp"
 #include "stages/data/decode/image_decode.hpp"
 #include "stages/data/decode/jpeg_crop.hpp"
+#include "stages/data/sources/listing.hpp"
+#include "stages/data/transforms/augment.hpp"
 #include "stages/data/transforms/normalizer.hpp"
 #include "stages/data/transforms/render_normalized.hpp"
 

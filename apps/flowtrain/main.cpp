@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/launch.hpp"
 #include "distributed/exit.hpp"
+#include "distributed/launch.hpp"
 #include "distributed/world.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/config.hpp"

@@ -20,9 +20,9 @@
 #include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
+#include "stages/data/decode/image_decode.hpp"
 #include "stages/data/sources/epoch_order.hpp"
 #include "stages/data/sources/listing.hpp"
-#include "stages/data/decode/image_decode.hpp"
 #include "stages/data/sources/shard.hpp"
 
 namespace foodtag {

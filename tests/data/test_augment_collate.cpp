@@ -10,10 +10,10 @@
 #include "graph/error.hpp"
 #include "graph/pipeline.hpp"
 #include "graph/registry.hpp"
-#include "stages/data/transforms/augment.hpp"
 #include "stages/data/batching/collate.hpp"
 #include "stages/data/batching/stage_to_device.hpp"
 #include "stages/data/sources/synthetic.hpp"
+#include "stages/data/transforms/augment.hpp"
 #include "tests/test_stages.hpp"
 
 using namespace flowtrain;

@@ -5,10 +5,10 @@
 #include <random>
 #include <vector>
 
+#include "stages/data/sources/synthetic.hpp"
 #include "stages/data/transforms/augment.hpp"
 #include "stages/data/transforms/normalizer.hpp"
 #include "stages/data/transforms/render_normalized.hpp"
-#include "stages/data/sources/synthetic.hpp"
 
 using namespace flowtrain::data;
 

@@ -6,9 +6,9 @@
 #include "graph/error.hpp"
 #include "stages/data/decode/image_decode.hpp"
 #include "stages/data/decode/opencv_threads.hpp"
+#include "stages/data/splitmix.hpp"
 #include "stages/data/transforms/recipe.hpp"
 #include "stages/data/transforms/render_normalized.hpp"
-#include "stages/data/splitmix.hpp"
 
 namespace flowtrain::data {
 

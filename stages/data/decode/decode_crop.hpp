@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "graph/registry.hpp"
-#include "stages/data/transforms/augment.hpp"
-#include "stages/data/decode/bad_sample_policy.hpp"
 #include "stages/data/batch.hpp"
 #include "stages/data/batching/batch_pool.hpp"
+#include "stages/data/decode/bad_sample_policy.hpp"
 #include "stages/data/decode/jpeg_crop.hpp"
 #include "stages/data/decode/jpeg_decode.hpp"
-#include "stages/data/transforms/normalizer.hpp"
 #include "stages/data/sample.hpp"
+#include "stages/data/transforms/augment.hpp"
+#include "stages/data/transforms/normalizer.hpp"
 
 namespace flowtrain::data {
 

@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "stages/data/transforms/augment.hpp"
 #include "stages/data/sample.hpp"
+#include "stages/data/transforms/augment.hpp"
 
 namespace flowtrain::data {
 

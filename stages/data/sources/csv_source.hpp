@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "graph/registry.hpp"
+#include "stages/data/sample.hpp"
 #include "stages/data/sources/dataset_source.hpp"
 #include "stages/data/sources/listing.hpp"
-#include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
 

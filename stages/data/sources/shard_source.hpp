@@ -5,8 +5,8 @@
 #include <string>
 
 #include "graph/registry.hpp"
-#include "stages/data/sources/dataset_source.hpp"
 #include "stages/data/sample.hpp"
+#include "stages/data/sources/dataset_source.hpp"
 #include "stages/data/sources/shard.hpp"
 
 namespace flowtrain::data {

@@ -8,8 +8,8 @@
 
 #include "graph/error.hpp"
 #include "stages/data/decode/opencv_threads.hpp"
-#include "stages/data/transforms/recipe.hpp"
 #include "stages/data/splitmix.hpp"
+#include "stages/data/transforms/recipe.hpp"
 
 namespace flowtrain::data {
 

@@ -1,8 +1,8 @@
 #pragma once
 
+#include "stages/data/sample.hpp"
 #include "stages/data/transforms/augment.hpp"
 #include "stages/data/transforms/normalizer.hpp"
-#include "stages/data/sample.hpp"
 
 namespace flowtrain::data {
 

@@ -6,8 +6,8 @@
 #include <span>
 
 #include "graph/error.hpp"
-#include "stages/data/transforms/augment.hpp"
 #include "stages/data/decode/image_decode.hpp"
+#include "stages/data/transforms/augment.hpp"
 #include "stages/data/transforms/normalizer.hpp"
 
 namespace flowtrain::train {
