@@ -5,12 +5,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <optional>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "graph/atomic_file.hpp"
 #include "graph/error.hpp"
@@ -275,10 +274,13 @@ std::string phase_of(const RunReport& r) {
   return key.substr(start, key.size() - start - 1);
 }
 
-// Reads fields of a parsed report, failing with the origin, line and field name.
-class Reader {
+// Reads the schema's fields of one map of a parsed report. Errors name the origin, the line and
+// the field's path (`path` names this map: "stages[2]."). A field the map lacks keeps its
+// default.
+class ReadFields {
  public:
-  explicit Reader(std::string origin) : origin_(std::move(origin)) {}
+  ReadFields(const std::string& origin, YAML::Node map, std::string path)
+      : origin_(origin), map_(std::move(map)), path_(std::move(path)) {}
 
   [[noreturn]] void fail(const YAML::Node& node, const std::string& message) const {
     const bool known = node && !node.Mark().is_null();
@@ -286,25 +288,100 @@ class Reader {
                 message);
   }
 
-  // Sets `out` from map[key] if present; `what` names the expected type in the message.
   template <class T>
-  void field(const YAML::Node& map, const char* key, T& out, const std::string& path) const {
-    const YAML::Node node = map[key];
+  void field(const char* key, T& out) const {
+    if constexpr (std::is_same_v<T, Kind>) {
+      std::string kind = to_string(out);
+      scalar(key, kind);
+      for (const Kind k : kKinds) {
+        if (kind == to_string(k)) {
+          out = k;
+          return;
+        }
+      }
+      std::string kinds;
+      for (const Kind k : kKinds) kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(k));
+      fail(map_[key], "'" + path_ + key + "' must be one of " + kinds + ", got '" + kind + "'");
+    } else {
+      scalar(key, out);
+    }
+  }
+  void numbers(const char* key, std::vector<double>& out) const {
+    numbers_of(list(key), out, path_ + key);
+  }
+  void number_lists(const char* key, std::vector<std::vector<double>>& out) const {
+    const YAML::Node seq = list(key);
+    out.clear();
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      numbers_of(seq[i], out.emplace_back(), path_ + key + "[" + std::to_string(i) + "]");
+    }
+  }
+  void texts(const char* key, std::vector<std::string>& out) const {
+    const YAML::Node seq = list(key);
+    out.clear();
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      if (!seq[i].IsScalar()) fail(seq[i], "'" + path_ + key + "' must hold strings");
+      out.push_back(seq[i].Scalar());
+    }
+  }
+  template <class F>
+  void map(const char* key, Layout, F&& fields) const {
+    ReadFields sub(origin_, map_at(key), path_ + key + ".");
+    fields(sub);
+  }
+  template <class F>
+  void map_if(const char* key, bool, Layout layout, F&& fields) const {
+    if (map_[key]) map(key, layout, fields);
+  }
+  template <class T, class F>
+  void optional(const char* key, std::optional<T>& value, F&& fields) const {
+    if (!map_[key]) return;
+    T& v = value.emplace();
+    map(key, Layout::kBlock, [&](ReadFields& r) { fields(r, v); });
+  }
+  template <class T, class F>
+  void maps(
+      const char* key, std::vector<T>& items, Layout, F&& fields, Empty = Empty::kFlow) const {
+    const YAML::Node seq = list(key);
+    items.clear();
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      const std::string at = path_ + key + "[" + std::to_string(i) + "]";
+      if (!seq[i].IsMap()) fail(seq[i], "'" + at + "' must be a map");
+      ReadFields item(origin_, seq[i], at + ".");
+      fields(item, items.emplace_back());
+    }
+  }
+  template <class T>
+  void columns(
+      std::vector<T>& rows, const char* a, double T::*ma, const char* b, double T::*mb) const {
+    std::vector<double> first, second;
+    numbers(a, first);
+    numbers(b, second);
+    if (first.size() != second.size()) {
+      fail(map_, "'" + path_.substr(0, path_.size() - 1) + "' has " + std::to_string(first.size()) +
+                     " " + a + " and " + std::to_string(second.size()) + " " + b +
+                     " values: they must pair up");
+    }
+    rows.assign(first.size(), T{});
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      rows[i].*ma = first[i];
+      rows[i].*mb = second[i];
+    }
+  }
+
+ private:
+  // Sets `out` from map[key] if present.
+  template <class T>
+  void scalar(const char* key, T& out) const {
+    const YAML::Node node = map_[key];
     if (!node) return;
-    if (!node.IsScalar()) fail(node, "'" + path + key + "' must be " + type_name<T>());
+    if (!node.IsScalar()) fail(node, "'" + path_ + key + "' must be " + type_name<T>());
     try {
       out = node.as<T>();
     } catch (const YAML::Exception&) {
       fail(node,
-           "'" + path + key + "' must be " + type_name<T>() + ", got '" + node.Scalar() + "'");
+           "'" + path_ + key + "' must be " + type_name<T>() + ", got '" + node.Scalar() + "'");
     }
-  }
-
-  void numbers(const YAML::Node& map,
-               const char* key,
-               std::vector<double>& out,
-               const std::string& path) const {
-    numbers_of(list(map, key, path), out, path + key);
   }
 
   // The numbers of a sequence node; `name` is its field path.
@@ -312,46 +389,32 @@ class Reader {
     if (!seq.IsSequence()) fail(seq, "'" + name + "' must be a list");
     out.clear();
     for (std::size_t i = 0; i < seq.size(); ++i) {
+      const YAML::Node node = seq[i];
       double v = 0;
-      field_at(seq, i, v, name);
+      try {
+        if (!node.IsScalar()) throw YAML::Exception(YAML::Mark::null_mark(), "");
+        v = node.as<double>();
+      } catch (const YAML::Exception&) {
+        fail(node, "'" + name + "[" + std::to_string(i) + "]' must be " + type_name<double>());
+      }
       out.push_back(v);
     }
   }
 
   // map[key] as a sequence (an empty one if absent).
-  YAML::Node list(const YAML::Node& map, const char* key, const std::string& path) const {
-    const YAML::Node node = map[key];
+  YAML::Node list(const char* key) const {
+    const YAML::Node node = map_[key];
     if (!node) return YAML::Node(YAML::NodeType::Sequence);
-    if (!node.IsSequence()) fail(node, "'" + path + key + "' must be a list");
+    if (!node.IsSequence()) fail(node, "'" + path_ + key + "' must be a list");
     return node;
   }
 
   // map[key] as a map (an empty one if absent).
-  YAML::Node map_at(const YAML::Node& map, const char* key, const std::string& path) const {
-    const YAML::Node node = map[key];
+  YAML::Node map_at(const char* key) const {
+    const YAML::Node node = map_[key];
     if (!node) return YAML::Node(YAML::NodeType::Map);
-    if (!node.IsMap()) fail(node, "'" + path + key + "' must be a map");
+    if (!node.IsMap()) fail(node, "'" + path_ + key + "' must be a map");
     return node;
-  }
-
-  // A list entry that must be a map.
-  YAML::Node entry(const YAML::Node& list, std::size_t i, const std::string& path) const {
-    const YAML::Node node = list[i];
-    if (!node.IsMap()) fail(node, "'" + path + "[" + std::to_string(i) + "]' must be a map");
-    return node;
-  }
-
- private:
-  template <class T>
-  void field_at(const YAML::Node& list, std::size_t i, T& out, const std::string& path) const {
-    const YAML::Node node = list[i];
-    const std::string name = path + "[" + std::to_string(i) + "]";
-    try {
-      if (!node.IsScalar()) throw YAML::Exception(YAML::Mark::null_mark(), "");
-      out = node.as<T>();
-    } catch (const YAML::Exception&) {
-      fail(node, "'" + name + "' must be " + type_name<T>());
-    }
   }
 
   template <class T>
@@ -367,94 +430,7 @@ class Reader {
     }
   }
 
-  std::string origin_;
-};
-
-// Reads the schema's fields of one map of a parsed report; `path` names the map in messages
-// ("stages[2]."). A field the map lacks keeps its default.
-class ReadFields {
- public:
-  ReadFields(const Reader& in, YAML::Node map, std::string path)
-      : in_(in), map_(std::move(map)), path_(std::move(path)) {}
-
-  template <class T>
-  void field(const char* key, T& out) {
-    if constexpr (std::is_same_v<T, Kind>) {
-      std::string kind = to_string(out);
-      in_.field(map_, key, kind, path_);
-      for (const Kind k : kKinds) {
-        if (kind == to_string(k)) {
-          out = k;
-          return;
-        }
-      }
-      std::string kinds;
-      for (const Kind k : kKinds) kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(k));
-      in_.fail(map_[key], "'" + path_ + key + "' must be one of " + kinds + ", got '" + kind + "'");
-    } else {
-      in_.field(map_, key, out, path_);
-    }
-  }
-  void numbers(const char* key, std::vector<double>& out) { in_.numbers(map_, key, out, path_); }
-  void number_lists(const char* key, std::vector<std::vector<double>>& out) {
-    const YAML::Node list = in_.list(map_, key, path_);
-    out.clear();
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      in_.numbers_of(list[i], out.emplace_back(), path_ + key + "[" + std::to_string(i) + "]");
-    }
-  }
-  void texts(const char* key, std::vector<std::string>& out) {
-    const YAML::Node list = in_.list(map_, key, path_);
-    out.clear();
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      if (!list[i].IsScalar()) in_.fail(list[i], "'" + path_ + key + "' must hold strings");
-      out.push_back(list[i].Scalar());
-    }
-  }
-  template <class F>
-  void map(const char* key, Layout, F&& fields) {
-    ReadFields sub(in_, in_.map_at(map_, key, path_), path_ + key + ".");
-    fields(sub);
-  }
-  template <class F>
-  void map_if(const char* key, bool, Layout layout, F&& fields) {
-    if (map_[key]) map(key, layout, fields);
-  }
-  template <class T, class F>
-  void optional(const char* key, std::optional<T>& value, F&& fields) {
-    if (!map_[key]) return;
-    T& v = value.emplace();
-    map(key, Layout::kBlock, [&](ReadFields& r) { fields(r, v); });
-  }
-  template <class T, class F>
-  void maps(const char* key, std::vector<T>& items, Layout, F&& fields, Empty = Empty::kFlow) {
-    const YAML::Node list = in_.list(map_, key, path_);
-    items.clear();
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      ReadFields item(in_, in_.entry(list, i, path_ + key),
-                      path_ + key + "[" + std::to_string(i) + "].");
-      fields(item, items.emplace_back());
-    }
-  }
-  template <class T>
-  void columns(std::vector<T>& rows, const char* a, double T::*ma, const char* b, double T::*mb) {
-    std::vector<double> first, second;
-    numbers(a, first);
-    numbers(b, second);
-    if (first.size() != second.size()) {
-      in_.fail(map_, "'" + path_.substr(0, path_.size() - 1) + "' has " +
-                         std::to_string(first.size()) + " " + a + " and " +
-                         std::to_string(second.size()) + " " + b + " values: they must pair up");
-    }
-    rows.assign(first.size(), T{});
-    for (std::size_t i = 0; i < first.size(); ++i) {
-      rows[i].*ma = first[i];
-      rows[i].*mb = second[i];
-    }
-  }
-
- private:
-  const Reader& in_;
+  const std::string& origin_;
   YAML::Node map_;
   std::string path_;
 };
@@ -520,19 +496,18 @@ RunReport report_from_yaml(const std::string& text, const std::string& origin) {
     throw Error(origin + ":" + std::to_string(e.mark.line + 1) +
                 ": not a run report: YAML syntax error: " + e.msg);
   }
-  const Reader in(origin);
   if (!root.IsMap() || !root[kMarker]) {
     throw Error(origin + ": not a run report (no '" + kMarker + "' key)");
   }
+  ReadFields fields(origin, root, "");
   int version = 0;
-  in.field(root, kMarker, version, "");
+  fields.field(kMarker, version);
   if (version != kFormatVersion) {
-    in.fail(root[kMarker], "run report format " + std::to_string(version) +
-                               " is not the one this build reads (" +
-                               std::to_string(kFormatVersion) + ")");
+    fields.fail(root[kMarker], "run report format " + std::to_string(version) +
+                                   " is not the one this build reads (" +
+                                   std::to_string(kFormatVersion) + ")");
   }
   RunReport r;
-  ReadFields fields(in, root, "");
   report_fields(fields, r);
   return r;
 }
