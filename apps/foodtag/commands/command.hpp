@@ -91,18 +91,22 @@ double median(std::vector<double> values);
 /// The phases each command runs, in order.
 const std::map<std::string, std::vector<std::string>>& command_phases();
 
-/// A distillation recipe (student.recipe): the params of phase distill's student it sets.
+/// A recipe: the params of a train_step it sets (student.recipe: phase distill's student;
+/// teacher.recipe: phase teacher's).
 struct Recipe {
   std::string name;
   std::vector<std::pair<std::string, std::string>> params;
   std::string doc;  // what it is, and its source
 };
 
-/// foodtag's recipes, in the order `foodtag keys` lists them.
+/// foodtag's distillation recipes (student.recipe), in the order `foodtag keys` lists them.
 const std::vector<Recipe>& recipes();
 
-/// The config the phases run: the file with `overrides` and those student.model and
-/// student.recipe stand for (a recipe's before `overrides`, which win over it).
+/// foodtag's teacher recipes (teacher.recipe), in the order `foodtag keys` lists them.
+const std::vector<Recipe>& teacher_recipes();
+
+/// The config the phases run: the file with `overrides` and those student.model,
+/// student.recipe and teacher.recipe stand for (a recipe's before `overrides`, which win over it).
 flowtrain::RunConfig load_phases(const std::string& config_path,
                                  std::vector<std::string> overrides);
 

@@ -13,18 +13,20 @@ using flowtrain::Params;
 
 namespace {
 
-std::vector<std::string> recipe_names() {
+std::vector<std::string> recipe_names(const std::vector<Recipe>& known) {
   std::vector<std::string> names = {""};
-  for (const Recipe& r : recipes()) names.push_back(r.name);
+  for (const Recipe& r : known) names.push_back(r.name);
   return names;
 }
 
-std::string recipe_doc() {
-  std::string doc =
-      "how phase distill's student learns from the teacher, as the params of its train_step that "
-      "the recipe sets (over the phase's own; an override of one on the command line still "
-      "wins); \"\": the phase's params as written.";
-  for (const Recipe& r : recipes()) {
+// `what` the recipe is, then each recipe with the params it sets.
+std::string recipe_doc(const std::string& phase,
+                       const std::string& what,
+                       const std::vector<Recipe>& known) {
+  std::string doc = what + ", as the params of phase " + phase +
+                    "'s train_step that the recipe sets (over the phase's own; an override of one "
+                    "on the command line still wins); \"\": the phase's params as written.";
+  for (const Recipe& r : known) {
     doc += " `" + r.name + "`: " + r.doc + " (";
     for (std::size_t i = 0; i < r.params.size(); ++i) {
       doc += (i ? ", " : "") + r.params[i].first + " " + r.params[i].second;
@@ -71,26 +73,36 @@ const std::vector<flowtrain::ConfigSection>& sections() {
        "student on labels alone",
        {flowtrain::string_param(
            "grid", "recipe=deit_hard,hinton,function_matching",
-           "what to vary, separated by `;`: distill's stage params, `STAGE.PARAM=v1,v2,...`; "
-           "`recipe=r1,r2,...` (student.recipe); or `seed=v1,v2,...` for every seed of phase "
-           "distill (the photos' order, the views, the mixing, the student's initial weights): "
-           "every combination is one student, compared photo by photo with phase baseline under "
-           "the same overrides (the same steps, views and mixing)")}},
+           "what to vary, separated by `;`: distill's stage params, `STAGE.PARAM=v1,v2,...`; any "
+           "phase's, `phases.PHASE.stages.STAGE.params.PARAM=v1,v2,...`; `recipe=r1,r2,...` "
+           "(student.recipe); `teacher_recipe=r1,r2,...` (teacher.recipe); or `seed=v1,v2,...` "
+           "for every seed of phase distill (the photos' order, the views, the mixing, the "
+           "student's initial weights): every combination is one student, compared photo by "
+           "photo with phase baseline under the same overrides (the same steps, views and "
+           "mixing); a combination that changes phase teacher trains a teacher of its own for "
+           "its student")}},
       {"teacher",
-       "a teacher of your own, instead of training one",
+       "the teacher: how phase teacher trains it, or one of your own instead",
        {flowtrain::path_param(
-           "model",
-           "TorchScript teacher (torch.jit.script(m).save(f), or `flowtrain export`) that every "
-           "stage reading the teacher checkpoint takes instead: train-teacher trains none, "
-           "export measures it; \"\": train one (phase teacher)")}},
+            "model",
+            "TorchScript teacher (torch.jit.script(m).save(f), or `flowtrain export`) that every "
+            "stage reading the teacher checkpoint takes instead: train-teacher trains none, "
+            "export measures it; \"\": train one (phase teacher)"),
+        flowtrain::string_param(
+            "recipe", "",
+            recipe_doc("teacher", "how phase teacher trains the teacher", teacher_recipes()),
+            recipe_names(teacher_recipes()))}},
       {"student",
        "the student that distill (and hence baseline) trains",
        {flowtrain::string_param(
-           "model", "",
-           "a model preset (vit_*, resnet*) or a TorchScript file for phase distill's student "
-           "train_step, as it is (the step's shape overrides and distillation token are "
-           "dropped); \"\": the one the phase names"),
-        flowtrain::string_param("recipe", "", recipe_doc(), recipe_names())}},
+            "model", "",
+            "a model preset (vit_*, resnet*) or a TorchScript file for phase distill's student "
+            "train_step, as it is (the step's shape overrides and distillation token are "
+            "dropped); \"\": the one the phase names"),
+        flowtrain::string_param(
+            "recipe", "",
+            recipe_doc("distill", "how phase distill's student learns from the teacher", recipes()),
+            recipe_names(recipes()))}},
       {"report",
        "the inference-speed measurement of export, and the HTML report",
        {flowtrain::int_param("inference_batch", 32, "batch of the throughput measurement", 1, 4096),

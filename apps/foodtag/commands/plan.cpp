@@ -66,19 +66,24 @@ std::vector<std::string> student_overrides(flowtrain::RunConfig& config,
   return out;
 }
 
-// student.recipe as the overrides of phase distill's student it stands for (none when unset).
-// They come before the command line's, which win over them.
-std::vector<std::string> recipe_overrides(flowtrain::RunConfig& config) {
-  const std::string name = config.sections.at("student").get_string("recipe");
-  flowtrain::PipelineConfig* distill = find_phase(config, "distill");
-  if (name.empty() || !distill) return {};
-  const flowtrain::StageConfig* step = find_stage(*distill, "train_step");
-  if (!step) throw Error("student.recipe: phase distill has no train_step stage to take it");
-  const auto recipe = std::find_if(recipes().begin(), recipes().end(),
-                                   [&](const Recipe& r) { return r.name == name; });
+// SECTION.recipe (student.recipe, teacher.recipe) as the overrides of the train_step of `phase`
+// it stands for (none when unset). They come before the command line's, which win over them.
+std::vector<std::string> recipe_overrides(flowtrain::RunConfig& config,
+                                          const std::string& section,
+                                          const std::string& phase_name,
+                                          const std::vector<Recipe>& known) {
+  const std::string name = config.sections.at(section).get_string("recipe");
+  flowtrain::PipelineConfig* phase = find_phase(config, phase_name);
+  if (name.empty() || !phase) return {};
+  const flowtrain::StageConfig* step = find_stage(*phase, "train_step");
+  if (!step) {
+    throw Error(section + ".recipe: phase " + phase_name + " has no train_step stage to take it");
+  }
+  const auto recipe =
+      std::find_if(known.begin(), known.end(), [&](const Recipe& r) { return r.name == name; });
   std::vector<std::string> out;
   for (const auto& [param, value] : recipe->params) {
-    out.push_back(param_override("distill", step->name, param, value));
+    out.push_back(param_override(phase_name, step->name, param, value));
   }
   return out;
 }
@@ -107,6 +112,22 @@ const std::vector<Recipe>& recipes() {
   return kRecipes;
 }
 
+const std::vector<Recipe>& teacher_recipes() {
+  static const std::vector<Recipe> kRecipes = {
+      {"no_smoothing",
+       {{"label_smoothing", "0"}},
+       "the teacher learns its labels without label smoothing (Müller, Kornblith and Hinton "
+       "2019, \"When does label smoothing help?\": a teacher trained with label smoothing "
+       "teaches worse, as smoothing erases from its outputs how alike the classes are)"},
+      {"ema",
+       {{"ema_decay", "0.99"}},
+       "the teacher's averaged weights teach (an exponential moving average of its weights; "
+       "Tarvainen and Valpola 2017, \"Mean teachers are better role models\": the average of "
+       "a model's recent weights makes a better target than its latest ones)"},
+  };
+  return kRecipes;
+}
+
 const std::map<std::string, std::vector<std::string>>& command_phases() {
   static const std::map<std::string, std::vector<std::string>> kPhases = {
       {"train-teacher", {"teacher"}},
@@ -121,7 +142,10 @@ const std::map<std::string, std::vector<std::string>>& command_phases() {
 flowtrain::RunConfig load_phases(const std::string& config_path,
                                  std::vector<std::string> overrides) {
   flowtrain::RunConfig config = flowtrain::load_run_config(config_path, overrides, sections());
-  std::vector<std::string> derived = recipe_overrides(config);
+  std::vector<std::string> derived = recipe_overrides(config, "student", "distill", recipes());
+  for (std::string& o : recipe_overrides(config, "teacher", "teacher", teacher_recipes())) {
+    derived.push_back(std::move(o));
+  }
   const std::vector<std::string> student = student_overrides(config, config_path, overrides);
   if (derived.empty() && student.empty()) return config;
   derived.insert(derived.end(), overrides.begin(), overrides.end());

@@ -3,16 +3,17 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "apps/foodtag/commands/command.hpp"
 #include "apps/foodtag/compare.hpp"
 #include "apps/foodtag/profile.hpp"
-#include "runner/run_phases.hpp"
 #include "graph/atomic_file.hpp"
 #include "graph/csv.hpp"
 #include "graph/error.hpp"
 #include "graph/report_io.hpp"
+#include "runner/run_phases.hpp"
 
 namespace foodtag {
 
@@ -23,7 +24,8 @@ namespace {
 using Point = std::vector<std::pair<std::string, std::string>>;
 
 // The combinations of a sweep grid "student.lr=0.001,0.002; student.temperature=2,4": each a
-// list of (STAGE.PARAM, `seed` or `recipe`, value), the first key varying slowest.
+// list of (key, value), the first key varying slowest. A key is distill's STAGE.PARAM, a whole
+// override key (phases.PHASE.stages.STAGE.params.PARAM), `seed`, `recipe` or `teacher_recipe`.
 std::vector<Point> sweep_points(const std::string& grid) {
   std::vector<Point> points = {{}};
   std::stringstream axes(grid);
@@ -33,10 +35,11 @@ std::vector<Point> sweep_points(const std::string& grid) {
     if (axis.empty()) continue;
     const std::size_t eq = axis.find('=');
     const std::string key = axis.substr(0, eq);
-    if (eq == std::string::npos ||
-        (key.find('.') == std::string::npos && key != "seed" && key != "recipe")) {
+    if (eq == std::string::npos || (key.find('.') == std::string::npos && key != "seed" &&
+                                    key != "recipe" && key != "teacher_recipe")) {
       throw Error("sweep.grid: '" + axis +
-                  "' is not STAGE.PARAM=v1,v2,..., seed=v1,v2,... or recipe=r1,r2,...");
+                  "' is not STAGE.PARAM=v1,v2,..., phases.PHASE.stages.STAGE.params.PARAM=v1,..., "
+                  "seed=v1,v2,..., recipe=r1,r2,... or teacher_recipe=r1,r2,...");
     }
     std::vector<Point> next;
     for (const auto& point : points) {
@@ -52,9 +55,9 @@ std::vector<Point> sweep_points(const std::string& grid) {
 }
 
 // The overrides that set a sweep point: STAGE.PARAM's of phase distill (and so of baseline,
-// which extends it), student.recipe for `recipe`, and for `seed` the seed of each stage of
-// distill that has one (the order of the photos, the views, the mixing and the student's
-// initial weights).
+// which extends it), a phases.* key as it is, student.recipe for `recipe`, teacher.recipe for
+// `teacher_recipe`, and for `seed` the seed of each stage of distill that has one (the order of
+// the photos, the views, the mixing and the student's initial weights).
 std::vector<std::string> sweep_overrides(flowtrain::RunConfig& config, const Point& point) {
   std::vector<std::string> overrides;
   const std::string prefix = "phases.distill.stages.";
@@ -62,6 +65,10 @@ std::vector<std::string> sweep_overrides(flowtrain::RunConfig& config, const Poi
   for (const auto& [key, value] : point) {
     if (key == "recipe") {
       overrides.push_back("student.recipe=" + value);
+    } else if (key == "teacher_recipe") {
+      overrides.push_back("teacher.recipe=" + value);
+    } else if (key.rfind("phases.", 0) == 0) {
+      overrides.push_back(key + "=" + value);
     } else if (key != "seed") {
       overrides.push_back(prefix + key.substr(0, key.find('.')) + ".params." +
                           key.substr(key.find('.') + 1) + "=" + value);
@@ -181,24 +188,70 @@ std::vector<std::string> into(flowtrain::RunConfig& config,
           param_override(eval, "evaluate", "predictions", (dir / "predictions.csv").string())};
 }
 
+// The folder of a model the points of an equal `key` share: DIR/sweep/WHAT-<hash of key>/.
+fs::path shared_dir(const Context& ctx, const std::string& what, const std::string& key) {
+  char hash[24];
+  std::snprintf(hash, sizeof hash, "-%016zx", std::hash<std::string>{}(key));
+  return ctx.out_dir / "sweep" / (what + hash);
+}
+
 // A sweep point's student, trained on one context's data (the run's, or a fold's) into
 // DIR/sweep/N/ and validated with student_eval; and the same student on the labels alone,
 // trained as long with the same data, views and mixing (phase baseline under the point's
-// overrides) into DIR/sweep/labels-<key>/, which every point of an equal baseline shares.
+// overrides) into DIR/sweep/labels-<key>/, which every point of an equal baseline shares. A point
+// that changes how phase teacher trains (teacher_recipe, phases.teacher.*) has a teacher of its
+// own, trained into DIR/sweep/teacher-<key>/ and validated with teacher_eval, whose outputs it
+// learns from through a teacher cache of its own there; the others learn from the run's teacher
+// (its validation predictions, when eval wrote them, give the teacher's top-1).
 struct PointRun {
   Trained student, labels;
+  std::optional<Predictions> teacher;
+  double teacher_wall_s = 0;  // training its own teacher; 0 for the run's
 };
 
 PointRun point_run(const Context& ctx, const Point& point, std::size_t index, const std::string& what) {
   std::vector<std::string> overrides = ctx.in.overrides;
+  flowtrain::RunConfig as_run = load_phases(ctx.in.config_path, overrides);
+  for (std::string& o : sweep_overrides(as_run, point)) overrides.push_back(std::move(o));
   flowtrain::RunConfig config = load_phases(ctx.in.config_path, overrides);
-  for (std::string& o : sweep_overrides(config, point)) overrides.push_back(std::move(o));
-  config = load_phases(ctx.in.config_path, overrides);
+
+  PointRun run;
+  const flowtrain::PipelineConfig* teacher = find_phase(config, "teacher");
+  const std::string teacher_key = teacher ? training_key(*teacher) : "";
+  if (teacher && own_teacher(config.sections).empty() &&
+      teacher_key != training_key(*find_phase(as_run, "teacher"))) {
+    const fs::path teacher_dir = shared_dir(ctx, "teacher", teacher_key);
+    std::vector<std::string> t = overrides;
+    for (std::string& o : into(config, "teacher", "teacher_eval", teacher_dir))
+      t.push_back(std::move(o));
+    Trained trained =
+        train_or_keep(ctx, "train-teacher", "teacher_eval", t, teacher_dir, what + ", its teacher");
+    run.teacher = std::move(trained.predictions);
+    run.teacher_wall_s = trained.training.wall_s;
+    overrides.push_back("teacher.model=" + (teacher_dir / "final.pt").string());
+    const flowtrain::StageConfig* cache =
+        find_stage(*find_phase(config, "distill"), "teacher_cache");
+    if (cache) {
+      overrides.push_back(param_override("distill", cache->name, "path",
+                                         (teacher_dir / "teacher-cache.ftc").string()));
+    }
+    config = load_phases(ctx.in.config_path, overrides);
+  } else if (const fs::path p = ctx.out_dir / "predictions" / "teacher.csv"; fs::exists(p)) {
+    // Eval's predictions, when they are of the teacher the students learn from (written after it).
+    const std::string own = own_teacher(config.sections);
+    const fs::path model = own.empty() ? ctx.teacher_checkpoint() : fs::path(own);
+    std::error_code ec_p, ec_model;
+    const auto written = fs::last_write_time(p, ec_p);
+    const auto trained = fs::last_write_time(model, ec_model);
+    if (!ec_p && !ec_model && written >= trained) {
+      run.teacher = read_predictions("teacher", p.string());
+    }
+  }
 
   const fs::path dir = ctx.out_dir / "sweep" / std::to_string(index + 1);
   std::vector<std::string> student = overrides;
-  for (std::string& o : into(config, "distill", "student_eval", dir)) student.push_back(std::move(o));
-  PointRun run;
+  for (std::string& o : into(config, "distill", "student_eval", dir))
+    student.push_back(std::move(o));
   run.student = train_or_keep(ctx, "sweep", "student_eval", student, dir, what + ", the student");
 
   const flowtrain::PipelineConfig* baseline = find_phase(config, "baseline");
@@ -207,10 +260,7 @@ PointRun point_run(const Context& ctx, const Point& point, std::size_t index, co
                 ": foodtag sweep compares each student with phase baseline (the student on labels "
                 "alone), validated by phase baseline_eval; the config lacks one of them");
   }
-  const std::string key = training_key(*baseline);
-  char name[32];
-  std::snprintf(name, sizeof name, "labels-%016zx", std::hash<std::string>{}(key));
-  const fs::path labels_dir = ctx.out_dir / "sweep" / name;
+  const fs::path labels_dir = shared_dir(ctx, "labels", training_key(*baseline));
   std::vector<std::string> labels = overrides;
   for (std::string& o : into(config, "baseline", "baseline_eval", labels_dir)) {
     labels.push_back(std::move(o));
@@ -219,6 +269,9 @@ PointRun point_run(const Context& ctx, const Point& point, std::size_t index, co
                              what + ", the student on labels alone");
   return run;
 }
+
+// A point's value as the table and the progress lines show it: "" for none (a recipe as written).
+std::string shown(const std::string& value) { return value.empty() ? "\"\"" : value; }
 
 std::string number(const char* format, double value) {
   char text[64];
@@ -237,9 +290,9 @@ int sweep_command(const Context& ctx) {
   const fs::path table_dir = ctx.in.folds > 0 ? contexts.front().out_dir.parent_path() : ctx.out_dir;
   std::vector<std::string> header = {"run"};
   for (const auto& [key, value] : points.front()) header.push_back(key);
-  for (const char* column : {"top1", "low", "high", "labels_top1", "only_student", "only_labels",
-                             "p", "mae", "minutes", "labels_minutes", "teacher_hit_rate",
-                             "photos"}) {
+  for (const char* column :
+       {"top1", "low", "high", "labels_top1", "only_student", "only_labels", "p", "mae", "minutes",
+        "labels_minutes", "teacher_hit_rate", "photos", "teacher_top1", "teacher_minutes"}) {
     header.push_back(column);
   }
   std::string csv = flowtrain::csv_line(header);
@@ -247,7 +300,8 @@ int sweep_command(const Context& ctx) {
   std::vector<std::size_t> widths;
   for (std::size_t k = 0; k < points.front().size(); ++k) {
     widths.push_back(points.front()[k].first.size());
-    for (const Point& point : points) widths[k] = std::max(widths[k], point[k].second.size());
+    for (const Point& point : points)
+      widths[k] = std::max(widths[k], shown(point[k].second).size());
   }
   std::string table = "  run";
   for (std::size_t k = 0; k < widths.size(); ++k) {
@@ -255,17 +309,18 @@ int sweep_command(const Context& ctx) {
     table += "  " + std::string(widths[k] - key.size(), ' ') + key;
   }
   char row[256];
-  const char* format = "  %-20s  %12s  %22s  %10s  %10s  %6s  %18s  %6s\n";
+  const char* format = "  %-20s  %12s  %22s  %10s  %10s  %6s  %18s  %6s  %7s\n";
   std::snprintf(row, sizeof row, format, "top-1 (95% interval)", "labels alone",
-                "right only: it / labels", "McNemar p", "energy MAE", "time",
-                "teacher cache hits", "photos");
+                "right only: it / labels", "McNemar p", "energy MAE", "time", "teacher cache hits",
+                "photos", "teacher");
   table += row;
   for (std::size_t i = 0; i < points.size(); ++i) {
     Predictions student{.name = "student"}, labels{.name = "labels"};
-    double mae = 0, wall_s = 0, labels_wall_s = 0, hits = 0, misses = 0;
+    std::optional<Predictions> teacher = Predictions{.name = "teacher"};
+    double mae = 0, wall_s = 0, labels_wall_s = 0, teacher_wall_s = 0, hits = 0, misses = 0;
     for (std::size_t f = 0; f < contexts.size(); ++f) {
       std::string what = std::to_string(i + 1) + "/" + std::to_string(points.size()) + ":";
-      for (const auto& [key, value] : points[i]) what += " " + key + "=" + value;
+      for (const auto& [key, value] : points[i]) what += " " + key + "=" + shown(value);
       if (ctx.in.folds > 0) {
         what += ", fold " + std::to_string(f + 1) + "/" + std::to_string(contexts.size());
       }
@@ -276,6 +331,13 @@ int sweep_command(const Context& ctx) {
         all->right.insert(all->right.end(), one->predictions.right.begin(),
                           one->predictions.right.end());
       }
+      if (teacher && run.teacher) {
+        teacher->right.insert(teacher->right.end(), run.teacher->right.begin(),
+                              run.teacher->right.end());
+      } else {
+        teacher.reset();  // a fold without the teacher's predictions: its top-1 is unknown
+      }
+      teacher_wall_s += run.teacher_wall_s;
       mae += stage_result(run.student.eval, "mae").value_or(0) *
              static_cast<double>(run.student.predictions.right.size());
       wall_s += run.student.training.wall_s;
@@ -295,8 +357,8 @@ int sweep_command(const Context& ctx) {
     std::vector<std::string> fields = {std::to_string(i + 1)};
     table += "  " + std::to_string(i + 1);
     for (std::size_t k = 0; k < widths.size(); ++k) {
-      const std::string& value = points[i][k].second;
-      fields.push_back(value);
+      fields.push_back(points[i][k].second);
+      const std::string value = shown(points[i][k].second);
       table += "  " + std::string(widths[k] - value.size(), ' ') + value;
     }
     for (const double v : {right(student) / n, low, high, right(labels) / n}) {
@@ -310,6 +372,10 @@ int sweep_command(const Context& ctx) {
     fields.push_back(number("%.2f", labels_wall_s / 60));
     fields.push_back(number("%.3f", hit_rate));
     fields.push_back(std::to_string(photos));
+    std::optional<double> teacher_top1;
+    if (teacher) teacher_top1 = right(*teacher) / std::max<double>(teacher->right.size(), 1);
+    fields.push_back(teacher_top1 ? number("%.4f", *teacher_top1) : "");
+    fields.push_back(number("%.2f", teacher_wall_s / 60));
     csv += flowtrain::csv_line(fields);
     const std::string top1 = number("%.1f%%", 100 * right(student) / n) + " (" +
                              number("%.1f", 100 * low) + "-" + number("%.1f%%", 100 * high) + ")";
@@ -318,7 +384,8 @@ int sweep_command(const Context& ctx) {
                   number("%.1f%%", 100 * right(labels) / n).c_str(), only.c_str(),
                   number("%.2g", c.p_value).c_str(), number("%.1f", mae / n).c_str(),
                   duration_text(wall_s).c_str(), number("%.0f%%", 100 * hit_rate).c_str(),
-                  std::to_string(photos).c_str());
+                  std::to_string(photos).c_str(),
+                  teacher_top1 ? number("%.1f%%", 100 * *teacher_top1).c_str() : "-");
     table += row;
   }
   flowtrain::write_file_atomically((table_dir / "sweep.csv").string(), csv);
