@@ -75,6 +75,11 @@ std::vector<std::string> recipe_overrides(flowtrain::RunConfig& config,
   const std::string name = config.sections.at(section).get_string("recipe");
   flowtrain::PipelineConfig* phase = find_phase(config, phase_name);
   if (name.empty() || !phase) return {};
+  if (section == "teacher" && !own_teacher(config.sections).empty()) {
+    throw Error("teacher.recipe '" + name +
+                "' says how phase teacher trains the teacher, but "
+                "teacher.model names a teacher of your own, which it does not train: unset one");
+  }
   const flowtrain::StageConfig* step = find_stage(*phase, "train_step");
   if (!step) {
     throw Error(section + ".recipe: phase " + phase_name + " has no train_step stage to take it");

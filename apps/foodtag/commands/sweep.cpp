@@ -3,6 +3,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 
@@ -195,64 +196,90 @@ fs::path shared_dir(const Context& ctx, const std::string& what, const std::stri
   return ctx.out_dir / "sweep" / (what + hash);
 }
 
-// A sweep point's student, trained on one context's data (the run's, or a fold's) into
-// DIR/sweep/N/ and validated with student_eval; and the same student on the labels alone,
-// trained as long with the same data, views and mixing (phase baseline under the point's
-// overrides) into DIR/sweep/labels-<key>/, which every point of an equal baseline shares. A point
-// that changes how phase teacher trains (teacher_recipe, phases.teacher.*) has a teacher of its
-// own, trained into DIR/sweep/teacher-<key>/ and validated with teacher_eval, whose outputs it
-// learns from through a teacher cache of its own there; the others learn from the run's teacher
-// (its validation predictions, when eval wrote them, give the teacher's top-1).
+// `a` followed by `b`.
+std::vector<std::string> plus(std::vector<std::string> a, std::vector<std::string> b) {
+  a.insert(a.end(), std::make_move_iterator(b.begin()), std::make_move_iterator(b.end()));
+  return a;
+}
+
+// What a sweep point trains on one context's data (the run's, or a fold's):
+// - a student, into DIR/sweep/N/, validated with student_eval;
+// - the same student on the labels alone, trained as long with the same data, views and mixing
+//   (phase baseline under the point's overrides), into DIR/sweep/labels-<key>/, which every
+//   point of an equal baseline shares;
+// - for a point that changes how phase teacher trains (teacher_recipe, phases.teacher.*), a
+//   teacher of its own, into DIR/sweep/teacher-<key>/ (shared the same way), validated with
+//   teacher_eval. The other points learn from the run's teacher, whose top-1 eval's
+//   predictions give when they are of that teacher.
 struct PointRun {
   Trained student, labels;
   std::optional<Predictions> teacher;
   double teacher_wall_s = 0;  // training its own teacher; 0 for the run's
 };
 
+// The point's own teacher, trained (or kept) into `run`, and the overrides that have its
+// student learn from it, through a teacher cache of its own beside it; none for a point of the
+// run's teacher, or of the user's (teacher.model).
+std::vector<std::string> own_point_teacher(const Context& ctx,
+                                           flowtrain::RunConfig& as_run,
+                                           flowtrain::RunConfig& config,
+                                           const std::vector<std::string>& overrides,
+                                           const std::string& what,
+                                           PointRun& run) {
+  const flowtrain::PipelineConfig* teacher = find_phase(config, "teacher");
+  if (!teacher || !own_teacher(config.sections).empty() ||
+      training_key(*teacher) == training_key(*find_phase(as_run, "teacher"))) {
+    return {};
+  }
+  const fs::path dir = shared_dir(ctx, "teacher", training_key(*teacher));
+  Trained trained = train_or_keep(ctx, "train-teacher", "teacher_eval",
+                                  plus(overrides, into(config, "teacher", "teacher_eval", dir)),
+                                  dir, what + ", its teacher");
+  run.teacher = std::move(trained.predictions);
+  run.teacher_wall_s = trained.training.wall_s;
+  // The teacher is trained: its recipe has done its work (and teacher.model refuses one).
+  std::vector<std::string> learn = {"teacher.model=" + (dir / "final.pt").string(),
+                                    "teacher.recipe="};
+  if (const auto* cache = find_stage(*find_phase(config, "distill"), "teacher_cache")) {
+    learn.push_back(
+        param_override("distill", cache->name, "path", (dir / "teacher-cache.ftc").string()));
+  }
+  return learn;
+}
+
+// Eval's predictions of the teacher the point's students learn from, when it wrote them after
+// that teacher was trained.
+std::optional<Predictions> teacher_predictions(const Context& ctx,
+                                               const flowtrain::RunConfig& config) {
+  const fs::path predictions = ctx.out_dir / "predictions" / "teacher.csv";
+  const std::string own = own_teacher(config.sections);
+  const fs::path model = own.empty() ? ctx.teacher_checkpoint() : fs::path(own);
+  std::error_code written_ec, trained_ec;
+  const auto written = fs::last_write_time(predictions, written_ec);
+  const auto trained = fs::last_write_time(model, trained_ec);
+  if (written_ec || trained_ec || written < trained) return std::nullopt;
+  return read_predictions("teacher", predictions.string());
+}
+
 PointRun point_run(const Context& ctx, const Point& point, std::size_t index, const std::string& what) {
   std::vector<std::string> overrides = ctx.in.overrides;
   flowtrain::RunConfig as_run = load_phases(ctx.in.config_path, overrides);
-  for (std::string& o : sweep_overrides(as_run, point)) overrides.push_back(std::move(o));
+  overrides = plus(std::move(overrides), sweep_overrides(as_run, point));
   flowtrain::RunConfig config = load_phases(ctx.in.config_path, overrides);
 
   PointRun run;
-  const flowtrain::PipelineConfig* teacher = find_phase(config, "teacher");
-  const std::string teacher_key = teacher ? training_key(*teacher) : "";
-  if (teacher && own_teacher(config.sections).empty() &&
-      teacher_key != training_key(*find_phase(as_run, "teacher"))) {
-    const fs::path teacher_dir = shared_dir(ctx, "teacher", teacher_key);
-    std::vector<std::string> t = overrides;
-    for (std::string& o : into(config, "teacher", "teacher_eval", teacher_dir))
-      t.push_back(std::move(o));
-    Trained trained =
-        train_or_keep(ctx, "train-teacher", "teacher_eval", t, teacher_dir, what + ", its teacher");
-    run.teacher = std::move(trained.predictions);
-    run.teacher_wall_s = trained.training.wall_s;
-    overrides.push_back("teacher.model=" + (teacher_dir / "final.pt").string());
-    const flowtrain::StageConfig* cache =
-        find_stage(*find_phase(config, "distill"), "teacher_cache");
-    if (cache) {
-      overrides.push_back(param_override("distill", cache->name, "path",
-                                         (teacher_dir / "teacher-cache.ftc").string()));
-    }
+  std::vector<std::string> learn = own_point_teacher(ctx, as_run, config, overrides, what, run);
+  if (learn.empty()) {
+    run.teacher = teacher_predictions(ctx, config);
+  } else {
+    overrides = plus(std::move(overrides), std::move(learn));
     config = load_phases(ctx.in.config_path, overrides);
-  } else if (const fs::path p = ctx.out_dir / "predictions" / "teacher.csv"; fs::exists(p)) {
-    // Eval's predictions, when they are of the teacher the students learn from (written after it).
-    const std::string own = own_teacher(config.sections);
-    const fs::path model = own.empty() ? ctx.teacher_checkpoint() : fs::path(own);
-    std::error_code ec_p, ec_model;
-    const auto written = fs::last_write_time(p, ec_p);
-    const auto trained = fs::last_write_time(model, ec_model);
-    if (!ec_p && !ec_model && written >= trained) {
-      run.teacher = read_predictions("teacher", p.string());
-    }
   }
 
   const fs::path dir = ctx.out_dir / "sweep" / std::to_string(index + 1);
-  std::vector<std::string> student = overrides;
-  for (std::string& o : into(config, "distill", "student_eval", dir))
-    student.push_back(std::move(o));
-  run.student = train_or_keep(ctx, "sweep", "student_eval", student, dir, what + ", the student");
+  run.student = train_or_keep(ctx, "sweep", "student_eval",
+                              plus(overrides, into(config, "distill", "student_eval", dir)), dir,
+                              what + ", the student");
 
   const flowtrain::PipelineConfig* baseline = find_phase(config, "baseline");
   if (!baseline || !find_phase(config, "baseline_eval")) {
@@ -261,12 +288,9 @@ PointRun point_run(const Context& ctx, const Point& point, std::size_t index, co
                 "alone), validated by phase baseline_eval; the config lacks one of them");
   }
   const fs::path labels_dir = shared_dir(ctx, "labels", training_key(*baseline));
-  std::vector<std::string> labels = overrides;
-  for (std::string& o : into(config, "baseline", "baseline_eval", labels_dir)) {
-    labels.push_back(std::move(o));
-  }
-  run.labels = train_or_keep(ctx, "baseline", "baseline_eval", labels, labels_dir,
-                             what + ", the student on labels alone");
+  run.labels = train_or_keep(ctx, "baseline", "baseline_eval",
+                             plus(overrides, into(config, "baseline", "baseline_eval", labels_dir)),
+                             labels_dir, what + ", the student on labels alone");
   return run;
 }
 
