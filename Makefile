@@ -1,6 +1,6 @@
 # Thin wrapper: every target installs what is missing, then drives CMake (Release, into build/).
 #   make demo         run the main job end to end
-#   make cv           foodtag's accuracy on every photo (5 folds, about 30 minutes)
+#   make cv           foodtag's accuracy on every photo (5 folds, 30-75 minutes by the CPU)
 #   make test         build everything and run the whole test suite
 #   make test-slurm   docs/distributed.md's srun and sbatch commands on a one-node Slurm cluster
 BUILD ?= build
@@ -28,7 +28,7 @@ demo: build
 	@echo "report: $(CURDIR)/runs/foodtag/report.html"
 
 # foodtag's accuracy measured on every photo: `foodtag cv`, 5 folds each holding out a fifth of
-# every food group (about 30 minutes on 2 cores; an interrupted one goes on where it stopped).
+# every food group (30-75 minutes on 2 cores, by the CPU; an interrupted one goes on where it stopped).
 cv: build
 	$(FOODTAG) prepare
 	$(FOODTAG) cv
